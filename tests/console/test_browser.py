@@ -1,0 +1,92 @@
+"""The console in real Chromium, served by a real daphne process."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.processes import Gateway, start_gateway
+
+# No `db` fixture: playwright's sync API runs an event loop in this thread, where Django
+# refuses ORM calls, so committed data is set up in module fixtures before the browser.
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def gateway(bundled_models, tmp_path_factory) -> Iterator[Gateway]:
+    gw = start_gateway(tmp_path_factory.mktemp("gateway"))
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(console_admin):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def console_admin(django_db_setup, django_db_blocker):
+    """A committed staff user the daphne process can see."""
+    from django.contrib.auth import get_user_model
+
+    with django_db_blocker.unblock():
+        user = get_user_model().objects.create_superuser(username="browser-admin", password="s3cret-pass-42")
+    yield user
+    with django_db_blocker.unblock():
+        user.delete()
+
+
+class TestConsoleInChromium:
+    def test_admin_logs_in_and_sees_both_models(self, gateway, browser, console_admin):
+        page = browser.new_page()
+        page.goto(f"{gateway.base_url}/")
+        assert "/accounts/login/" in page.url
+        page.fill("#id_username", "browser-admin")
+        page.fill("#id_password", "s3cret-pass-42")
+        page.click("button[type=submit]")
+        page.wait_for_selector("h1:has-text('Models')")
+        names = page.locator("section[data-model] h2").all_inner_texts()
+        assert any(n.startswith("smollm2-135m-instruct") for n in names)
+        assert any(n.startswith("all-minilm-l6-v2") for n in names)
+        assert page.locator("tr[data-version] .status-registered").count() == 2
+        # The stylesheet is served (ASGI static handler) and applied.
+        assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).display") == "flex"
+        page.close()
+
+    def test_wrong_password_shows_an_error(self, gateway, browser, console_admin):
+        page = browser.new_page()
+        page.goto(f"{gateway.base_url}/accounts/login/")
+        page.fill("#id_username", "browser-admin")
+        page.fill("#id_password", "wrong")
+        page.click("button[type=submit]")
+        assert page.locator("[role=alert]").inner_text().startswith("Your username and password didn't match")
+        page.close()
+
+    def test_django_admin_login_works(self, gateway, browser, console_admin):
+        page = browser.new_page()
+        page.goto(f"{gateway.base_url}/admin/")
+        page.fill("#id_username", "browser-admin")
+        page.fill("#id_password", "s3cret-pass-42")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#site-name")
+        assert page.locator("a:has-text('Model versions')").count() == 1
+        assert page.locator("a:has-text('Api keys')").count() == 1
+        page.close()

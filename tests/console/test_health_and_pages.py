@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import AsyncClient, Client
+
+pytestmark = pytest.mark.django_db
+
+
+class TestHealth:
+    async def test_healthz(self):
+        response = await AsyncClient().get("/healthz")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok"}
+
+    def test_readyz_checks_database_and_redis(self):
+        response = Client().get("/readyz")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ready", "checks": {"database": "ok", "redis": "ok"}}
+
+    def test_readyz_reports_a_dead_redis(self, settings, monkeypatch):
+        from console import health
+
+        health._redis.cache_clear()
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"
+        try:
+            response = Client().get("/readyz")
+        finally:
+            health._redis.cache_clear()
+        assert response.status_code == 503
+        body = response.json()
+        assert body["checks"]["database"] == "ok"
+        assert body["checks"]["redis"].startswith("error:")
+
+
+class TestConsoleHome:
+    def test_it_requires_login(self):
+        response = Client().get("/")
+        assert response.status_code == 302
+        assert "/login" in response["Location"]
+
+    def test_it_lists_the_bundled_models(self, bundled_models):
+        user = get_user_model().objects.create_superuser(username="ml", password="pw-123456789")
+        client = Client()
+        client.force_login(user)
+        response = client.get("/")
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert 'data-model="smollm2-135m-instruct"' in html
+        assert 'data-model="all-minilm-l6-v2"' in html
+        assert html.count("status-registered") == 2

@@ -1,0 +1,100 @@
+"""The bundled models: imported once per session into a real artifact store, then checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from registry.artifacts import directory_digest, get_artifact_store
+from registry.bundled import MINILM, SMOLLM2, import_bundled_models
+from registry.models import ModelVersion
+
+pytestmark = pytest.mark.django_db
+
+
+class TestImport:
+    def test_both_models_are_registered_with_checksums(self, bundled_models):
+        store = get_artifact_store()
+        for name in (SMOLLM2, MINILM):
+            version = ModelVersion.objects.get(model__name=name)
+            assert version.status == "registered"
+            sha256, size = directory_digest(store.local_path(version.artifact_uri))
+            assert (version.artifact_sha256, version.artifact_size) == (sha256, size)
+            assert size > 50_000_000
+
+    def test_it_records_the_model_config(self, bundled_models):
+        llm = ModelVersion.objects.get(model__name=SMOLLM2)
+        assert llm.model.task == "chat"
+        assert llm.config["vocab_size"] == 49152
+        assert llm.config["max_seq_len"] == 8192
+        embed = ModelVersion.objects.get(model__name=MINILM)
+        assert embed.model.task == "embedding"
+        assert embed.config["embedding_dim"] == 384
+
+    def test_a_second_import_changes_nothing(self, bundled_models):
+        before = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
+        messages: list[str] = []
+        import_bundled_models(progress=messages.append)
+        after = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
+        assert after == before
+        assert sum("up to date" in m for m in messages) == 2
+        assert not any("building" in m for m in messages)
+
+    def test_a_corrupted_artifact_is_rebuilt(self, bundled_models):
+        store = get_artifact_store()
+        version = ModelVersion.objects.get(model__name=MINILM)
+        path = store.local_path(version.artifact_uri) / "config.json"
+        config = json.loads(path.read_text())
+        path.write_text(json.dumps({**config, "tampered": True}))
+        assert not store.verify(version.artifact_uri, version.artifact_sha256)
+
+        messages: list[str] = []
+        import_bundled_models(progress=messages.append)
+        version.refresh_from_db()
+        assert store.verify(version.artifact_uri, version.artifact_sha256)
+        assert any(m.startswith(f"{MINILM}") and "building" in m for m in messages)
+        assert ModelVersion.objects.filter(model__name=MINILM).count() == 1
+
+    def test_the_chat_model_has_its_template_and_no_gguf_config(self, bundled_models):
+        path = get_artifact_store().local_path(ModelVersion.objects.get(model__name=SMOLLM2).artifact_uri)
+        config = json.loads((path / "config.json").read_text())
+        assert "quantization_config" not in config
+        assert config["dtype"] == "bfloat16"
+        assert (path / "model.safetensors").exists()
+        assert "im_start" in (path / "chat_template.jinja").read_text()
+
+
+class TestConvertedModelWorks:
+    def test_greedy_answer_is_paris(self, bundled_models):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = get_artifact_store().local_path(ModelVersion.objects.get(model__name=SMOLLM2).artifact_uri)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        inputs = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+        answer = tokenizer.decode(output[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert answer.strip() == "The capital of France is Paris."
+
+    def test_embedding_model_gives_unit_vectors(self, bundled_models):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        path = get_artifact_store().local_path(ModelVersion.objects.get(model__name=MINILM).artifact_uri)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path)
+        batch = tokenizer(
+            ["a cat sat on the mat", "a kitten sat on a rug", "stock markets fell"], padding=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1)
+        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+        assert vectors.shape == (3, 384)
+        similar, unrelated = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+        assert similar > unrelated + 0.3
