@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from functools import lru_cache
 from typing import Any
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-
-@lru_cache(maxsize=1)
-def _redis() -> aioredis.Redis:
-    return aioredis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+from console.redis_pools import async_redis
+from serving.routing import router
 
 
 def _database_ok() -> bool:
@@ -38,13 +34,27 @@ async def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+async def _replicas_ok() -> bool:
+    """Every model in READY_MODELS has a replica the router would send a request to."""
+    table = await router.snapshot()
+    missing = [
+        name
+        for name in settings.READY_MODELS
+        if name not in table.models or not any(router.routable(v) for v in table.models[name].versions)
+    ]
+    if missing:
+        raise LookupError(f"no ready replica for {', '.join(missing)}")
+    return True
+
+
 async def readyz(request: HttpRequest) -> JsonResponse:
-    """The process can do useful work: PostgreSQL and Redis answer."""
-    results = dict(
-        await asyncio.gather(
-            _check("database", sync_to_async(_database_ok)()),
-            _check("redis", _redis().ping()),
-        )
-    )
+    """The process can do useful work: PostgreSQL and Redis answer, the default models are up."""
+    checks = [
+        _check("database", sync_to_async(_database_ok)()),
+        _check("redis", async_redis().ping()),
+    ]
+    if settings.READY_MODELS:
+        checks.append(_check("replicas", _replicas_ok()))
+    results = dict(await asyncio.gather(*checks))
     ready = all(value == "ok" for value in results.values())
     return JsonResponse({"status": "ready" if ready else "not ready", "checks": results}, status=200 if ready else 503)

@@ -1,7 +1,11 @@
-"""WebSocket routes (the data plane adds its consumers here)."""
+"""WebSocket routes."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-websocket_urlpatterns: list[URLPattern | URLResolver] = []
+from serving.consumers import ChatCompletionsConsumer
+
+websocket_urlpatterns: list[URLPattern | URLResolver] = [
+    path("ws/v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,14 @@ def envfloat(name: str, default: float) -> float:
     return float(os.environ.get(name, str(default)))
 
 
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
 DEBUG = envbool("DEBUG", "false")
 SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me-in-production")
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
     "daphne",
@@ -53,6 +58,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: serves the data plane's routes (/v1/...) directly, with no sessions, CSRF or
+    # sync-middleware thread hops, and always answers them with OpenAI error bodies.
+    "serving.middleware.DataPlaneMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -108,7 +116,6 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 # --- Artifacts and bundled models -----------------------------------------------------
 # The artifact store is pluggable: swap BACKEND for an object-store implementation of
@@ -117,6 +124,44 @@ ARTIFACT_STORE: dict[str, Any] = {
     "BACKEND": os.environ.get("ARTIFACT_STORE_BACKEND", "registry.artifacts.LocalArtifactStore"),
     "OPTIONS": {"root": os.environ.get("ARTIFACT_ROOT", str(embedded.VAR_DIR / "artifacts"))},
 }
+
+# --- Data plane -----------------------------------------------------------------------
+ENGINE_CONNECT_TIMEOUT = envfloat("ENGINE_CONNECT_TIMEOUT", 2.0)
+ENGINE_FIRST_TOKEN_TIMEOUT = envfloat("ENGINE_FIRST_TOKEN_TIMEOUT", 30.0)
+ENGINE_REQUEST_TIMEOUT = envfloat("ENGINE_REQUEST_TIMEOUT", 600.0)
+ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
+# A replica is routed to only while its heartbeat is younger than this.
+REPLICA_STALE_AFTER = envfloat("REPLICA_STALE_AFTER", 15.0)
+ROUTING_REFRESH_SECONDS = envfloat("ROUTING_REFRESH_SECONDS", 1.0)
+API_KEY_CACHE_SECONDS = envfloat("API_KEY_CACHE_SECONDS", 1.0)
+CIRCUIT_FAILURE_THRESHOLD = envint("CIRCUIT_FAILURE_THRESHOLD", 3)
+CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)
+# /readyz waits for a routable replica of each of these models.
+READY_MODELS = envlist("READY_MODELS", "smollm2-135m-instruct,all-minilm-l6-v2")
+# An in-flight request whose gateway stopped heart-beating this long ago is closed by the sweeper.
+GATEWAY_HEARTBEAT_SECONDS = envfloat("GATEWAY_HEARTBEAT_SECONDS", 5.0)
+GATEWAY_LOST_AFTER = envfloat("GATEWAY_LOST_AFTER", 20.0)
+CELERY_BEAT_SCHEDULE = {
+    "usage-persist": {"task": "billing.tasks.usage_persist", "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0)},
+    "usage-sweep-lost-gateways": {"task": "serving.tasks.usage_sweep_lost", "schedule": 10.0},
+}
+
+# --- Engine workers (manage.py runworkers) ---------------------------------------------
+WORKER_HOST = os.environ.get("WORKER_HOST") or socket.gethostname()
+# "cpu": one replica per listed core (VLLM_CPU_OMP_THREADS_BIND); "gpu": one per GPU index.
+WORKER_DEVICE = os.environ.get("WORKER_DEVICE", "cpu")
+WORKER_SLOTS = envlist("WORKER_SLOTS", ",".join(str(i) for i in range(os.cpu_count() or 1)))
+WORKER_ENGINE_HOST = os.environ.get("WORKER_ENGINE_HOST", "127.0.0.1")
+WORKER_HEARTBEAT_SECONDS = envfloat("WORKER_HEARTBEAT_SECONDS", 3.0)
+WORKER_STARTUP_TIMEOUT = envfloat("WORKER_STARTUP_TIMEOUT", 600.0)
+WORKER_DRAIN_TIMEOUT = envfloat("WORKER_DRAIN_TIMEOUT", 30.0)
+WORKER_MAX_BACKOFF = envfloat("WORKER_MAX_BACKOFF", 60.0)
+WORKER_LOG_DIR = Path(os.environ.get("WORKER_LOG_DIR", str(embedded.VAR_DIR / "engines")))
+VLLM_CPU_KVCACHE_SPACE = envint("VLLM_CPU_KVCACHE_SPACE", 1)
+VLLM_GPU_MEMORY_UTILIZATION = envfloat("VLLM_GPU_MEMORY_UTILIZATION", 0.85)
+# Upper bound on a replica's context; the model's own max_seq_len applies when smaller.
+ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
+ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
 
 # --- Auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -153,5 +198,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},  # one INFO line per engine request is noise
+        "httpcore": {"level": "WARNING"},
+    },
 }

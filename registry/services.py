@@ -99,3 +99,84 @@ def model_version_register(
 
 def replica_heartbeat(*, replica: Replica) -> None:
     Replica.objects.filter(pk=replica.pk).update(last_heartbeat=timezone.now())
+
+
+# Replicas that still hold a place in their deployment: live, or failed and awaiting restart.
+_HOLDING_STATES = (Replica.State.STARTING, Replica.State.READY, Replica.State.FAILED)
+
+
+def deployment_create(
+    *,
+    version: ModelVersion,
+    replicas: int = 1,
+    min_replicas: int = 1,
+    max_replicas: int = 1,
+    traffic_weight: int = 100,
+    is_canary: bool = False,
+) -> Deployment:
+    if not 0 <= traffic_weight <= 100:
+        raise ValueError("traffic_weight must be between 0 and 100")
+    if not min_replicas <= replicas <= max_replicas:
+        raise ValueError("replicas must lie between min_replicas and max_replicas")
+    return Deployment.objects.create(
+        version=version,
+        replicas=replicas,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        traffic_weight=traffic_weight,
+        is_canary=is_canary,
+    )
+
+
+def desired_replicas(deployment: Deployment) -> int:
+    serving = deployment.status in (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+    return deployment.replicas if serving else 0
+
+
+def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
+    """Create a replica of ``deployment`` on ``host`` if the deployment wants one more.
+
+    The deployment row is locked, so supervisors on several hosts never over-fill it.
+    """
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        holding = Replica.objects.filter(deployment=locked, state__in=_HOLDING_STATES).count()
+        if holding >= desired_replicas(locked):
+            return None
+        replica = Replica.objects.create(deployment=locked, host=host, state=Replica.State.STARTING)
+        version = locked.version
+        if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
+            model_version_transition(version=version, status=ModelVersion.Status.LOADING)
+    return replica
+
+
+def replica_surplus(*, deployment: Deployment) -> int:
+    """How many replicas more than wanted the deployment holds (0 when not over)."""
+    deployment.refresh_from_db(fields=["status", "replicas"])
+    holding = Replica.objects.filter(deployment=deployment, state__in=_HOLDING_STATES).count()
+    return max(0, holding - desired_replicas(deployment))
+
+
+def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int) -> Replica:
+    """The engine answers /health: route to it, and mark its version and deployment live."""
+    with transaction.atomic():
+        replica_transition(
+            replica=replica, state=Replica.State.READY, endpoint=endpoint, pid=pid, last_heartbeat=timezone.now()
+        )
+        deployment = Deployment.objects.select_related("version").get(pk=replica.deployment_id)
+        if deployment.version.status == ModelVersion.Status.LOADING:
+            model_version_transition(version=deployment.version, status=ModelVersion.Status.ACTIVE)
+        if deployment.status == Deployment.Status.PENDING:
+            deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
+    return replica
+
+
+def replica_release_host(*, host: str) -> int:
+    """Stop every replica recorded on ``host`` (its supervisor restarted and owns none)."""
+    released = 0
+    for replica in Replica.objects.filter(host=host).exclude(state=Replica.State.STOPPED):
+        if replica.state in (Replica.State.STARTING, Replica.State.READY):
+            replica_transition(replica=replica, state=Replica.State.FAILED)
+        replica_transition(replica=replica, state=Replica.State.STOPPED)
+        released += 1
+    return released

@@ -26,3 +26,5 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Fast hashing: tests create users often; production keeps Django's default.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DATABASES["default"]["TEST"] = {"NAME": "test_inference"}
+# Tests that need replicas wait for them explicitly.
+READY_MODELS = list[str]()

@@ -18,15 +18,14 @@ class TestHealth:
         assert response.status_code == 200
         assert response.json() == {"status": "ready", "checks": {"database": "ok", "redis": "ok"}}
 
-    def test_readyz_reports_a_dead_redis(self, settings, monkeypatch):
+    def test_readyz_reports_a_dead_redis(self, monkeypatch):
+        import redis.asyncio as aioredis
+
         from console import health
 
-        health._redis.cache_clear()
-        settings.REDIS_URL = "redis://127.0.0.1:1/0"
-        try:
-            response = Client().get("/readyz")
-        finally:
-            health._redis.cache_clear()
+        dead = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+        monkeypatch.setattr(health, "async_redis", lambda: dead)
+        response = Client().get("/readyz")
         assert response.status_code == 503
         body = response.json()
         assert body["checks"]["database"] == "ok"

@@ -21,6 +21,9 @@ from django.core.management.base import BaseCommand
 from billing.models import ApiKey, Role
 from billing.services import api_key_create, api_key_hash, membership_set, organization_get_or_create
 from console.embedded import VAR_DIR
+from registry.bundled import BUNDLED_MODELS
+from registry.models import Deployment, ModelVersion
+from registry.services import deployment_create
 
 PLATFORM_ORG = "Platform"
 DEMO_ORG = "Demo"
@@ -57,6 +60,7 @@ class Command(BaseCommand):
         if not options["skip_models"]:
             self.stdout.write("== importing bundled models")
             call_command("import_bundled_models", stdout=self.stdout)
+            self._ensure_default_deployments()
         credentials = _load_credentials()
         self.stdout.write("== accounts")
         username = options["admin_username"]
@@ -67,6 +71,15 @@ class Command(BaseCommand):
         self.stdout.write(f"  console login:  {username} / {password or '(set earlier; see PLATFORM_ADMIN_PASSWORD)'}")
         self.stdout.write(f"  demo API key:   {key}")
         self.stdout.write(f"  (kept for local use in {_credentials_file()})")
+
+    def _ensure_default_deployments(self) -> None:
+        """One replica of each bundled model, unless the model already has a deployment."""
+        for bundled in BUNDLED_MODELS:
+            version = ModelVersion.objects.filter(model__name=bundled.name, version=bundled.version).first()
+            if version is None or Deployment.objects.filter(version__model=version.model).exists():
+                continue
+            deployment_create(version=version, replicas=1, min_replicas=1, max_replicas=1)
+            self.stdout.write(f"  deployment created: {version} x1")
 
     def _ensure_admin(self, username: str, credentials: dict[str, str]) -> str | None:
         user_model = get_user_model()

@@ -1,0 +1,109 @@
+"""OpenAI-style errors: the one error shape every data-plane response uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from django.http import HttpResponse
+
+
+def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """An error a client sees as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+    def response(self, request_id: str | None = None) -> HttpResponse:
+        response = HttpResponse(orjson.dumps(self.body()), status=self.status, content_type="application/json")
+        for name, value in self.headers.items():
+            response[name] = value
+        if request_id:
+            response["x-request-id"] = request_id
+        return response
+
+
+class InvalidRequest(APIError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(APIError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(APIError):
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist or you do not have access to it.", param="model")
+
+
+class RateLimited(APIError):
+    status = 429
+    type = "rate_limit_exceeded"
+    code = "rate_limit_exceeded"
+
+
+class EngineUnavailable(APIError):
+    """No replica could take the request (none ready, all refused the connection)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "engine_unavailable"
+
+
+class EngineTimeout(APIError):
+    status = 504
+    type = "timeout"
+    code = "engine_timeout"
+
+
+class EngineFailed(APIError):
+    """The engine broke the request after it was accepted (crash, reset, bad answer)."""
+
+    status = 502
+    type = "server_error"
+    code = "engine_error"

@@ -1,0 +1,195 @@
+"""The router: public model name → version (weighted, sticky) → replica (least busy, healthy).
+
+Gateways route from an in-process snapshot of the registry, reloaded at most every
+ROUTING_REFRESH_SECONDS, so the hot path makes no database query. A replica is eligible
+only while it is ready, its heartbeat is fresher than REPLICA_STALE_AFTER and its circuit
+is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from registry.artifacts import get_artifact_store
+from registry.selectors import ready_replicas, serving_deployments
+
+
+@dataclass(frozen=True)
+class ReplicaRoute:
+    id: int
+    endpoint: str
+    heartbeat_at: float  # unix time
+
+
+@dataclass(frozen=True)
+class VersionRoute:
+    id: int
+    version: str
+    deployment_id: int
+    weight: int
+    max_model_len: int
+    artifact_uri: str
+    replicas: tuple[ReplicaRoute, ...]
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    task: str
+    owner: str
+    created: int
+    versions: tuple[VersionRoute, ...]
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    models: dict[str, ModelRoute]
+    loaded_at: float
+
+
+def _epoch(value: datetime | None) -> float:
+    return value.timestamp() if value is not None else 0.0
+
+
+def load_routing_table() -> RoutingTable:
+    """Read the registry into a snapshot (sync: runs in a thread)."""
+    deployments = list(serving_deployments())
+    replicas_by_deployment: dict[int, list[ReplicaRoute]] = defaultdict(list)
+    for replica in ready_replicas(deployment_ids=[d.id for d in deployments]):
+        replicas_by_deployment[replica.deployment_id].append(
+            ReplicaRoute(id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat))
+        )
+    versions_by_model: dict[str, list[VersionRoute]] = defaultdict(list)
+    models: dict[str, ModelRoute] = {}
+    for deployment in deployments:
+        version = deployment.version
+        model = version.model
+        versions_by_model[model.name].append(
+            VersionRoute(
+                id=version.id,
+                version=version.version,
+                deployment_id=deployment.id,
+                weight=deployment.traffic_weight,
+                max_model_len=served_context_length(version.config),
+                artifact_uri=version.artifact_uri,
+                replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
+            )
+        )
+        models[model.name] = ModelRoute(
+            name=model.name,
+            task=model.task,
+            owner=model.owner or "platform",
+            created=int(model.created_at.timestamp()),
+            versions=(),
+        )
+    return RoutingTable(
+        models={
+            name: ModelRoute(
+                name=m.name, task=m.task, owner=m.owner, created=m.created, versions=tuple(versions_by_model[name])
+            )
+            for name, m in models.items()
+        },
+        loaded_at=time.monotonic(),
+    )
+
+
+def served_context_length(config: dict[str, object]) -> int:
+    """The context a replica of this version is started with (see serving.supervisor)."""
+    declared = config.get("max_seq_len")
+    limit = settings.ENGINE_MAX_MODEL_LEN
+    return min(int(declared), limit) if isinstance(declared, int | str) and str(declared).isdigit() else limit
+
+
+class CircuitBreaker:
+    """Per-process, per-replica: after N consecutive failures the replica rests for a while."""
+
+    def __init__(self) -> None:
+        self._failures: dict[int, int] = defaultdict(int)
+        self._open_until: dict[int, float] = {}
+
+    def is_open(self, replica_id: int) -> bool:
+        until = self._open_until.get(replica_id)
+        return until is not None and time.monotonic() < until
+
+    def record_failure(self, replica_id: int) -> None:
+        self._failures[replica_id] += 1
+        if self._failures[replica_id] >= settings.CIRCUIT_FAILURE_THRESHOLD:
+            self._open_until[replica_id] = time.monotonic() + settings.CIRCUIT_OPEN_SECONDS
+            self._failures[replica_id] = 0
+
+    def record_success(self, replica_id: int) -> None:
+        self._failures.pop(replica_id, None)
+        self._open_until.pop(replica_id, None)
+
+
+@dataclass
+class Router:
+    """Holds the snapshot, the in-flight counts and the circuits of this process."""
+
+    table: RoutingTable | None = None
+    in_flight: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    circuits: CircuitBreaker = field(default_factory=CircuitBreaker)
+    _lock: asyncio.Lock | None = None
+
+    async def snapshot(self) -> RoutingTable:
+        table = self.table
+        if table is not None and time.monotonic() - table.loaded_at < settings.ROUTING_REFRESH_SECONDS:
+            return table
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one reload at a time; the others wait for it
+            table = self.table
+            if table is None or time.monotonic() - table.loaded_at >= settings.ROUTING_REFRESH_SECONDS:
+                table = await sync_to_async(load_routing_table)()
+                self.table = table
+        return table
+
+    def invalidate(self) -> None:
+        self.table = None
+
+    def routable(self, version: VersionRoute) -> list[ReplicaRoute]:
+        fresh_after = time.time() - settings.REPLICA_STALE_AFTER
+        return [r for r in version.replicas if r.heartbeat_at >= fresh_after and not self.circuits.is_open(r.id)]
+
+    def choose_version(self, model: ModelRoute, sticky_key: str) -> VersionRoute | None:
+        """Weighted choice among versions with a routable replica, sticky by ``sticky_key``."""
+        candidates = [v for v in model.versions if v.weight > 0 and self.routable(v)]
+        if not candidates:
+            # Nothing weighted is up: fall back to any version that can serve at all.
+            candidates = [v for v in model.versions if self.routable(v)]
+            if not candidates:
+                return None
+            return candidates[0]
+        total = sum(v.weight for v in candidates)
+        digest = hashlib.blake2b(f"{model.name}\0{sticky_key}".encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") % total
+        for version in candidates:
+            if point < version.weight:
+                return version
+            point -= version.weight
+        return candidates[-1]
+
+    def replica_order(self, version: VersionRoute) -> list[ReplicaRoute]:
+        """Replicas to try, best first: fewest requests in flight from this process."""
+        replicas = self.routable(version)
+        random.shuffle(replicas)  # break ties without always favouring the same replica
+        return sorted(replicas, key=lambda r: self.in_flight[r.id])
+
+    def tokenizer_dir(self, version: VersionRoute) -> str | None:
+        store = get_artifact_store()
+        try:
+            return str(store.local_path(version.artifact_uri)) if store.exists(version.artifact_uri) else None
+        except ValueError:
+            return None
+
+
+router = Router()
