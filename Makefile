@@ -50,8 +50,7 @@ bootstrap: services
 	$(PY) manage.py bootstrap
 
 run: bootstrap
-	@echo "console: http://$(HOST):$(PORT)/   admin: http://$(HOST):$(PORT)/admin/"
-	exec $(VENV)/bin/daphne -b $(HOST) -p $(PORT) console.asgi:application
+	exec $(PY) manage.py runplatform --host $(HOST) --port $(PORT)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -162,6 +162,8 @@ VLLM_GPU_MEMORY_UTILIZATION = envfloat("VLLM_GPU_MEMORY_UTILIZATION", 0.85)
 # Upper bound on a replica's context; the model's own max_seq_len applies when smaller.
 ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
 ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
+# The program a replica runs (its arguments follow). Empty: vLLM's OpenAI server.
+WORKER_ENGINE_LAUNCHER = os.environ.get("WORKER_ENGINE_LAUNCHER", "")
 
 # --- Auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

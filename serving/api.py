@@ -9,7 +9,7 @@ import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from serving.auth import authenticate
-from serving.errors import APIError, ModelNotFound
+from serving.errors import APIError, ModelNotAllowed, ModelNotFound
 from serving.pipeline import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, StreamRelay, admit, prepare, run_json
 from serving.routing import ModelRoute, router
 
@@ -46,8 +46,10 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     grant = await authenticate(request.headers.get("Authorization"))
     table = await router.snapshot()
     route = table.models.get(model)
-    if route is None or not grant.may_use(model):
+    if route is None:
         raise ModelNotFound(model)
+    if not grant.may_use(model):
+        raise ModelNotAllowed(model)
     return _json(_model_object(route))
 
 

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from billing.selectors import api_key_by_hash
-from serving.errors import AuthenticationFailed, ModelNotFound
+from serving.errors import AuthenticationFailed
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,6 @@ class KeyGrant:
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
-
-    def require_model(self, model: str) -> None:
-        if not self.may_use(model):
-            # Indistinguishable from a model that does not exist: keys don't learn what others may use.
-            raise ModelNotFound(model)
 
 
 _MISSING = AuthenticationFailed(

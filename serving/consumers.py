@@ -64,10 +64,10 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         try:
             message = orjson.loads(text_data or bytes_data or b"")
         except orjson.JSONDecodeError:
-            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be JSON.").body()})
+            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be JSON.").detail()})
             return
         if not isinstance(message, dict):
-            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be objects.").body()})
+            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be objects.").detail()})
             return
         kind = message.get("type")
         client_id = message.get("id")
@@ -81,7 +81,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             await self._start(client_id, message.get("body"))
         else:
             error = InvalidRequest(f"Unknown message type {kind!r}.", param="type")
-            await self._send({"type": "error", "id": client_id, "error": error.body()})
+            await self._send({"type": "error", "id": client_id, "error": error.detail()})
 
     async def _auth(self, secret: str) -> None:
         try:
@@ -90,30 +90,30 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             await self._send({"type": "auth", "ok": True})
         except APIError as exc:
             self.grant = None
-            await self._send({"type": "auth", "ok": False, "error": exc.body()})
+            await self._send({"type": "auth", "ok": False, "error": exc.detail()})
 
     async def _start(self, client_id: Any, body: Any) -> None:
         if not isinstance(client_id, str) or not client_id:
             error = InvalidRequest("Each request needs a string 'id'.", param="id")
-            await self._send({"type": "error", "id": client_id, "error": error.body()})
+            await self._send({"type": "error", "id": client_id, "error": error.detail()})
             return
         if client_id in self.tasks:
             error = InvalidRequest(f"Request id {client_id!r} is already running.", param="id")
-            await self._send({"type": "error", "id": client_id, "error": error.body()})
+            await self._send({"type": "error", "id": client_id, "error": error.detail()})
             return
         if self.grant is None:
             await self._send({"type": "error", "id": client_id, "error": AuthenticationFailed(
                 "Authenticate first: an Authorization header on the handshake or an 'auth' message.",
                 code="missing_api_key",
-            ).body()})  # fmt: skip
+            ).detail()})  # fmt: skip
             return
         if len(self.tasks) >= MAX_CONCURRENT_PER_SOCKET:
             error = InvalidRequest(f"At most {MAX_CONCURRENT_PER_SOCKET} requests may run on one socket.")
-            await self._send({"type": "error", "id": client_id, "error": error.body()})
+            await self._send({"type": "error", "id": client_id, "error": error.detail()})
             return
         if not isinstance(body, dict):
             error = InvalidRequest("'body' must be a chat completion request object.", param="body")
-            await self._send({"type": "error", "id": client_id, "error": error.body()})
+            await self._send({"type": "error", "id": client_id, "error": error.detail()})
             return
         task = asyncio.get_running_loop().create_task(self._run(client_id, body))
         self.tasks[client_id] = task
@@ -125,7 +125,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             prepared = await prepare(CHAT, orjson.dumps(body), self.authorization, request_id=uuid.uuid4())
             await admit(prepared)
         except APIError as exc:  # refused: nothing ran, nothing is metered
-            await self._send({"type": "error", "id": client_id, "error": exc.body()})
+            await self._send({"type": "error", "id": client_id, "error": exc.detail()})
             return
         metered = prepared.metered
         relay = StreamRelay(prepared)
@@ -140,7 +140,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                     await self._send({"type": "chunk", "id": client_id, "data": chunk})
         except APIError as exc:  # the engine refused or failed before the first token
             outcome = "error"
-            await self._send({"type": "error", "id": client_id, "error": exc.body()})
+            await self._send({"type": "error", "id": client_id, "error": exc.detail()})
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise

@@ -43,6 +43,10 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
+    def detail(self) -> dict[str, Any]:
+        """The inside of the body: ``{"message", "type", "param", "code"}``."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
     def response(self, request_id: str | None = None) -> HttpResponse:
         response = HttpResponse(orjson.dumps(self.body()), status=self.status, content_type="application/json")
         for name, value in self.headers.items():
@@ -74,13 +78,6 @@ class NotFound(APIError):
     type = "invalid_request_error"
 
 
-class ModelNotFound(NotFound):
-    code = "model_not_found"
-
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist or you do not have access to it.", param="model")
-
-
 class RateLimited(APIError):
     status = 429
     type = "rate_limit_exceeded"
@@ -107,3 +104,19 @@ class EngineFailed(APIError):
     status = 502
     type = "server_error"
     code = "engine_error"
+
+
+class ModelNotFound(InvalidRequest):
+    """An unknown model name is a bad request (400), like any other invalid parameter."""
+
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class ModelNotAllowed(PermissionDenied):
+    code = "model_not_allowed"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"This API key is not allowed to use the model `{model}`.", param="model")

@@ -21,7 +21,15 @@ from django.conf import settings
 
 from serving import engine
 from serving.auth import KeyGrant, authenticate
-from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable, InvalidRequest, ModelNotFound
+from serving.errors import (
+    APIError,
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelNotAllowed,
+    ModelNotFound,
+)
 from serving.metering import MeteredRequest
 from serving.routing import ModelRoute, VersionRoute, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_body
@@ -107,8 +115,10 @@ async def prepare(endpoint: Endpoint, raw_body: bytes, authorization: str | None
     body, data = parse_body(raw_body, endpoint.schema)
     table = await router.snapshot()
     model = table.models.get(body.model)
-    if model is None or not grant.may_use(body.model):
+    if model is None:
         raise ModelNotFound(body.model)
+    if not grant.may_use(body.model):
+        raise ModelNotAllowed(body.model)
     if model.task not in endpoint.tasks:
         raise InvalidRequest(
             f"The model `{model.name}` is a {model.task} model and does not support /v1/{endpoint.name}.",

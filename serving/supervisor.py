@@ -85,8 +85,13 @@ def engine_command(deployment: Deployment, port: int) -> list[str]:
     version = deployment.version
     model = version.model
     path = get_artifact_store().local_path(version.artifact_uri)
+    launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        *launcher,
         "--model", str(path),
         "--served-model-name", model.name,
         "--host", settings.WORKER_ENGINE_HOST,
@@ -123,6 +128,7 @@ class Supervisor:
     log_dir: Path = field(default_factory=lambda: Path(settings.WORKER_LOG_DIR))
     engines: dict[int, EngineProcess] = field(default_factory=dict)  # by replica id
     stopping: bool = False
+    stop_announced: bool = False
     report: Callable[[str], None] = field(default=lambda message: logger.info(message))
     _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=2.0))
 
@@ -133,30 +139,33 @@ class Supervisor:
         released = replica_release_host(host=self.host)
         if released:
             self.report(f"released {released} replica(s) left on {self.host} by an earlier supervisor")
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.report(f"supervising engines on {self.host} (slots {', '.join(self.slots)})")
-        while True:
-            close_old_connections()
-            if self.stopping:
-                if self._shutdown_step():
+        try:
+            while True:
+                close_old_connections()
+                if self.stopping:
+                    if self._shutdown_step():
+                        break
+                else:
+                    self.step()
+                if once:
                     break
-            else:
-                self.step()
-            if once:
-                break
-            time.sleep(0.5)
+                time.sleep(0.5)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         self.report("all engines stopped")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        # Only flags: the loop does the work. A handler that touched the database could
+        # re-enter a query the main thread is in the middle of.
         if self.stopping:  # a second signal: stop now
             for engine in self.engines.values():
-                self._kill(engine)
+                if engine.popen is not None and engine.popen.poll() is None:
+                    os.killpg(engine.popen.pid, signal.SIGKILL)
             raise SystemExit(1)
-        self.report(f"signal {signum}: draining all replicas")
         self.stopping = True
-        for engine in list(self.engines.values()):
-            self._begin_drain(engine)
 
     def step(self) -> None:
         now = time.monotonic()
@@ -165,6 +174,9 @@ class Supervisor:
             self._tend(engine, now)
 
     def _shutdown_step(self) -> bool:
+        if not self.stop_announced:
+            self.stop_announced = True
+            self.report("stopping: draining all replicas")
         now = time.monotonic()
         for engine in list(self.engines.values()):
             if engine.phase != "draining":

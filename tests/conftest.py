@@ -43,7 +43,7 @@ def bundled_models(
     }
     artifacts.get_artifact_store.cache_clear()
     messages: list[str] = []
-    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+    with django_db_blocker.unblock():
         versions = import_bundled_models(progress=messages.append)
     yield {"versions": {v.model.name: v for v in versions}, "messages": messages}
     settings.ARTIFACT_STORE = previous

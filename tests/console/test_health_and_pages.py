@@ -47,4 +47,4 @@ class TestConsoleHome:
         assert response.status_code == 200
         assert 'data-model="smollm2-135m-instruct"' in html
         assert 'data-model="all-minilm-l6-v2"' in html
-        assert html.count("status-registered") == 2
+        assert html.count("<tr data-version=") == 2

@@ -18,7 +18,8 @@ class TestImport:
         store = get_artifact_store()
         for name in (SMOLLM2, MINILM):
             version = ModelVersion.objects.get(model__name=name)
-            assert version.status == "registered"
+            # Registered by the import; engine tests may have loaded it since.
+            assert version.status in {"registered", "loading", "active"}
             sha256, size = directory_digest(store.local_path(version.artifact_uri))
             assert (version.artifact_sha256, version.artifact_size) == (sha256, size)
             assert size > 50_000_000

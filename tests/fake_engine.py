@@ -1,0 +1,161 @@
+"""A tiny stand-in for a vLLM OpenAI server, for fault injection and fast routing tests.
+
+Speaks the same HTTP protocol (/health, /metrics, /v1/chat/completions, /v1/completions,
+/v1/embeddings, SSE with usage) and misbehaves on request: ``POST /_control`` with
+``{"mode": ...}`` sets how the next requests are answered:
+
+- ``normal``: ``tokens`` chunks, ``delay`` seconds apart;
+- ``hang``: accept the request and send nothing (first-token timeout);
+- ``die``: send ``die_after`` chunks, then drop the connection;
+- ``error400`` / ``error500``: answer with an OpenAI-style error.
+
+Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+STATE: dict[str, Any] = {"mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": []}
+LOCK = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/metrics":
+            body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/_stats":
+            with LOCK:
+                self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/_control":
+            with LOCK:
+                STATE.update(body)
+            self._json(200, STATE)
+            return
+        with LOCK:
+            STATE["requests"] += 1
+            STATE["paths"].append(self.path)
+            mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
+        if mode == "error400":
+            self._json(400, {"object": "error", "message": "fake engine refuses", "type": "BadRequestError",
+                             "param": None, "code": 400})  # fmt: skip
+            return
+        if mode == "error500":
+            self._json(500, {"object": "error", "message": "fake engine broke", "type": "InternalServerError"})
+            return
+        if self.path == "/v1/embeddings":
+            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            data = [{"index": i, "object": "embedding", "embedding": [0.5, 0.5]} for i in range(len(inputs))]
+            self._json(200, {"id": "embd-x", "object": "list", "model": body["model"], "data": data,
+                             "usage": {"prompt_tokens": 3, "total_tokens": 3}})  # fmt: skip
+            return
+        chat = self.path == "/v1/chat/completions"
+        if not body.get("stream"):
+            if mode == "hang":
+                time.sleep(3600)
+            message = {"role": "assistant", "content": "tok " * tokens} if chat else None
+            choice = {
+                "index": 0,
+                "finish_reason": "length",
+                **({"message": message} if chat else {"text": "tok " * tokens}),
+            }
+            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+            kind = "chat.completion" if chat else "text_completion"
+            self._json(
+                200, {"id": "engine-id", "object": kind, "model": body["model"], "choices": [choice], "usage": usage}
+            )
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        if mode == "hang":
+            time.sleep(3600)
+            return
+        engine_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            for i in range(tokens):
+                if mode == "die" and i == die_after:
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                delta = {"content": f"t{i} "} if chat else None
+                choice = {"index": 0, "finish_reason": None, **({"delta": delta} if chat else {"text": f"t{i} "})}
+                chunk = {
+                    "id": engine_id,
+                    "object": "chat.completion.chunk",
+                    "model": body["model"],
+                    "choices": [choice],
+                }
+                chunk["usage"] = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i}
+                self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                time.sleep(delay)
+            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+            final = {
+                "id": engine_id,
+                "object": "chat.completion.chunk",
+                "model": body["model"],
+                "choices": [],
+                "usage": usage,
+            }
+            self._chunk(f"data: {json.dumps(final)}\n\n".encode())
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def serve(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    # Accepted and ignored so the supervisor can launch this with vLLM's arguments.
+    parser.add_argument("--model")
+    parser.add_argument("--served-model-name")
+    args, _unknown = parser.parse_known_args()
+    serve(args.port, args.host).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

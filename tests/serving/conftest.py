@@ -1,0 +1,267 @@
+"""Real engines and gateways for the data-plane tests.
+
+- ``engines``: ``manage.py runworkers`` as a subprocess on the test database, serving
+  the bundled SmolLM2 and MiniLM with real vLLM; started once per session (~1 min).
+- ``gateway``: a real daphne process in front of them.
+- ``fake_model``: a fake engine process (tests/fake_engine.py) registered as the only
+  ready replica of a model of its own, for fault injection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
+
+ENGINE_READY_TIMEOUT = 600
+
+
+@dataclass
+class ApiKeyFixture:
+    secret: str
+    key_id: int
+    organization_id: int
+
+
+def committed(django_db_blocker: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a connection of its own and commit, so other processes see its writes.
+
+    Inside a ``django_db`` test the test's connection is in a transaction that is rolled
+    back, which a gateway process would never see.
+    """
+    from django.db import connection
+
+    def run() -> Any:
+        try:
+            return fn()
+        finally:
+            connection.close()
+
+    with django_db_blocker.unblock(), ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+@pytest.fixture(scope="session")
+def api_key(django_db_setup, django_db_blocker) -> ApiKeyFixture:
+    from billing.services import api_key_create, organization_create
+
+    def make() -> ApiKeyFixture:
+        org = organization_create(name=f"API tests {uuid.uuid4().hex[:6]}")
+        issued = api_key_create(organization=org, name="tests", rate_limit_rpm=100_000, rate_limit_tpm=100_000_000)
+        return ApiKeyFixture(issued.secret, issued.api_key.pk, org.pk)
+
+    return committed(django_db_blocker, make)
+
+
+@pytest.fixture(scope="session")
+def make_api_key(django_db_setup, django_db_blocker) -> Callable[..., ApiKeyFixture]:
+    from billing.services import api_key_create, organization_create
+
+    def make(**kwargs: Any) -> ApiKeyFixture:
+        def create() -> ApiKeyFixture:
+            org = organization_create(name=f"Tenant {uuid.uuid4().hex[:8]}")
+            issued = api_key_create(organization=org, name="k", **kwargs)
+            return ApiKeyFixture(issued.secret, issued.api_key.pk, org.pk)
+
+        return committed(django_db_blocker, create)
+
+    return make
+
+
+@dataclass
+class Engines:
+    process: subprocess.Popen[bytes]
+    log_dir: Path
+    replica_ids: dict[str, int]
+
+    def endpoint(self, model: str, django_db_blocker: Any) -> str:
+        from registry.models import Replica
+
+        return committed(django_db_blocker, lambda: Replica.objects.get(pk=self.replica_ids[model]).endpoint)
+
+
+def wait_for_ready_replicas(django_db_blocker: Any, deployment_ids: list[int], timeout: float) -> dict[int, int]:
+    from registry.models import Replica
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = committed(
+            django_db_blocker,
+            lambda: dict(
+                Replica.objects.filter(deployment_id__in=deployment_ids, state="ready").values_list(
+                    "deployment_id", "id"
+                )
+            ),
+        )
+        if len(ready) == len(deployment_ids):
+            return ready
+        time.sleep(1)
+    raise TimeoutError(f"replicas not ready within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator[Engines]:
+    from registry.models import Deployment
+    from registry.services import deployment_create
+
+    versions = bundled_models["versions"]
+
+    def deployments() -> dict[str, int]:
+        out = {}
+        for name, version in versions.items():
+            existing = Deployment.objects.filter(version=version).first()
+            out[name] = (existing or deployment_create(version=version)).pk
+        return out
+
+    deployment_ids = committed(django_db_blocker, deployments)
+    log_dir = tmp_path_factory.mktemp("engines")
+    with open(log_dir / "runworkers.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "runworkers"],
+            cwd=BASE_DIR,
+            env=child_env(WORKER_HOST="test-engines", WORKER_LOG_DIR=str(log_dir), WORKER_SLOTS="0,1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        ready = wait_for_ready_replicas(django_db_blocker, list(deployment_ids.values()), ENGINE_READY_TIMEOUT)
+    except TimeoutError:
+        process.terminate()
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
+        pytest.fail(f"engines did not start:\n{logs}")
+    yield Engines(process, log_dir, {name: ready[dep] for name, dep in deployment_ids.items()})
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(90)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    # Never leave an engine behind, even if runworkers died without draining.
+    from registry.models import Replica
+
+    pids = committed(
+        django_db_blocker, lambda: list(Replica.objects.filter(host="test-engines").values_list("pid", flat=True))
+    )
+    for pid in pids:
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def gateway(engines, tmp_path_factory) -> Iterator[Gateway]:
+    gw = start_gateway(tmp_path_factory.mktemp("gateway"))
+    yield gw
+    gw.stop()
+
+
+@dataclass
+class FakeModel:
+    name: str
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    replica_id: int
+
+    def control(self, **state: Any) -> None:
+        httpx.post(f"{self.endpoint}/_control", json=state, timeout=5).raise_for_status()
+
+    def requests(self) -> int:
+        return int(httpx.get(f"{self.endpoint}/_stats", timeout=5).json()["requests"])
+
+
+def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=dict(os.environ)
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{endpoint}/health", timeout=1).status_code == 200:
+                return process, endpoint
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("fake engine did not start")
+
+
+def register_fake_replica(name: str, endpoint: str, *, task: str = "chat", max_seq_len: int = 1024) -> int:
+    """A committed model → version → running deployment → ready replica at ``endpoint``."""
+    from django.utils import timezone
+
+    from registry.models import Deployment, Model, ModelVersion, Replica
+
+    model = Model.objects.create(name=name, task=task)
+    version = ModelVersion.objects.create(
+        model=model, version="1", framework="fake", artifact_uri=f"local://fake/{name}", artifact_sha256="0" * 64,
+        artifact_size=0, config={"max_seq_len": max_seq_len}, status="active",
+    )  # fmt: skip
+    deployment = Deployment.objects.create(version=version, status="running")
+    replica = Replica.objects.create(
+        deployment=deployment, host="fake", endpoint=endpoint, state="ready", last_heartbeat=timezone.now()
+    )
+    return replica.pk
+
+
+@pytest.fixture
+def fake_model(django_db_setup, django_db_blocker) -> Iterator[FakeModel]:
+    process, endpoint = start_fake_engine()
+    name = f"fake-{uuid.uuid4().hex[:8]}"
+    replica_id = committed(django_db_blocker, lambda: register_fake_replica(name, endpoint))
+    yield FakeModel(name, endpoint, process, replica_id)
+    process.kill()
+    process.wait(5)
+
+
+@pytest.fixture(scope="session")
+def fault_gateway(django_db_setup, tmp_path_factory) -> Iterator[Gateway]:
+    """A gateway with short time limits, for the fake engines (whose heartbeats never age)."""
+    gw = start_gateway(
+        tmp_path_factory.mktemp("fault-gateway"),
+        ENGINE_FIRST_TOKEN_TIMEOUT="1.5",
+        ENGINE_REQUEST_TIMEOUT="6",
+        REPLICA_STALE_AFTER="86400",
+        ROUTING_REFRESH_SECONDS="0.2",
+    )
+    yield gw
+    gw.stop()
+
+
+def persisted(request_ids: list[str]) -> dict[str, Any]:
+    """Flush the usage stream into the database; the records of these requests by id."""
+    from billing.models import UsageRecord
+    from billing.usage import persist_usage_stream
+
+    deadline = time.monotonic() + 10
+    records: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        persist_usage_stream()
+        records = {str(r.request_id): r for r in UsageRecord.objects.filter(request_id__in=request_ids)}
+        if len(records) == len(set(request_ids)):
+            break
+        time.sleep(0.2)
+    return records
+
+
+def request_id_of(chunk_id: str) -> str:
+    """Our chunk ids are ``<prefix>-<request uuid hex>``."""
+    return str(uuid.UUID(chunk_id.rsplit("-", 1)[1]))
+
+
+def engine_counter(endpoint: str, metric: str) -> float:
+    text = httpx.get(f"{endpoint}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric))

@@ -1,0 +1,95 @@
+"""The WebSocket API against real replicas: interleaved streams, cancel, usage per id."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from websockets.sync.client import connect
+
+from tests.serving.conftest import persisted
+
+pytestmark = [pytest.mark.engine, pytest.mark.django_db]
+
+CHAT = "smollm2-135m-instruct"
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+
+
+def ws_url(gateway) -> str:
+    return gateway.base_url.replace("http://", "ws://") + "/ws/v1/chat/completions"
+
+
+def receive_until(socket, done, timeout=120.0):
+    frames = []
+    deadline = time.monotonic() + timeout
+    while not done(frames):
+        frames.append(json.loads(socket.recv(timeout=max(0.1, deadline - time.monotonic()))))
+    return frames
+
+
+class TestWebSocket:
+    def test_two_interleaved_streams_one_cancelled(self, gateway, api_key):
+        headers = {"Authorization": f"Bearer {api_key.secret}"}
+        with connect(ws_url(gateway), additional_headers=headers) as socket:
+            for client_id in ("a", "b"):
+                body = {"model": CHAT, "messages": STORY, "max_tokens": 80, "temperature": 0}
+                socket.send(json.dumps({"type": "chat.completion", "id": client_id, "body": body}))
+            frames = receive_until(socket, lambda fs: sum(f["id"] == "b" and f["type"] == "chunk" for f in fs) >= 3)
+            socket.send(json.dumps({"type": "cancel", "id": "b"}))
+            frames += receive_until(socket, lambda fs: sum(f["type"] == "usage" for f in fs) == 2)
+
+        chunks = [f for f in frames if f["type"] == "chunk"]
+        order = [f["id"] for f in chunks]
+        # Both ran at once: b's first chunk arrived before a's last one.
+        assert order.index("b") < len(order) - 1 - order[::-1].index("a")
+        usage = {f["id"]: f for f in frames if f["type"] == "usage"}
+        assert usage["a"]["status"] == "completed"
+        assert usage["a"]["usage"]["completion_tokens"] == 80
+        assert usage["b"]["status"] == "cancelled"
+        assert 2 <= usage["b"]["usage"]["completion_tokens"] < 80  # the first chunk carries only the role
+        a_ids = {f["data"]["id"] for f in chunks if f["id"] == "a"}
+        assert len(a_ids) == 1
+        assert all(f["data"]["model"] == CHAT for f in chunks)
+
+        records = persisted([usage["a"]["request_id"], usage["b"]["request_id"]])
+        assert records[usage["a"]["request_id"]].status_code == 200
+        assert records[usage["a"]["request_id"]].completion_tokens == 80
+        cancelled = records[usage["b"]["request_id"]]
+        assert cancelled.status_code == 499
+        assert cancelled.completion_tokens == usage["b"]["usage"]["completion_tokens"]
+
+    def test_auth_message_for_browsers(self, gateway, api_key):
+        with connect(ws_url(gateway)) as socket:
+            socket.send(json.dumps({"type": "chat.completion", "id": "x", "body": {"model": CHAT, "messages": STORY}}))
+            refused = json.loads(socket.recv(timeout=10))
+            assert refused["type"] == "error"
+            assert refused["error"]["code"] == "missing_api_key"
+            socket.send(json.dumps({"type": "auth", "api_key": api_key.secret}))
+            assert json.loads(socket.recv(timeout=10)) == {"type": "auth", "ok": True}
+            body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+            socket.send(json.dumps({"type": "chat.completion", "id": "x", "body": body}))
+            frames = receive_until(socket, lambda fs: any(f["type"] == "usage" for f in fs))
+        assert frames[-1]["status"] == "completed"
+        assert frames[-1]["usage"]["completion_tokens"] == 3
+
+    def test_a_bad_key_on_the_handshake_is_refused(self, gateway):
+        from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+        headers = {"Authorization": "Bearer sk-wrong"}
+        with (
+            pytest.raises((InvalidStatus, ConnectionClosed)),
+            connect(ws_url(gateway), additional_headers=headers) as ws,
+        ):
+            ws.recv(timeout=10)
+
+    def test_invalid_requests_get_error_frames(self, gateway, api_key):
+        headers = {"Authorization": f"Bearer {api_key.secret}"}
+        with connect(ws_url(gateway), additional_headers=headers) as socket:
+            socket.send("not json")
+            assert json.loads(socket.recv(timeout=10))["error"]["code"] is None
+            socket.send(json.dumps({"type": "chat.completion", "id": "v", "body": {"model": CHAT}}))
+            error = json.loads(socket.recv(timeout=10))
+            assert (error["type"], error["id"], error["error"]["param"]) == ("error", "v", "messages")
+            socket.send(json.dumps({"type": "dance", "id": "w"}))
+            assert json.loads(socket.recv(timeout=10))["error"]["param"] == "type"
