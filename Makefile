@@ -13,7 +13,7 @@ ENGINE ?= cpu
 ENGINE_REQUIREMENTS := $(if $(filter gpu,$(ENGINE)),requirements-engine-gpu.txt,requirements-engine.txt)
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: help install services stop status bootstrap run test lint typecheck pytest clean
+.PHONY: help install services stop status bootstrap run test lint typecheck pytest bench clean
 
 help:
 	@echo "make run    set up everything and serve the platform at http://$(HOST):$(PORT)"
@@ -64,6 +64,10 @@ pytest: services
 	$(PY) -m pytest $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" || exit $$rc; }
 
 test: lint typecheck pytest
+
+# Needs `make run` in another terminal; figures go to docs/performance.md by hand.
+bench: install
+	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -13,12 +13,13 @@ from django.core.asgi import get_asgi_application
 django_asgi = get_asgi_application()
 
 from console.routing import websocket_urlpatterns  # noqa: E402
+from serving.asgi import DataPlaneRouter  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # Static files are served by Django's own handler only under STATIC_URL; every
-        # other request goes straight to the app with no extra middleware.
-        "http": ASGIStaticFilesHandler(django_asgi),
+        # The API (/v1/...) takes the data plane's lean path (serving/asgi.py); static
+        # files are served under STATIC_URL; the rest is Django as usual.
+        "http": DataPlaneRouter(ASGIStaticFilesHandler(django_asgi)),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

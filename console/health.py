@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from console.dbreads import read_now
 from console.redis_pools import async_redis
 from serving.routing import router
 
@@ -50,7 +50,7 @@ async def _replicas_ok() -> bool:
 async def readyz(request: HttpRequest) -> JsonResponse:
     """The process can do useful work: PostgreSQL and Redis answer, the default models are up."""
     checks = [
-        _check("database", sync_to_async(_database_ok)()),
+        _check("database", read_now(_database_ok)),
         _check("redis", async_redis().ping()),
     ]
     if settings.READY_MODELS:

@@ -58,9 +58,6 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: serves the data plane's routes (/v1/...) directly, with no sessions, CSRF or
-    # sync-middleware thread hops, and always answers them with OpenAI error bodies.
-    "serving.middleware.DataPlaneMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -133,6 +130,7 @@ ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
 # A replica is routed to only while its heartbeat is younger than this.
 REPLICA_STALE_AFTER = envfloat("REPLICA_STALE_AFTER", 15.0)
 ROUTING_REFRESH_SECONDS = envfloat("ROUTING_REFRESH_SECONDS", 1.0)
+ROUTING_MAX_STALENESS = envfloat("ROUTING_MAX_STALENESS", 10.0)
 API_KEY_CACHE_SECONDS = envfloat("API_KEY_CACHE_SECONDS", 1.0)
 CIRCUIT_FAILURE_THRESHOLD = envint("CIRCUIT_FAILURE_THRESHOLD", 3)
 CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)

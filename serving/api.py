@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from serving.auth import authenticate
 from serving.errors import APIError, ModelNotAllowed, ModelNotFound
 from serving.pipeline import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, StreamRelay, admit, prepare, run_json
+from serving.responses import EventStreamResponse
 from serving.routing import ModelRoute, router
 
 
@@ -44,8 +46,7 @@ async def models_list(request: HttpRequest) -> HttpResponse:
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     _require(request, "GET")
     grant = await authenticate(request.headers.get("Authorization"))
-    table = await router.snapshot()
-    route = table.models.get(model)
+    route = (await router.snapshot()).models.get(model) or (await router.fresh_snapshot()).models.get(model)
     if route is None:
         raise ModelNotFound(model)
     if not grant.may_use(model):
@@ -53,7 +54,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     return _json(_model_object(route))
 
 
-async def _sse(relay: StreamRelay) -> AsyncIterator[bytes]:
+async def _sse(relay: StreamRelay) -> AsyncGenerator[bytes, None]:
     async for chunk in relay.events():
         yield b"data: " + orjson.dumps(chunk) + b"\n\n"
     if not relay.failed:
@@ -62,23 +63,29 @@ async def _sse(relay: StreamRelay) -> AsyncIterator[bytes]:
 
 async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     _require(request, "POST")
+    started = time.perf_counter()
     prepared = await prepare(
         endpoint,
         request.body,
         request.headers.get("Authorization"),
         request_id=request.request_id,  # type: ignore[attr-defined]
     )
+    prepared_at = time.perf_counter()
     await admit(prepared)
+    admitted_at = time.perf_counter()
+    response: HttpResponse | StreamingHttpResponse
     if prepared.stream:
         relay = StreamRelay(prepared)
         await relay.start()
-        response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
-            _sse(relay), content_type="text/event-stream"
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # proxies must not buffer the stream
-        return response  # type: ignore[return-value]
-    return _json(await run_json(prepared))
+        response = EventStreamResponse(_sse(relay))
+    else:
+        response = _json(await run_json(prepared))
+    # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
+    response["Server-Timing"] = (
+        f"prepare;dur={(prepared_at - started) * 1000:.2f}, admit;dur={(admitted_at - prepared_at) * 1000:.2f}, "
+        f"engine;dur={(time.perf_counter() - admitted_at) * 1000:.2f}"
+    )
+    return response  # type: ignore[return-value]
 
 
 async def chat_completions(request: HttpRequest) -> HttpResponse:

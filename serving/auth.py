@@ -7,17 +7,19 @@ query on every request.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from billing.selectors import api_key_by_hash
-from serving.errors import AuthenticationFailed
+from console.dbreads import read_now
+from serving.errors import AuthenticationFailed, EngineUnavailable
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,47 @@ def _load_grant(key_hash: str) -> KeyGrant | None:
 
 
 class KeyCache:
+    """Grants by key hash, never trusted longer than API_KEY_CACHE_SECONDS.
+
+    An entry past half its life is still served while one background read refreshes it,
+    so a busy key never waits for the database; concurrent misses share one read.
+    """
+
     def __init__(self) -> None:
         self._entries: dict[str, tuple[float, KeyGrant | None]] = {}
+        self._loading: dict[str, asyncio.Future[KeyGrant | None]] = {}
 
     async def grant(self, key_hash: str) -> KeyGrant | None:
-        now = time.monotonic()
         entry = self._entries.get(key_hash)
-        if entry is not None and now - entry[0] < settings.API_KEY_CACHE_SECONDS:
-            return entry[1]
-        grant = await sync_to_async(_load_grant)(key_hash)
-        if len(self._entries) > 100_000:
-            self._entries.clear()
-        self._entries[key_hash] = (now, grant)
-        return grant
+        if entry is not None:
+            age = time.monotonic() - entry[0]
+            if age < settings.API_KEY_CACHE_SECONDS:
+                if age > settings.API_KEY_CACHE_SECONDS / 2:
+                    self._load(key_hash)  # refresh ahead; this request uses the fresh-enough entry
+                return entry[1]
+        return await asyncio.shield(self._load(key_hash))
+
+    def _load(self, key_hash: str) -> asyncio.Future[KeyGrant | None]:
+        pending = self._loading.get(key_hash)
+        if pending is not None:
+            return pending
+        started = time.monotonic()
+
+        async def load() -> KeyGrant | None:
+            try:
+                grant = await read_now(_load_grant, key_hash)
+                if len(self._entries) > 100_000:
+                    self._entries.clear()
+                self._entries[key_hash] = (started, grant)  # aged from before the read
+                return grant
+            finally:
+                self._loading.pop(key_hash, None)
+
+        future = asyncio.ensure_future(load())
+        # A failed refresh-ahead nobody awaits must not warn; the next request retries.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._loading[key_hash] = future
+        return future
 
     def clear(self) -> None:
         self._entries.clear()
@@ -92,7 +122,13 @@ def bearer_secret(authorization: str | None) -> str:
 
 async def authenticate(authorization: str | None) -> KeyGrant:
     secret = bearer_secret(authorization)
-    grant = await key_cache.grant(hashlib.sha256(secret.encode()).hexdigest())
+    try:
+        grant = await key_cache.grant(hashlib.sha256(secret.encode()).hexdigest())
+    except DatabaseError as exc:
+        # Fail closed: a key we cannot check is not accepted.
+        raise EngineUnavailable(
+            "API keys cannot be checked right now; try again shortly.", code="auth_unavailable"
+        ) from exc
     if grant is None:
         raise AuthenticationFailed(f"Incorrect API key provided: {_redact(secret)}.")
     if grant.expires_at is not None and grant.expires_at <= timezone.now():

@@ -80,13 +80,17 @@ class Prepared:
         return self.endpoint.id_prefix + self.metered.id_hex
 
 
+_loaded_counters: set[str | None] = set()
+
+
 async def _counter(version: VersionRoute) -> PromptCounter:
-    directory = router.tokenizer_dir(version)
-    info = prompt_counter.cache_info()
-    if info.currsize and directory is not None:
+    directory = version.tokenizer_dir
+    if directory in _loaded_counters:
         return prompt_counter(directory)
     # First use in this process: loading a tokenizer takes ~100 ms, keep it off the loop.
-    return await sync_to_async(prompt_counter, thread_sensitive=False)(directory)
+    counter = await sync_to_async(prompt_counter, thread_sensitive=False)(directory)
+    _loaded_counters.add(directory)
+    return counter
 
 
 def _check_context(body: Any, prompt_tokens: int, max_len: int) -> None:
@@ -115,6 +119,8 @@ async def prepare(endpoint: Endpoint, raw_body: bytes, authorization: str | None
     body, data = parse_body(raw_body, endpoint.schema)
     table = await router.snapshot()
     model = table.models.get(body.model)
+    if model is None:
+        model = (await router.fresh_snapshot()).models.get(body.model)
     if model is None:
         raise ModelNotFound(body.model)
     if not grant.may_use(body.model):

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from console.dbreads import read_now
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class VersionRoute:
     max_model_len: int
     artifact_uri: str
     replicas: tuple[ReplicaRoute, ...]
+    tokenizer_dir: str | None = None  # where the gateway finds tokenizer.json, if local
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ def load_routing_table() -> RoutingTable:
                 max_model_len=served_context_length(version.config),
                 artifact_uri=version.artifact_uri,
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
+                tokenizer_dir=_tokenizer_dir(version.artifact_uri),
             )
         )
         models[model.name] = ModelRoute(
@@ -100,6 +105,14 @@ def load_routing_table() -> RoutingTable:
         },
         loaded_at=time.monotonic(),
     )
+
+
+def _tokenizer_dir(artifact_uri: str) -> str | None:
+    store = get_artifact_store()
+    try:
+        return str(store.local_path(artifact_uri)) if store.exists(artifact_uri) else None
+    except ValueError:
+        return None
 
 
 def served_context_length(config: dict[str, object]) -> int:
@@ -138,20 +151,70 @@ class Router:
     table: RoutingTable | None = None
     in_flight: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     circuits: CircuitBreaker = field(default_factory=CircuitBreaker)
-    _lock: asyncio.Lock | None = None
+    _loading: asyncio.Future[RoutingTable] | None = None
+    _refresher_loop: asyncio.AbstractEventLoop | None = None
+    _refresher: asyncio.Task[None] | None = None
 
     async def snapshot(self) -> RoutingTable:
+        """The routing table, reloaded in the background every ROUTING_REFRESH_SECONDS.
+
+        Requests keep using the current table while one reload runs; only a table older
+        than ROUTING_MAX_STALENESS (or none yet) makes a request wait for the reload.
+        Replica liveness is judged by heartbeat time at use, so a slightly old table never
+        routes to a replica whose heartbeat has gone stale.
+        """
+        self._ensure_refresher()
         table = self.table
-        if table is not None and time.monotonic() - table.loaded_at < settings.ROUTING_REFRESH_SECONDS:
+        if table is not None:
+            age = time.monotonic() - table.loaded_at
+            if age >= settings.ROUTING_REFRESH_SECONDS:
+                self._reload()
+            if age < settings.ROUTING_MAX_STALENESS:
+                return table
+        return await asyncio.shield(self._reload())
+
+    async def fresh_snapshot(self) -> RoutingTable:
+        """A table read after this call began (for the rare miss: a model deployed a moment ago).
+
+        Concurrent callers share reads; a read already running when we were called may
+        predate the change we are looking for, so we wait for the next one.
+        """
+        asked = time.monotonic()
+        while True:
+            table = await asyncio.shield(self._reload())
+            if table.loaded_at >= asked:
+                return table
+
+    def _ensure_refresher(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._refresher_loop is loop:
+            return
+        self._refresher_loop = loop
+
+        async def refresh_forever() -> None:
+            while True:
+                await asyncio.sleep(settings.ROUTING_REFRESH_SECONDS)
+                try:
+                    await self._reload()
+                except Exception:
+                    logger.warning("routing table reload failed", exc_info=True)
+
+        self._refresher = loop.create_task(refresh_forever())
+
+    def _reload(self) -> asyncio.Future[RoutingTable]:
+        if self._loading is not None and not self._loading.done():
+            return self._loading
+
+        async def load() -> RoutingTable:
+            started = time.monotonic()
+            table = replace(await read_now(load_routing_table), loaded_at=started)
+            self.table = table
             return table
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # one reload at a time; the others wait for it
-            table = self.table
-            if table is None or time.monotonic() - table.loaded_at >= settings.ROUTING_REFRESH_SECONDS:
-                table = await sync_to_async(load_routing_table)()
-                self.table = table
-        return table
+
+        future = asyncio.ensure_future(load())
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._loading = future
+        return future
 
     def invalidate(self) -> None:
         self.table = None
@@ -183,13 +246,6 @@ class Router:
         replicas = self.routable(version)
         random.shuffle(replicas)  # break ties without always favouring the same replica
         return sorted(replicas, key=lambda r: self.in_flight[r.id])
-
-    def tokenizer_dir(self, version: VersionRoute) -> str | None:
-        store = get_artifact_store()
-        try:
-            return str(store.local_path(version.artifact_uri)) if store.exists(version.artifact_uri) else None
-        except ValueError:
-            return None
 
 
 router = Router()

@@ -60,6 +60,8 @@ class _Sampling(_Body):
     presence_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # vLLM sampling extensions, passed through.
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
     top_k: int | None = None
     min_p: Probability | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
