@@ -9,9 +9,43 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
-class Organization(models.Model):
+class Tier(models.TextChoices):
+    """A plan's tier: under load, free-tier requests are refused before paid ones."""
+
+    FREE = "free", "Free"
+    PAID = "paid", "Paid"
+
+
+class Limits(models.Model):
+    """Rate limits and monthly budgets, shared by organisations and keys.
+
+    Empty (null) means "no limit at this level". Every request is checked against the
+    key's limits and its organisation's, in one atomic step (serving/limits.py).
+    """
+
+    rate_limit_rpm = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute")
+    rate_limit_tpm = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute")
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True, help_text="requests at once")
+    monthly_token_quota = models.PositiveBigIntegerField(null=True, blank=True, help_text="tokens per UTC month")
+    monthly_spend_cap = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        help_text="spend per UTC month (counted in tokens until model prices exist)",
+    )
+    budget_alert_percent = models.PositiveSmallIntegerField(
+        default=80, help_text="a soft alert when a budget is this full"
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Organization(Limits):
     name = models.CharField(max_length=255, unique=True)
     slug = models.SlugField(max_length=255, unique=True)
+    tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.PAID)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -40,7 +74,7 @@ class Membership(models.Model):
         return f"{self.user} in {self.organization} ({self.role})"
 
 
-class ApiKey(models.Model):
+class ApiKey(Limits):
     """A customer's API key. Only the SHA-256 of the secret is stored; the secret is shown once."""
 
     key_hash = models.CharField(max_length=64, unique=True, help_text="hex SHA-256 of the full key")
@@ -49,11 +83,17 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=255)
     rate_limit_rpm = models.PositiveIntegerField(default=60)
     rate_limit_tpm = models.PositiveIntegerField(default=100_000)
+    tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.FREE)
     allowed_models = ArrayField(
         models.CharField(max_length=255), default=list, blank=True, help_text="empty means every model"
     )
     is_active = models.BooleanField(default=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    rotated_to = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rotated_from",
+        help_text="the key that replaced this one; this one works until expires_at",
+    )  # fmt: skip
     last_used_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -94,3 +134,34 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model} {self.total_tokens} tokens"
+
+
+class BudgetAlert(models.Model):
+    """A budget crossed its alert threshold (once per scope, budget and UTC month)."""
+
+    class Budget(models.TextChoices):
+        TOKENS = "tokens", "Token quota"
+        SPEND = "spend", "Spend cap"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="budget_alerts")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="budget_alerts")
+    budget = models.CharField(max_length=8, choices=Budget.choices)
+    month = models.CharField(max_length=7, help_text="YYYY-MM, UTC")
+    threshold_percent = models.PositiveSmallIntegerField()
+    limit = models.DecimalField(max_digits=20, decimal_places=6)
+    used = models.DecimalField(max_digits=20, decimal_places=6, help_text="used + reserved when crossed")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "api_key", "budget", "month"],
+                name="uniq_budget_alert",
+                nulls_distinct=False,
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = f"key {self.api_key_id}" if self.api_key_id else f"org {self.organization_id}"
+        return f"{scope} {self.budget} {self.month} at {self.threshold_percent}%"

@@ -14,12 +14,14 @@ import os
 import socket
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import redis
 from django.db import transaction
 
-from billing.models import ApiKey, UsageRecord
+from billing.models import ApiKey, BudgetAlert, UsageRecord
+from billing.pricing import from_micros
 from console.redis_pools import key, sync_redis
 
 logger = logging.getLogger(__name__)
@@ -143,4 +145,42 @@ def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int
         if not entries:
             break
         handled += _persist_batch(client, entries)
+    return handled
+
+
+def alerts_stream_key() -> str:
+    return key("budget", "alerts")
+
+
+def persist_budget_alerts(*, batch_size: int = 200) -> int:
+    """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, once each."""
+    client = sync_redis()
+    try:
+        client.xgroup_create(alerts_stream_key(), GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+    me = consumer_name()
+    handled = 0
+    for start in ("0", ">"):  # first anything this consumer left pending, then new alerts
+        response: Any = client.xreadgroup(GROUP, me, {alerts_stream_key(): start}, count=batch_size)
+        entries = [(eid, fields) for eid, fields in (response[0][1] if response else []) if fields]
+        for entry_id, fields in entries:
+            text = {k.decode(): v.decode() for k, v in fields.items()}
+            is_key = text["scope"] == "key"
+            limit, used = Decimal(text["limit"]), Decimal(text["used"])
+            if text["budget"] == "spend":  # the limiter counts spend in micro-units
+                limit, used = from_micros(limit), from_micros(used)
+            BudgetAlert.objects.get_or_create(
+                organization_id=int(text["org"]),
+                api_key_id=int(text["id"]) if is_key else None,
+                budget=text["budget"],
+                month=text["month"],
+                defaults={"threshold_percent": int(text["threshold"]), "limit": limit, "used": used},
+            )
+            logger.warning("budget alert: %s %s %s %s at %s%%", text["scope"], text["id"], text["budget"],
+                           text["month"], text["threshold"])  # fmt: skip
+            client.xack(alerts_stream_key(), GROUP, entry_id)
+            client.xdel(alerts_stream_key(), entry_id)
+            handled += 1
     return handled

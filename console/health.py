@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from console.dbreads import read_now
+from console.db import run_db
 from console.redis_pools import async_redis
 from serving.routing import router
 
@@ -50,7 +50,7 @@ async def _replicas_ok() -> bool:
 async def readyz(request: HttpRequest) -> JsonResponse:
     """The process can do useful work: PostgreSQL and Redis answer, the default models are up."""
     checks = [
-        _check("database", read_now(_database_ok)),
+        _check("database", run_db(_database_ok)),
         _check("redis", async_redis().ping()),
     ]
     if settings.READY_MODELS:

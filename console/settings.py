@@ -134,6 +134,12 @@ ROUTING_MAX_STALENESS = envfloat("ROUTING_MAX_STALENESS", 10.0)
 API_KEY_CACHE_SECONDS = envfloat("API_KEY_CACHE_SECONDS", 1.0)
 CIRCUIT_FAILURE_THRESHOLD = envint("CIRCUIT_FAILURE_THRESHOLD", 3)
 CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)
+# Backpressure: a model refuses a tier's new requests once this many per routable replica
+# are in flight across all gateways (free first, then paid); nothing queues unboundedly.
+BACKPRESSURE_FREE_PER_REPLICA = envint("BACKPRESSURE_FREE_PER_REPLICA", 48)
+BACKPRESSURE_PAID_PER_REPLICA = envint("BACKPRESSURE_PAID_PER_REPLICA", 128)
+# Tests move the limiter's clock (month boundaries) through a Redis key; never in production.
+LIMITS_TEST_CLOCK = envbool("LIMITS_TEST_CLOCK", "false")
 # /readyz waits for a routable replica of each of these models.
 READY_MODELS = envlist("READY_MODELS", "smollm2-135m-instruct,all-minilm-l6-v2")
 # An in-flight request whose gateway stopped heart-beating this long ago is closed by the sweeper.
@@ -183,7 +189,10 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
 }
 SPECTACULAR_SETTINGS = {

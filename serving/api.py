@@ -8,9 +8,11 @@ from typing import Any
 
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from redis.exceptions import RedisError
 
-from serving.auth import authenticate
-from serving.errors import APIError, ModelNotAllowed, ModelNotFound
+from serving import limits
+from serving.auth import KeyGrant, authenticate
+from serving.errors import APIError, ModelNotAllowed, ModelNotFound, RateLimited
 from serving.pipeline import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, StreamRelay, admit, prepare, run_json
 from serving.responses import EventStreamResponse
 from serving.routing import ModelRoute, router
@@ -31,6 +33,14 @@ def _require(request: HttpRequest, method: str) -> None:
         )
 
 
+async def _current_limits(grant: KeyGrant) -> dict[str, str]:
+    """x-ratelimit-* headers for an answer that charged nothing (best effort)."""
+    try:
+        return (await limits.peek(grant)).values
+    except RedisError:
+        return {}
+
+
 def _model_object(model: ModelRoute) -> dict[str, Any]:
     return {"id": model.name, "object": "model", "created": model.created, "owned_by": model.owner}
 
@@ -40,7 +50,10 @@ async def models_list(request: HttpRequest) -> HttpResponse:
     grant = await authenticate(request.headers.get("Authorization"))
     table = await router.snapshot()
     data = [_model_object(m) for name, m in sorted(table.models.items()) if grant.may_use(name)]
-    return _json({"object": "list", "data": data})
+    response = _json({"object": "list", "data": data})
+    for name, value in (await _current_limits(grant)).items():
+        response[name] = value
+    return response
 
 
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
@@ -64,14 +77,16 @@ async def _sse(relay: StreamRelay) -> AsyncGenerator[bytes, None]:
 async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     _require(request, "POST")
     started = time.perf_counter()
-    prepared = await prepare(
-        endpoint,
-        request.body,
-        request.headers.get("Authorization"),
-        request_id=request.request_id,  # type: ignore[attr-defined]
-    )
-    prepared_at = time.perf_counter()
-    await admit(prepared)
+    grant = await authenticate(request.headers.get("Authorization"))
+    try:
+        prepared = await prepare(endpoint, request.body, grant, request_id=request.request_id)  # type: ignore[attr-defined]
+        prepared_at = time.perf_counter()
+        rate_limits = await admit(prepared)
+    except RateLimited:
+        raise  # carries its own headers
+    except APIError as exc:
+        exc.headers.update(await _current_limits(grant))
+        raise
     admitted_at = time.perf_counter()
     response: HttpResponse | StreamingHttpResponse
     if prepared.stream:
@@ -80,6 +95,8 @@ async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         response = EventStreamResponse(_sse(relay))
     else:
         response = _json(await run_json(prepared))
+    for name, value in rate_limits.values.items():
+        response[name] = value
     # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
     response["Server-Timing"] = (
         f"prepare;dur={(prepared_at - started) * 1000:.2f}, admit;dur={(admitted_at - prepared_at) * 1000:.2f}, "

@@ -9,17 +9,50 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from billing.models import Limits
 from billing.selectors import api_key_by_hash
-from console.dbreads import read_now
+from billing.services import api_keys_touch, key_invalidation_channel
+from console.db import run_db
+from console.redis_pools import async_redis
 from serving.errors import AuthenticationFailed, EngineUnavailable
+
+logger = logging.getLogger(__name__)
+
+# last_used_at is written at most this often per key and process (not once per request).
+LAST_USED_RESOLUTION = 60.0
+
+
+@dataclass(frozen=True)
+class ScopeLimits:
+    """One level's limits (a key's, or its organisation's); None means no limit."""
+
+    rpm: int | None
+    tpm: int | None
+    concurrent: int | None
+    token_quota: int | None
+    spend_cap: Decimal | None
+    alert_percent: int
+
+    @classmethod
+    def of(cls, obj: Limits) -> ScopeLimits:
+        return cls(
+            rpm=obj.rate_limit_rpm,
+            tpm=obj.rate_limit_tpm,
+            concurrent=obj.max_concurrent,
+            token_quota=obj.monthly_token_quota,
+            spend_cap=obj.monthly_spend_cap,
+            alert_percent=obj.budget_alert_percent,
+        )
 
 
 @dataclass(frozen=True)
@@ -30,8 +63,9 @@ class KeyGrant:
     organization_id: int
     prefix: str
     allowed_models: frozenset[str]
-    rate_limit_rpm: int
-    rate_limit_tpm: int
+    tier: str
+    key_limits: ScopeLimits
+    org_limits: ScopeLimits
     expires_at: datetime | None
 
     def may_use(self, model: str) -> bool:
@@ -54,8 +88,9 @@ def _load_grant(key_hash: str) -> KeyGrant | None:
         organization_id=api_key.organization_id,
         prefix=api_key.prefix,
         allowed_models=frozenset(api_key.allowed_models),
-        rate_limit_rpm=api_key.rate_limit_rpm,
-        rate_limit_tpm=api_key.rate_limit_tpm,
+        tier=api_key.tier,
+        key_limits=ScopeLimits.of(api_key),
+        org_limits=ScopeLimits.of(api_key.organization),
         expires_at=api_key.expires_at,
     )
 
@@ -64,14 +99,41 @@ class KeyCache:
     """Grants by key hash, never trusted longer than API_KEY_CACHE_SECONDS.
 
     An entry past half its life is still served while one background read refreshes it,
-    so a busy key never waits for the database; concurrent misses share one read.
+    so a busy key never waits for the database; concurrent misses share one read. A key
+    changed anywhere (revoked, rotated, new limits) is dropped at once when the change is
+    published on Redis (``billing.services``); the age bound holds even if a message is lost.
     """
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[float, KeyGrant | None]] = {}
         self._loading: dict[str, asyncio.Future[KeyGrant | None]] = {}
+        self._listening: asyncio.AbstractEventLoop | None = None
+        self._listener: asyncio.Task[None] | None = None
+
+    def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._listening is loop:
+            return
+        self._listening = loop
+
+        async def listen_forever() -> None:
+            while True:
+                try:
+                    pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
+                    await pubsub.subscribe(key_invalidation_channel())
+                    # Whatever changed while we were not listening is forgotten too.
+                    self._entries.clear()
+                    async for message in pubsub.listen():
+                        if message["type"] == "message":
+                            self._entries.pop(message["data"].decode(), None)
+                except Exception:
+                    logger.warning("key invalidation subscription lost; reconnecting", exc_info=True)
+                    await asyncio.sleep(1)
+
+        self._listener = loop.create_task(listen_forever())
 
     async def grant(self, key_hash: str) -> KeyGrant | None:
+        self._listen()
         entry = self._entries.get(key_hash)
         if entry is not None:
             age = time.monotonic() - entry[0]
@@ -89,7 +151,7 @@ class KeyCache:
 
         async def load() -> KeyGrant | None:
             try:
-                grant = await read_now(_load_grant, key_hash)
+                grant = await run_db(_load_grant, key_hash)
                 if len(self._entries) > 100_000:
                     self._entries.clear()
                 self._entries[key_hash] = (started, grant)  # aged from before the read
@@ -131,9 +193,32 @@ async def authenticate(authorization: str | None) -> KeyGrant:
         ) from exc
     if grant is None:
         raise AuthenticationFailed(f"Incorrect API key provided: {_redact(secret)}.")
-    if grant.expires_at is not None and grant.expires_at <= timezone.now():
+    now = timezone.now()
+    if grant.expires_at is not None and grant.expires_at <= now:
         raise AuthenticationFailed("The API key has expired.", code="expired_api_key")
+    _note_use(grant.key_id, now)
     return grant
+
+
+_last_written: dict[int, float] = {}
+_touch_tasks: set[asyncio.Task[None]] = set()
+
+
+def _note_use(key_id: int, now: datetime) -> None:
+    monotonic = time.monotonic()
+    if monotonic - _last_written.get(key_id, -LAST_USED_RESOLUTION) < LAST_USED_RESOLUTION:
+        return
+    _last_written[key_id] = monotonic
+
+    async def write() -> None:
+        try:
+            await run_db(api_keys_touch, last_used={key_id: now})
+        except DatabaseError:
+            logger.warning("could not record last use of key %s", key_id)
+
+    task = asyncio.get_running_loop().create_task(write())
+    _touch_tasks.add(task)
+    task.add_done_callback(_touch_tasks.discard)
 
 
 def _redact(secret: str) -> str:

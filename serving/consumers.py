@@ -122,7 +122,9 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
     async def _run(self, client_id: str, body: dict[str, Any]) -> None:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
-            prepared = await prepare(CHAT, orjson.dumps(body), self.authorization, request_id=uuid.uuid4())
+            # Checked again per request: a key revoked mid-socket stops working within a second.
+            grant = await authenticate(self.authorization)
+            prepared = await prepare(CHAT, orjson.dumps(body), grant, request_id=uuid.uuid4())
             await admit(prepared)
         except APIError as exc:  # refused: nothing ran, nothing is metered
             await self._send({"type": "error", "id": client_id, "error": exc.detail()})

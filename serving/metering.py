@@ -2,13 +2,15 @@
 
 The hand-off is durable and idempotent:
 
-1. On admission the request is written to the in-flight hash (``<ns>:usage:inflight``),
-   with this gateway's id. If that write fails the request is refused: we do not serve
-   what we cannot meter.
+1. On admission (``serving.limits.admit``, the same Lua call that checks and charges
+   the limits) the request is written to the in-flight hash (``<ns>:usage:inflight``)
+   with this gateway's id. If Redis cannot be reached the request is refused: we do not
+   serve what we cannot meter.
 2. When it ends (completed, cancelled, disconnected, timed out or failed) one Lua call
-   removes it from the hash *and* appends the event to the stream (``<ns>:usage``),
-   atomically; whoever removes the entry first writes the event, so it is written once.
-   This happens before the last bytes go to the client.
+   (``serving.limits.settle``) removes it from the hash, returns what it reserved beyond
+   what it used, *and* appends the event to the stream (``<ns>:usage``), atomically;
+   whoever removes the entry first writes the event, so it is written once. This happens
+   before the last bytes go to the client.
 3. ``billing.tasks.usage_persist`` reads the stream in a consumer group and inserts
    with ``ON CONFLICT (request_id) DO NOTHING`` before acknowledging, so a replayed
    event is never counted twice and an unacknowledged one is never lost.
@@ -29,29 +31,12 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from console.redis_pools import async_redis, key
-from serving import metrics
-from serving.errors import EngineUnavailable
+from console.redis_pools import async_redis, key, sync_redis
+from serving import limits, metrics
 
 logger = logging.getLogger(__name__)
 
 GATEWAY_ID = uuid.uuid4().hex
-
-# KEYS: in-flight hash, stream. ARGV: request id, then the event's field/value pairs.
-FINISH_SCRIPT = """
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then
-  return redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
-end
-return false
-"""
-
-
-def stream_key() -> str:
-    return key("usage")
-
-
-def inflight_key() -> str:
-    return key("usage", "inflight")
 
 
 def gateway_key(gateway_id: str) -> str:
@@ -71,7 +56,7 @@ async def _heartbeat_forever() -> None:
         await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
 
 
-def _ensure_heartbeat() -> None:
+def ensure_heartbeat() -> None:
     loop = asyncio.get_running_loop()
     if loop not in _heartbeats:
         _heartbeats.add(loop)
@@ -131,18 +116,12 @@ class MeteredRequest:
             "created_at": self.admitted_at.isoformat(),
         }
 
-    async def admit(self) -> None:
-        _ensure_heartbeat()
-        entry = self._fields(0) | {"gateway": GATEWAY_ID}
-        try:
-            await async_redis().hset(inflight_key(), str(self.request_id), orjson.dumps(entry))
-        except Exception as exc:
-            logger.error("cannot register request in flight: %s", exc)
-            raise EngineUnavailable("Usage metering is unavailable; the request was not run.") from exc
-        metrics.IN_FLIGHT.labels(self.model).inc()
+    def inflight_entry(self) -> dict[str, str]:
+        """What the sweeper needs to close this request if this gateway dies."""
+        return self._fields(0) | {"gateway": GATEWAY_ID}
 
     async def finish(self, status_code: int) -> None:
-        """Write this request's one usage event (idempotent within the process).
+        """Settle the request and write its one usage event (idempotent within the process).
 
         The write runs as its own task and is shielded, so a client that disconnects
         (cancelling the request's task) while the event is being written cannot stop it.
@@ -158,16 +137,14 @@ class MeteredRequest:
     async def _write(self, status_code: int) -> None:
         metrics.IN_FLIGHT.labels(self.model).dec()
         fields = self._fields(status_code)
-        argv: list[str] = [fields["request_id"]]
-        for name, value in fields.items():
-            argv += [name, value]
+        used = self.prompt_tokens + self.completion_tokens
         for attempt in range(5):
             try:
-                await async_redis().eval(FINISH_SCRIPT, 2, inflight_key(), stream_key(), *argv)
+                await limits.settle(request_id=fields["request_id"], tokens_used=used, event=fields)
                 metrics.USAGE_EVENTS.labels("written").inc()
                 break
             except Exception:
-                logger.warning("usage event write failed (attempt %d)", attempt + 1, exc_info=True)
+                logger.warning("usage settlement failed (attempt %d)", attempt + 1, exc_info=True)
                 await asyncio.sleep(0.2 * 2**attempt)
         else:
             metrics.USAGE_EVENTS.labels("deferred_to_sweeper").inc()
@@ -191,14 +168,12 @@ def sweep_lost_requests() -> int:
     Runs in Celery (sync). Uses the same atomic finish as the gateways, so an entry that a
     gateway finishes at the same moment is still written exactly once.
     """
-    from console.redis_pools import sync_redis
-
     client = sync_redis()
-    finish = client.register_script(FINISH_SCRIPT)
+    settle = client.register_script(limits.lua_source())
     now = datetime.now(UTC)
     closed = 0
     alive: dict[str, bool] = {}
-    for request_id, raw in client.hscan_iter(inflight_key(), count=500):
+    for request_id, raw in client.hscan_iter(limits.inflight_key(), count=500):
         try:
             entry = orjson.loads(raw)
             admitted = datetime.fromisoformat(entry["created_at"])
@@ -213,12 +188,14 @@ def sweep_lost_requests() -> int:
         if not overdue and (alive[gateway] or age < settings.GATEWAY_LOST_AFTER):
             continue
         entry.pop("gateway", None)
+        entry.pop("settle", None)
         entry["status_code"] = str(GATEWAY_LOST)
         entry["latency_ms"] = str(int(age * 1000))
-        argv: list[str] = [entry["request_id"]]
+        used = int(entry.get("prompt_tokens", 0))
+        argv: list[str | int] = ["settle", entry["request_id"], used, limits.spend_micros(used), limits.clock_key()]
         for name, value in entry.items():
             argv += [name, str(value)]
-        if finish(keys=[inflight_key(), stream_key()], args=argv):
+        if settle(keys=[limits.inflight_key(), limits.usage_stream_key()], args=argv):
             closed += 1
             logger.warning("closed request %s left in flight by gateway %s", entry["request_id"], gateway)
     return closed

@@ -18,9 +18,10 @@ from typing import Any
 import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from redis.exceptions import RedisError
 
-from serving import engine
-from serving.auth import KeyGrant, authenticate
+from serving import engine, limits, metrics
+from serving.auth import KeyGrant
 from serving.errors import (
     APIError,
     EngineFailed,
@@ -30,7 +31,8 @@ from serving.errors import (
     ModelNotAllowed,
     ModelNotFound,
 )
-from serving.metering import MeteredRequest
+from serving.limits import RateLimitHeaders
+from serving.metering import MeteredRequest, ensure_heartbeat
 from serving.routing import ModelRoute, VersionRoute, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse_body
 from serving.tokens import PromptCounter, prompt_counter
@@ -66,6 +68,8 @@ class Prepared:
     model: ModelRoute
     version: VersionRoute
     metered: MeteredRequest
+    reserved_tokens: int
+    rate_limits: RateLimitHeaders | None = None
 
     @property
     def stream(self) -> bool:
@@ -114,8 +118,7 @@ def _check_context(body: Any, prompt_tokens: int, max_len: int) -> None:
         )
 
 
-async def prepare(endpoint: Endpoint, raw_body: bytes, authorization: str | None, *, request_id: uuid.UUID) -> Prepared:
-    grant = await authenticate(authorization)
+async def prepare(endpoint: Endpoint, raw_body: bytes, grant: KeyGrant, *, request_id: uuid.UUID) -> Prepared:
     body, data = parse_body(raw_body, endpoint.schema)
     table = await router.snapshot()
     model = table.models.get(body.model)
@@ -144,13 +147,17 @@ async def prepare(endpoint: Endpoint, raw_body: bytes, authorization: str | None
         prompt_tokens = counter.count_prompt(body.input)
     if isinstance(body, ChatCompletionRequest | CompletionRequest):
         _check_context(body, prompt_tokens, version.max_model_len)
-    elif isinstance(body.input, str) and prompt_tokens > version.max_model_len:
-        raise InvalidRequest(
-            f"This model's maximum context length is {version.max_model_len} tokens, "
-            f"but the input has {prompt_tokens} tokens.",
-            param="input",
-            code="context_length_exceeded",
-        )
+        # Tokens reserved against TPM and budgets: the prompt plus the most it may generate.
+        reserved = prompt_tokens + (body.completion_limit or version.max_model_len - prompt_tokens)
+    else:
+        if isinstance(body.input, str) and prompt_tokens > version.max_model_len:
+            raise InvalidRequest(
+                f"This model's maximum context length is {version.max_model_len} tokens, "
+                f"but the input has {prompt_tokens} tokens.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        reserved = prompt_tokens
 
     payload = dict(data)
     payload["model"] = model.name
@@ -167,12 +174,40 @@ async def prepare(endpoint: Endpoint, raw_body: bytes, authorization: str | None
         prompt_tokens=prompt_tokens,
         request_id=request_id,
     )
-    return Prepared(endpoint, grant, body, payload, model, version, metered)
+    return Prepared(endpoint, grant, body, payload, model, version, metered, reserved)
 
 
-async def admit(prepared: Prepared) -> None:
-    """From here on the request is metered exactly once (issue #4 adds limits here)."""
-    await prepared.metered.admit()
+async def admit(prepared: Prepared) -> RateLimitHeaders:
+    """Charge the limits and register the request in flight, in one atomic step.
+
+    Raises RateLimited (429) when a limit, budget or the model's queue refuses it. From
+    here on the request is metered exactly once.
+    """
+    metered = prepared.metered
+    ensure_heartbeat()
+    replicas = sum(len(router.routable(v)) for v in prepared.model.versions)
+    if prepared.grant.tier == "paid":
+        per_replica = settings.BACKPRESSURE_PAID_PER_REPLICA
+    else:
+        per_replica = settings.BACKPRESSURE_FREE_PER_REPLICA
+    try:
+        headers = await limits.admit(
+            grant=prepared.grant,
+            request_id=str(metered.request_id),
+            tokens=prepared.reserved_tokens,
+            entry=metered.inflight_entry(),
+            model_key=limits.model_queue_key(prepared.model.name),
+            model_limit=max(1, replicas) * per_replica,
+        )
+    except RedisError as exc:
+        logger.error("limiter unavailable: %s", exc)
+        raise EngineUnavailable(
+            "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",
+            code="limiter_unavailable",
+        ) from exc
+    metrics.IN_FLIGHT.labels(metered.model).inc()
+    prepared.rate_limits = headers
+    return headers
 
 
 def _status_of(exc: BaseException) -> int:

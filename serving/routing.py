@@ -19,7 +19,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from console.dbreads import read_now
+from console.db import run_db
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
 
@@ -207,7 +207,7 @@ class Router:
 
         async def load() -> RoutingTable:
             started = time.monotonic()
-            table = replace(await read_now(load_routing_table), loaded_at=started)
+            table = replace(await run_db(load_routing_table), loaded_at=started)
             self.table = table
             return table
 

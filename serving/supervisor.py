@@ -136,6 +136,7 @@ class Supervisor:
 
     def run(self, *, once: bool = False) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._kill_orphans()
         released = replica_release_host(host=self.host)
         if released:
             self.report(f"released {released} replica(s) left on {self.host} by an earlier supervisor")
@@ -156,6 +157,21 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self.report("all engines stopped")
+
+    def _kill_orphans(self) -> None:
+        """Engines an earlier supervisor of this host started and left running (it was killed)."""
+        recorded = Replica.objects.filter(host=self.host, pid__isnull=False).exclude(state=Replica.State.STOPPED)
+        for pid in recorded.values_list("pid", flat=True):
+            if pid is None:
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue  # gone already
+            if b"--served-model-name" in cmdline:  # ours: never kill a reused pid's stranger
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                self.report(f"killed engine pid {pid} left by an earlier supervisor")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Only flags: the loop does the work. A handler that touched the database could

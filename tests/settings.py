@@ -28,3 +28,4 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DATABASES["default"]["TEST"] = {"NAME": "test_inference"}
 # Tests that need replicas wait for them explicitly.
 READY_MODELS = list[str]()
+LIMITS_TEST_CLOCK = True

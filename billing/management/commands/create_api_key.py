@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from argparse import ArgumentParser
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
-from billing.models import Organization
+from billing.models import Organization, Tier
 from billing.services import api_key_create
 
 
@@ -26,6 +29,12 @@ class Command(BaseCommand):
             dest="models",
             help="restrict the key to this model (repeatable; default: every model)",
         )
+        parser.add_argument("--tier", choices=Tier.values, help="plan tier (default: the organisation's)")
+        parser.add_argument("--concurrent", type=int, help="requests at once (default: no limit)")
+        parser.add_argument("--token-quota", type=int, help="tokens per UTC month (default: no limit)")
+        parser.add_argument("--spend-cap", type=Decimal, help="spend per UTC month (default: no limit)")
+        parser.add_argument("--alert-percent", type=int, default=80, help="budget alert threshold (default 80)")
+        parser.add_argument("--expires-in-days", type=float, help="the key expires this many days from now")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -39,6 +48,16 @@ class Command(BaseCommand):
                 rate_limit_rpm=options["rpm"],
                 rate_limit_tpm=options["tpm"],
                 allowed_models=options["models"],
+                tier=options["tier"],
+                max_concurrent=options["concurrent"],
+                monthly_token_quota=options["token_quota"],
+                monthly_spend_cap=options["spend_cap"],
+                budget_alert_percent=options["alert_percent"],
+                expires_at=(
+                    timezone.now() + timedelta(days=options["expires_in_days"])
+                    if options["expires_in_days"] is not None
+                    else None
+                ),
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc

@@ -1,4 +1,4 @@
-"""Short database reads from async code that give their connection back at once."""
+"""Short database calls from async code that give their connection back at once."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-async def read_now(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-    """Run ``fn`` (a quick ORM read) in a worker thread and return its connection to the pool.
+async def run_db(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run ``fn`` (a quick ORM call) in a worker thread and return its connection to the pool.
 
     Under ASGI, Django runs each request's thread-sensitive ``sync_to_async`` calls in a
     thread of that request, whose pooled connection is only released when the request

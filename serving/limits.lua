@@ -1,0 +1,264 @@
+-- Admission and settlement of one request, atomically, on Redis server time.
+-- Loaded by serving/limits.py; see docs/architecture.md ("The limiter") for the keys.
+--
+-- Every scope (the key, its organisation) has:
+--   <p>:rpm, <p>:tpm     token buckets {tokens, ts}; capacity = the per-minute limit,
+--                        refilled continuously at capacity/60 per second
+--   <p>:conc             sorted set of in-flight request ids, scored by when they expire
+--   <p>:b:<YYYY-MM>      the month's budget counters: ut/rt (used/reserved tokens),
+--                        us/rs (used/reserved spend, micro-units), at/as (alert sent)
+-- and the model has <model>:inflight, a sorted set like <p>:conc.
+
+-- Integers go to Redis as plain digits (Lua would write large numbers as 1e+15).
+local function int(x)
+  return string.format("%.0f", x)
+end
+
+local function now_seconds(clock_key)
+  if clock_key ~= "" then
+    local override = redis.call("GET", clock_key)
+    if override then
+      return tonumber(override)
+    end
+  end
+  local t = redis.call("TIME")
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- Days since 1970-01-01 of a civil date, and back (Howard Hinnant's algorithms).
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m > 2) and (m - 3) or (m + 9)
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+-- "YYYY-MM" of a unix time, and the seconds left until the next month begins (UTC).
+local function month_of(now)
+  local y, m = civil_from_days(math.floor(now / 86400))
+  local ny, nm = y, m + 1
+  if nm == 13 then ny, nm = y + 1, 1 end
+  return string.format("%04d-%02d", y, m), days_from_civil(ny, nm, 1) * 86400 - now
+end
+
+local function bucket_level(key, capacity, now)
+  local state = redis.call("HMGET", key, "tokens", "ts")
+  local tokens, ts = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil then
+    return capacity
+  end
+  local rate = capacity / 60
+  return math.min(capacity, tokens + math.max(0, now - ts) * rate)
+end
+
+local function bucket_store(key, tokens, now)
+  redis.call("HSET", key, "tokens", string.format("%.6f", tokens), "ts", string.format("%.6f", now))
+  redis.call("PEXPIRE", key, 120000)
+end
+
+local function live_count(key, now)
+  redis.call("ZREMRANGEBYSCORE", key, "-inf", now)
+  return redis.call("ZCARD", key)
+end
+
+local function budget_totals(key)
+  local v = redis.call("HMGET", key, "ut", "rt", "us", "rs")
+  return (tonumber(v[1]) or 0), (tonumber(v[2]) or 0), (tonumber(v[3]) or 0), (tonumber(v[4]) or 0)
+end
+
+-- ADMIT
+-- KEYS[1] in-flight hash, KEYS[2] budget alert stream
+-- ARGV[1] request id           ARGV[2] spec (JSON, see serving/limits.py)
+-- ARGV[3] in-flight entry (JSON, the usage event so far)   ARGV[4] test clock key or ""
+local function admit()
+  local rid = ARGV[1]
+  local spec = cjson.decode(ARGV[2])
+  local now = now_seconds(ARGV[4])
+  local month, month_left = month_of(now)
+  local tokens = spec.tokens
+  local spend = spec.spend
+  local expiry = now + spec.ttl
+  local report = {}
+
+  -- Check everything first; charge only if every check passes.
+  local levels = {}
+  for i, s in ipairs(spec.scopes) do
+    local level = {}
+    if s.rpm > 0 then
+      level.rpm = bucket_level(s.p .. ":rpm", s.rpm, now)
+      if level.rpm < 1 then
+        return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "requests",
+          value = s.rpm, retry = (1 - level.rpm) / (s.rpm / 60)})
+      end
+    end
+    if s.tpm > 0 then
+      if tokens > s.tpm then
+        return cjson.encode({ok = false, code = "request_too_large", scope = s.name, limit = "tokens",
+          value = s.tpm, requested = tokens, retry = 60})
+      end
+      level.tpm = bucket_level(s.p .. ":tpm", s.tpm, now)
+      if level.tpm < tokens then
+        return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "tokens",
+          value = s.tpm, requested = tokens, retry = (tokens - level.tpm) / (s.tpm / 60)})
+      end
+    end
+    if s.conc > 0 and live_count(s.p .. ":conc", now) >= s.conc then
+      return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "concurrency",
+        value = s.conc, retry = 1})
+    end
+    local ut, rt, us, rs = budget_totals(s.p .. ":b:" .. month)
+    if s.quota > 0 and ut + rt + tokens > s.quota then
+      return cjson.encode({ok = false, code = "insufficient_quota", scope = s.name, limit = "monthly tokens",
+        value = s.quota, used = ut + rt, retry = month_left})
+    end
+    if s.spend > 0 and us + rs + spend > s.spend then
+      return cjson.encode({ok = false, code = "insufficient_quota", scope = s.name, limit = "monthly spend",
+        value = s.spend, used = us + rs, retry = month_left})
+    end
+    level.ut, level.rt, level.us, level.rs = ut, rt, us, rs
+    levels[i] = level
+  end
+  if spec.model_key ~= "" then
+    local busy = live_count(spec.model_key, now)
+    if busy >= spec.model_limit then
+      return cjson.encode({ok = false, code = "model_overloaded", scope = "model", limit = "queue",
+        value = spec.model_limit, retry = 1})
+    end
+  end
+
+  -- Charge.
+  for i, s in ipairs(spec.scopes) do
+    local level = levels[i]
+    local r = {scope = s.name}
+    if s.rpm > 0 then
+      bucket_store(s.p .. ":rpm", level.rpm - 1, now)
+      r.rpm, r.rpm_left, r.rpm_reset = s.rpm, level.rpm - 1, (s.rpm - (level.rpm - 1)) / (s.rpm / 60)
+    end
+    if s.tpm > 0 then
+      bucket_store(s.p .. ":tpm", level.tpm - tokens, now)
+      r.tpm, r.tpm_left, r.tpm_reset = s.tpm, level.tpm - tokens, (s.tpm - (level.tpm - tokens)) / (s.tpm / 60)
+    end
+    if s.conc > 0 then
+      redis.call("ZADD", s.p .. ":conc", int(expiry), rid)
+      redis.call("PEXPIREAT", s.p .. ":conc", int(expiry * 1000 + 60000))
+    end
+    local bkey = s.p .. ":b:" .. month
+    redis.call("HINCRBY", bkey, "rt", int(tokens))
+    redis.call("HINCRBY", bkey, "rs", int(spend))
+    redis.call("EXPIRE", bkey, int(month_left + 40 * 86400))
+    -- Soft alerts: once per scope, budget and month, the moment used + reserved crosses the line.
+    if s.quota > 0 and (level.ut + level.rt + tokens) * 100 >= s.quota * s.alert
+        and redis.call("HSETNX", bkey, "at", now) == 1 then
+      redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "tokens",
+        "month", month, "threshold", s.alert, "limit", int(s.quota), "used", int(level.ut + level.rt + tokens))
+    end
+    if s.spend > 0 and (level.us + level.rs + spend) * 100 >= s.spend * s.alert
+        and redis.call("HSETNX", bkey, "as", now) == 1 then
+      redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "spend",
+        "month", month, "threshold", s.alert, "limit", int(s.spend), "used", int(level.us + level.rs + spend))
+    end
+    report[#report + 1] = r
+  end
+  if spec.model_key ~= "" then
+    redis.call("ZADD", spec.model_key, int(expiry), rid)
+    redis.call("PEXPIREAT", spec.model_key, int(expiry * 1000 + 60000))
+  end
+
+  -- What settlement needs to undo the reservation, kept with the in-flight entry.
+  local entry = cjson.decode(ARGV[3])
+  entry.settle = {month = month, tokens = tokens, spend = spend, model_key = spec.model_key, scopes = {}}
+  for _, s in ipairs(spec.scopes) do
+    table.insert(entry.settle.scopes, {p = s.p, tpm = s.tpm, conc = s.conc})
+  end
+  redis.call("HSET", KEYS[1], rid, cjson.encode(entry))
+  return cjson.encode({ok = true, scopes = report, month = month})
+end
+
+-- SETTLE: the request is over. Return what it reserved beyond what it used, release its
+-- places, and write its one usage event.
+-- KEYS[1] in-flight hash, KEYS[2] usage stream
+-- ARGV[1] request id, ARGV[2] tokens used, ARGV[3] spend used (micro-units),
+-- ARGV[4] test clock key or "", ARGV[5..] the usage event's field/value pairs
+local function settle()
+  local rid = ARGV[1]
+  local raw = redis.call("HGET", KEYS[1], rid)
+  if not raw then
+    return false -- already settled: by the gateway, or by the sweeper
+  end
+  redis.call("HDEL", KEYS[1], rid)
+  local entry = cjson.decode(raw)
+  local s = entry.settle
+  if s then
+    local used, spent = tonumber(ARGV[2]), tonumber(ARGV[3])
+    local now = now_seconds(ARGV[4])
+    for _, scope in ipairs(s.scopes) do
+      if scope.tpm > 0 then
+        -- The refund may be negative if a request used more than it reserved.
+        local key = scope.p .. ":tpm"
+        bucket_store(key, math.min(scope.tpm, bucket_level(key, scope.tpm, now) + s.tokens - used), now)
+      end
+      if scope.conc > 0 then
+        redis.call("ZREM", scope.p .. ":conc", rid)
+      end
+      local bkey = scope.p .. ":b:" .. s.month
+      redis.call("HINCRBY", bkey, "rt", int(-s.tokens))
+      redis.call("HINCRBY", bkey, "ut", int(used))
+      redis.call("HINCRBY", bkey, "rs", int(-s.spend))
+      redis.call("HINCRBY", bkey, "us", int(spent))
+    end
+    if s.model_key ~= "" then
+      redis.call("ZREM", s.model_key, rid)
+    end
+  end
+  return redis.call("XADD", KEYS[2], "*", unpack(ARGV, 5))
+end
+
+-- PEEK: the buckets' levels without charging (headers on answers that were not admitted).
+-- ARGV[1] spec (JSON), ARGV[2] test clock key or ""
+local function peek()
+  local spec = cjson.decode(ARGV[1])
+  local now = now_seconds(ARGV[2])
+  local report = {}
+  for _, s in ipairs(spec.scopes) do
+    local r = {scope = s.name}
+    if s.rpm > 0 then
+      local level = bucket_level(s.p .. ":rpm", s.rpm, now)
+      r.rpm, r.rpm_left, r.rpm_reset = s.rpm, level, (s.rpm - level) / (s.rpm / 60)
+    end
+    if s.tpm > 0 then
+      local level = bucket_level(s.p .. ":tpm", s.tpm, now)
+      r.tpm, r.tpm_left, r.tpm_reset = s.tpm, level, (s.tpm - level) / (s.tpm / 60)
+    end
+    report[#report + 1] = r
+  end
+  return cjson.encode({ok = true, scopes = report})
+end
+
+-- MONTH: for tests of the calendar arithmetic. ARGV[1] unix seconds.
+local function month()
+  local m, left = month_of(tonumber(ARGV[1]))
+  return {m, tostring(left)}
+end
+
+local op = table.remove(ARGV, 1)
+if op == "admit" then return admit() end
+if op == "settle" then return settle() end
+if op == "peek" then return peek() end
+if op == "month" then return month() end
+return redis.error_reply("unknown operation " .. tostring(op))
