@@ -18,6 +18,18 @@ def pytest_configure(config: pytest.Config) -> None:
     embedded.start(postgres=want_pg, redis=want_redis)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def clean_test_redis() -> None:
+    """The test database number starts empty: ids restart with the test database, so
+    limiter state left by an earlier run would otherwise belong to this run's keys."""
+    from django.conf import settings
+
+    from console.redis_pools import sync_redis
+
+    assert settings.REDIS_NAMESPACE == "ip-test", "refusing to flush a Redis that is not the test one"
+    sync_redis().flushdb()
+
+
 @pytest.fixture(scope="session")
 def artifact_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("artifacts")

@@ -140,10 +140,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # the default 5 refuses connections under a burst of requests
+
+
 def serve(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return Server((host, port), Handler)
 
 
 def main() -> None:
