@@ -173,6 +173,11 @@ async def run(args: argparse.Namespace, key: str, direct: str) -> None:
         }
         row["added_ttft_p50_ms"] = row["gateway_ttft_p50_ms"] - row["direct_ttft_p50_ms"]
         results.append(row)
+        if row["failed"]:
+            print(
+                f"  WARNING: {row['failed']} requests failed at concurrency {concurrency}, so this comparison is"
+                " not valid (a rate limit or backpressure refusing the key? see the gateway log)"
+            )
     print(
         "\n| concurrency | direct tok/s | gateway tok/s | ratio (median of rounds) "
         "| TTFT p50 direct | TTFT p50 gateway | added TTFT p50 |"

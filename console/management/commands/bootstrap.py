@@ -18,8 +18,14 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from billing.models import ApiKey, Role
-from billing.services import api_key_create, api_key_hash, membership_set, organization_get_or_create
+from billing.models import ApiKey, Role, Tier
+from billing.services import (
+    api_key_create,
+    api_key_hash,
+    api_key_update,
+    membership_set,
+    organization_get_or_create,
+)
 from console.embedded import VAR_DIR
 from registry.bundled import BUNDLED_MODELS
 from registry.models import Deployment, ModelVersion
@@ -101,8 +107,13 @@ class Command(BaseCommand):
     def _ensure_demo_key(self, credentials: dict[str, str]) -> str:
         demo = organization_get_or_create(name=DEMO_ORG)
         saved = credentials.get("demo_key")
-        if saved and ApiKey.objects.filter(key_hash=api_key_hash(saved), is_active=True).exists():
-            return saved
-        issued = api_key_create(organization=demo, name=DEMO_KEY_NAME, rate_limit_rpm=600, rate_limit_tpm=1_000_000)
+        existing = ApiKey.objects.filter(key_hash=api_key_hash(saved), is_active=True).first() if saved else None
+        if existing is not None:
+            if existing.tier != Tier.PAID:  # keys made before tiers existed default to free
+                api_key_update(api_key=existing, tier=Tier.PAID)
+            return str(saved)
+        issued = api_key_create(
+            organization=demo, name=DEMO_KEY_NAME, rate_limit_rpm=600, rate_limit_tpm=1_000_000, tier=Tier.PAID
+        )
         credentials["demo_key"] = issued.secret
         return issued.secret
