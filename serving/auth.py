@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -81,7 +82,8 @@ _MISSING = AuthenticationFailed(
 
 def _load_grant(key_hash: str) -> KeyGrant | None:
     api_key = api_key_by_hash(key_hash=key_hash)
-    if api_key is None or not api_key.is_active:
+    # The index finds the row; the comparison that decides is constant-time all the same.
+    if api_key is None or not hmac.compare_digest(api_key.key_hash, key_hash) or not api_key.is_active:
         return None
     return KeyGrant(
         key_id=api_key.pk,
