@@ -202,15 +202,10 @@ def api_key_rotate(*, api_key: ApiKey, grace: timedelta) -> IssuedApiKey:
         issued = api_key_create(
             organization=locked.organization,
             name=locked.name,
-            rate_limit_rpm=locked.rate_limit_rpm,
-            rate_limit_tpm=locked.rate_limit_tpm,
             allowed_models=locked.allowed_models,
             expires_at=locked.expires_at,
             tier=locked.tier,
-            max_concurrent=locked.max_concurrent,
-            monthly_token_quota=locked.monthly_token_quota,
-            monthly_spend_cap=locked.monthly_spend_cap,
-            budget_alert_percent=locked.budget_alert_percent,
+            **{field: getattr(locked, field) for field in LIMIT_FIELDS},
         )
         ends = timezone.now() + grace
         locked.expires_at = min(ends, locked.expires_at) if locked.expires_at else ends

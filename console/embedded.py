@@ -210,8 +210,20 @@ def redis_running() -> bool:
     return _port_open(REDIS_PORT) and _redis_cli("PING").stdout.strip() == "PONG"
 
 
+def _redis_dir_in_use() -> str:
+    lines = _redis_cli("CONFIG", "GET", "dir").stdout.split()
+    return lines[1] if len(lines) == 2 else ""
+
+
 def redis_start() -> None:
     if redis_running():
+        in_use = _redis_dir_in_use()
+        if Path(in_use).resolve() != REDIS_DIR.resolve():
+            # Another checkout's Redis (or one whose data folder was deleted): not ours to use.
+            raise EmbeddedServiceError(
+                f"a Redis on port {REDIS_PORT} keeps its data in {in_use or '(unknown)'}, not {REDIS_DIR}: "
+                "stop it, or set EMBEDDED_REDIS_PORT or REDIS_URL"
+            )
         return
     if _port_open(REDIS_PORT):
         raise EmbeddedServiceError(
@@ -257,8 +269,8 @@ def redis_start() -> None:
 
 
 def redis_stop() -> None:
-    if not redis_running():
-        return
+    if not redis_running() or Path(_redis_dir_in_use()).resolve() != REDIS_DIR.resolve():
+        return  # not running, or not ours
     _redis_cli("SHUTDOWN", "SAVE")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and _port_open(REDIS_PORT):

@@ -7,12 +7,13 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from redis.exceptions import RedisError
 
 from serving import limits
 from serving.auth import KeyGrant, authenticate
 from serving.errors import APIError, ModelNotAllowed, ModelNotFound, RateLimited
+from serving.limits import RateLimitHeaders
 from serving.pipeline import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, StreamRelay, admit, prepare, run_json
 from serving.responses import EventStreamResponse
 from serving.routing import ModelRoute, router
@@ -50,10 +51,7 @@ async def models_list(request: HttpRequest) -> HttpResponse:
     grant = await authenticate(request.headers.get("Authorization"))
     table = await router.snapshot()
     data = [_model_object(m) for name, m in sorted(table.models.items()) if grant.may_use(name)]
-    response = _json({"object": "list", "data": data})
-    for name, value in (await _current_limits(grant)).items():
-        response[name] = value
-    return response
+    return await _with_limits(_json({"object": "list", "data": data}), grant)
 
 
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
@@ -64,7 +62,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
         raise ModelNotFound(model)
     if not grant.may_use(model):
         raise ModelNotAllowed(model)
-    return _json(_model_object(route))
+    return await _with_limits(_json(_model_object(route)), grant)
 
 
 async def _sse(relay: StreamRelay) -> AsyncGenerator[bytes, None]:
@@ -74,27 +72,28 @@ async def _sse(relay: StreamRelay) -> AsyncGenerator[bytes, None]:
         yield b"data: [DONE]\n\n"
 
 
-async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
+async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponseBase:
     _require(request, "POST")
     started = time.perf_counter()
     grant = await authenticate(request.headers.get("Authorization"))
+    rate_limits: RateLimitHeaders | None = None
     try:
         prepared = await prepare(endpoint, request.body, grant, request_id=request.request_id)  # type: ignore[attr-defined]
         prepared_at = time.perf_counter()
         rate_limits = await admit(prepared)
+        admitted_at = time.perf_counter()
+        response: HttpResponseBase
+        if prepared.stream:
+            relay = StreamRelay(prepared)
+            await relay.start()
+            response = EventStreamResponse(_sse(relay))
+        else:
+            response = _json(await run_json(prepared))
     except RateLimited:
         raise  # carries its own headers
     except APIError as exc:
-        exc.headers.update(await _current_limits(grant))
+        exc.headers.update(rate_limits.values if rate_limits else await _current_limits(grant))
         raise
-    admitted_at = time.perf_counter()
-    response: HttpResponse | StreamingHttpResponse
-    if prepared.stream:
-        relay = StreamRelay(prepared)
-        await relay.start()
-        response = EventStreamResponse(_sse(relay))
-    else:
-        response = _json(await run_json(prepared))
     for name, value in rate_limits.values.items():
         response[name] = value
     # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
@@ -102,16 +101,22 @@ async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         f"prepare;dur={(prepared_at - started) * 1000:.2f}, admit;dur={(admitted_at - prepared_at) * 1000:.2f}, "
         f"engine;dur={(time.perf_counter() - admitted_at) * 1000:.2f}"
     )
-    return response  # type: ignore[return-value]
+    return response
 
 
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def _with_limits(response: HttpResponse, grant: KeyGrant) -> HttpResponse:
+    for name, value in (await _current_limits(grant)).items():
+        response[name] = value
+    return response
+
+
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     return await _infer(request, CHAT)
 
 
-async def completions(request: HttpRequest) -> HttpResponse:
+async def completions(request: HttpRequest) -> HttpResponseBase:
     return await _infer(request, COMPLETIONS)
 
 
-async def embeddings(request: HttpRequest) -> HttpResponse:
+async def embeddings(request: HttpRequest) -> HttpResponseBase:
     return await _infer(request, EMBEDDINGS)

@@ -1,9 +1,10 @@
-"""One inference request end to end: auth → validate → route → admit → dispatch → relay → meter.
+"""One inference request end to end: validate → route → admit → dispatch → relay → meter.
 
-Shared by the REST/SSE views and the WebSocket consumer. ``prepare`` does everything
-that can refuse a request before it is admitted (nothing is dispatched or metered for a
-refused request). Once ``admit`` succeeds the request is metered exactly once, whatever
-happens next.
+Shared by the REST/SSE views and the WebSocket consumer, which authenticate the key
+first (``serving.auth``). ``prepare`` does everything that can refuse a request before it
+is admitted (nothing is dispatched or metered for a refused request); ``admit`` charges
+the limits (``serving.limits``). Once it succeeds the request is metered exactly once,
+whatever happens next.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ class TestBootstrap:
         monkeypatch.setenv("BOOTSTRAP_CREDENTIALS", str(tmp_path / "bootstrap.json"))
         first = _bootstrap()
         second = _bootstrap()
-        assert ApiKey.objects.count() == 1
-        assert get_user_model().objects.count() == 1
+        assert ApiKey.objects.filter(organization__name="Demo").count() == 1
+        assert get_user_model().objects.filter(username="admin").count() == 1
         key_line = next(line for line in first.splitlines() if "demo API key" in line)
         assert key_line in second
 
