@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from billing.models import ApiKey, Membership, Organization, UsageRecord
+from billing.models import ApiKey, BudgetAlert, Membership, Organization, UsageRecord
 
 
 class MembershipInline(admin.TabularInline[Membership, Organization]):
@@ -28,6 +28,7 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         "prefix",
         "name",
         "organization",
+        "tier",
         "rate_limit_rpm",
         "rate_limit_tpm",
         "is_active",
@@ -36,9 +37,9 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     )
     list_filter = ("is_active", "organization")
     search_fields = ("name", "prefix")
-    # Keys are created with `manage.py create_api_key` (the secret is shown once); the hash
-    # is never editable here.
-    readonly_fields = ("key_hash", "prefix", "last_used_at", "created_at")
+    # Keys are created with `manage.py create_api_key` or the management API (the secret is
+    # shown once); revoking and rotating go through billing.services so gateways hear of it.
+    readonly_fields = ("key_hash", "prefix", "is_active", "revoked_at", "rotated_to", "last_used_at", "created_at")
 
     def has_add_permission(self, request: object) -> bool:
         return False
@@ -63,4 +64,13 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         return False
 
     def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin[BudgetAlert]):
+    list_display = ("organization", "api_key", "budget", "month", "threshold_percent", "limit", "used", "created_at")
+    list_filter = ("budget", "month")
+
+    def has_add_permission(self, request: object) -> bool:
         return False

@@ -50,3 +50,13 @@ class TestConsoleHome:
         for name in ("smollm2-135m-instruct", "all-minilm-l6-v2"):
             section = html.split(f'data-model="{name}"', 1)[1].split("</section>", 1)[0]
             assert section.count("<tr data-version=") == 1
+
+
+def test_every_model_of_ours_is_in_the_admin():
+    from django.apps import apps
+    from django.contrib import admin
+
+    ours = [m for app in ("registry", "billing") for m in apps.get_app_config(app).get_models()]
+    assert ours
+    missing = [m.__name__ for m in ours if not admin.site.is_registered(m)]
+    assert missing == []
