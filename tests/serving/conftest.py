@@ -168,6 +168,21 @@ def gateway(engines, tmp_path_factory) -> Iterator[Gateway]:
     gw.stop()
 
 
+@pytest.fixture
+def spawn_gateway(tmp_path) -> Iterator[Callable[..., Gateway]]:
+    """Start extra gateways for one test; all are stopped afterwards, whatever happened."""
+    started: list[Gateway] = []
+
+    def spawn(**env: str) -> Gateway:
+        gateway = start_gateway(tmp_path, **env)
+        started.append(gateway)
+        return gateway
+
+    yield spawn
+    for gateway in started:
+        gateway.stop()
+
+
 @dataclass
 class FakeModel:
     name: str

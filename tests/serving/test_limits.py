@@ -328,36 +328,30 @@ class TestKeyLifecycle:
 
 
 class TestBackpressure:
-    def test_free_tier_is_refused_first(self, fake_model, make_api_key, tmp_path):
-        gateway = start_gateway(
-            tmp_path, REPLICA_STALE_AFTER="86400", BACKPRESSURE_FREE_PER_REPLICA="2", BACKPRESSURE_PAID_PER_REPLICA="4"
+    def test_free_tier_is_refused_first(self, fake_model, make_api_key, spawn_gateway):
+        gateway = spawn_gateway(
+            REPLICA_STALE_AFTER="86400", BACKPRESSURE_FREE_PER_REPLICA="2", BACKPRESSURE_PAID_PER_REPLICA="4"
         )
-        try:
-            free = make_api_key(tier="free", rate_limit_rpm=10_000)
-            paid = make_api_key(tier="paid", rate_limit_rpm=10_000)
-            fake_model.control(mode="normal", tokens=4, delay=0.5)
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                busy = [pool.submit(chat, gateway, paid.secret, fake_model.name, stream=True) for _ in range(2)]
-                time.sleep(0.5)  # two requests in flight on the model's one replica
-                refused = chat(gateway, free.secret, fake_model.name)
-                assert refused.status_code == 429
-                assert refused.json()["error"]["code"] == "model_overloaded"
-                assert "free-tier" in refused.json()["error"]["message"]
-                assert refused.headers["retry-after"] == "1"
-                more = [pool.submit(chat, gateway, paid.secret, fake_model.name, stream=True) for _ in range(2)]
-                assert [f.result().status_code for f in busy + more] == [200] * 4
-            assert chat(gateway, free.secret, fake_model.name).status_code == 200  # the queue drained
-        finally:
-            gateway.stop()
+        free = make_api_key(tier="free", rate_limit_rpm=10_000)
+        paid = make_api_key(tier="paid", rate_limit_rpm=10_000)
+        fake_model.control(mode="normal", tokens=4, delay=0.5)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            busy = [pool.submit(chat, gateway, paid.secret, fake_model.name, stream=True) for _ in range(2)]
+            time.sleep(0.5)  # two requests in flight on the model's one replica
+            refused = chat(gateway, free.secret, fake_model.name)
+            assert refused.status_code == 429
+            assert refused.json()["error"]["code"] == "model_overloaded"
+            assert "free-tier" in refused.json()["error"]["message"]
+            assert refused.headers["retry-after"] == "1"
+            more = [pool.submit(chat, gateway, paid.secret, fake_model.name, stream=True) for _ in range(2)]
+            assert [f.result().status_code for f in busy + more] == [200] * 4
+        assert chat(gateway, free.secret, fake_model.name).status_code == 200  # the queue drained
 
 
 class TestRedisDown:
-    def test_requests_are_refused_not_served_unmetered(self, fake_model, api_key, tmp_path):
-        gateway = start_gateway(tmp_path, REPLICA_STALE_AFTER="86400", TEST_REDIS_URL="redis://127.0.0.1:1/0")
-        try:
-            response = chat(gateway, api_key.secret, fake_model.name)
-            assert response.status_code == 503
-            assert response.json()["error"]["code"] == "limiter_unavailable"
-            assert fake_model.requests() == 0
-        finally:
-            gateway.stop()
+    def test_requests_are_refused_not_served_unmetered(self, fake_model, api_key, spawn_gateway):
+        gateway = spawn_gateway(REPLICA_STALE_AFTER="86400", TEST_REDIS_URL="redis://127.0.0.1:1/0")
+        response = chat(gateway, api_key.secret, fake_model.name)
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "limiter_unavailable"
+        assert fake_model.requests() == 0

@@ -12,7 +12,6 @@ import openai
 import orjson
 import pytest
 
-from tests.processes import start_gateway
 from tests.serving.conftest import committed, engine_counter, persisted, request_id_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
@@ -67,8 +66,8 @@ class TestExactlyOnce:
         persist_usage_stream()
         assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 
-    def test_a_gateway_killed_right_after_its_response(self, engines, api_key, tmp_path):
-        doomed = start_gateway(tmp_path)
+    def test_a_gateway_killed_right_after_its_response(self, engines, api_key, spawn_gateway):
+        doomed = spawn_gateway()
         client = openai.OpenAI(base_url=f"{doomed.base_url}/v1", api_key=api_key.secret, max_retries=0)
         raw = client.chat.completions.with_raw_response.create(model=CHAT, messages=STORY, max_tokens=6)
         os.kill(doomed.process.pid, signal.SIGKILL)
@@ -77,13 +76,11 @@ class TestExactlyOnce:
         record = persisted([request_id])[request_id]
         assert (record.status_code, record.completion_tokens) == (200, raw.parse().usage.completion_tokens)
 
-    def test_a_gateway_killed_mid_request_is_closed_by_the_sweeper(self, fake_model, api_key, tmp_path, settings):
+    def test_a_gateway_killed_mid_request_is_closed_by_the_sweeper(self, fake_model, api_key, spawn_gateway, settings):
         from serving.metering import sweep_lost_requests
 
         fake_model.control(mode="hang")
-        doomed = start_gateway(
-            tmp_path, REPLICA_STALE_AFTER="86400", GATEWAY_HEARTBEAT_SECONDS="0.5", GATEWAY_LOST_AFTER="2"
-        )
+        doomed = spawn_gateway(REPLICA_STALE_AFTER="86400", GATEWAY_HEARTBEAT_SECONDS="0.5", GATEWAY_LOST_AFTER="2")
 
         def call() -> int:
             body = {"model": fake_model.name, "messages": STORY, "stream": True}
