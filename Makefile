@@ -38,13 +38,13 @@ endif
 	touch $(STAMP)
 
 services: install
-	$(PY) -m console.embedded start
+	$(PY) -m core.embedded start
 
 stop:
-	$(PY) -m console.embedded stop
+	$(PY) -m core.embedded stop
 
 status:
-	$(PY) -m console.embedded status
+	$(PY) -m core.embedded status
 
 bootstrap: services
 	$(PY) manage.py bootstrap

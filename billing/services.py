@@ -17,7 +17,8 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from billing.models import ApiKey, Membership, Organization, Role, Tier
-from console.redis_pools import key, sync_redis
+from core import keys
+from core.redis import sync_redis
 
 KEY_PREFIX = "sk-"
 # 32 random bytes: 256 bits of entropy, url-safe, 43 characters after the prefix.
@@ -40,7 +41,7 @@ def api_key_hash(secret: str) -> str:
 
 
 def key_invalidation_channel() -> str:
-    return key("keys", "invalidate")
+    return keys.key_invalidation_channel()
 
 
 def _publish_key_change(key_hash: str) -> None:

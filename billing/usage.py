@@ -22,7 +22,8 @@ from django.db import transaction
 
 from billing.models import ApiKey, BudgetAlert, UsageRecord
 from billing.pricing import from_micros
-from console.redis_pools import key, sync_redis
+from core import keys
+from core.redis import sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +32,11 @@ CLAIM_IDLE_MS = 60_000
 
 
 def stream_key() -> str:
-    return key("usage")
+    return keys.usage_stream()
 
 
 def dead_letter_key() -> str:
-    return key("usage", "dead")
+    return keys.usage_dead_letters()
 
 
 def consumer_name() -> str:
@@ -149,7 +150,7 @@ def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int
 
 
 def alerts_stream_key() -> str:
-    return key("budget", "alerts")
+    return keys.budget_alerts()
 
 
 def persist_budget_alerts(*, batch_size: int = 200) -> int:

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from console.db import run_db
-from console.redis_pools import async_redis
+from core.db import run_db
+from core.redis import async_redis
 from serving.routing import router
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import dj_database_url
 import django_stubs_ext
 
-from console import embedded
+from core import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -87,7 +87,7 @@ TEMPLATES = [
 ]
 
 # --- Services -------------------------------------------------------------------------
-# With no DATABASE_URL / REDIS_URL the embedded servers (console/embedded.py) are used.
+# With no DATABASE_URL / REDIS_URL the embedded servers (core/embedded.py) are used.
 DATABASE_URL = os.environ.get("DATABASE_URL") or embedded.database_url()
 REDIS_URL = os.environ.get("REDIS_URL") or embedded.redis_url()
 # Pub/sub channels are not scoped by Redis database number; every channel name and shared
@@ -101,13 +101,46 @@ DATABASES["default"]["OPTIONS"] = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+# redis-py 8 defaults every connection's socket_timeout to 5 s, and a read that blocks that
+# long then fails (core/redis.py). Clients that never block use REDIS_SOCKET_TIMEOUT; those
+# that block (the Channels layer's BZPOPMIN for 5 s, Celery's BRPOP) use the blocking one,
+# far above their longest block.
+REDIS_SOCKET_TIMEOUT = envfloat("REDIS_SOCKET_TIMEOUT", 10.0)
+REDIS_BLOCKING_SOCKET_TIMEOUT = envfloat("REDIS_BLOCKING_SOCKET_TIMEOUT", 60.0)
 
-CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"socket_timeout": REDIS_SOCKET_TIMEOUT, "socket_connect_timeout": 2},
+    }
 }
 
+
+def channel_layers(url: str, prefix: str) -> dict[str, Any]:
+    host = {
+        "address": url,
+        "socket_timeout": REDIS_BLOCKING_SOCKET_TIMEOUT,
+        "socket_connect_timeout": 2,
+        "health_check_interval": 30,
+    }
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": prefix},
+        }
+    }
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL, f"{REDIS_NAMESPACE}:channels")
+
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_timeout": REDIS_BLOCKING_SOCKET_TIMEOUT,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 25,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

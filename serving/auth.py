@@ -23,8 +23,8 @@ from django.utils import timezone
 from billing.models import Limits
 from billing.selectors import api_key_by_hash
 from billing.services import api_keys_touch, key_invalidation_channel
-from console.db import run_db
-from console.redis_pools import async_redis
+from core.db import run_db
+from core.redis import async_redis
 from serving.errors import AuthenticationFailed, EngineUnavailable
 
 logger = logging.getLogger(__name__)

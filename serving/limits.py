@@ -24,7 +24,8 @@ from redis.asyncio.client import Redis
 from redis.commands.core import AsyncScript
 
 from billing.pricing import cost_micros, to_micros
-from console.redis_pools import async_redis, key
+from core import keys
+from core.redis import async_redis
 from serving.auth import KeyGrant, ScopeLimits
 from serving.errors import RateLimited
 
@@ -51,23 +52,23 @@ def _script(client: Redis) -> AsyncScript:
 
 def clock_key() -> str:
     """Tests move the limiter's clock through a Redis key; production always uses TIME."""
-    return key("testclock") if settings.LIMITS_TEST_CLOCK else ""
+    return keys.limiter_test_clock() if settings.LIMITS_TEST_CLOCK else ""
 
 
 def inflight_key() -> str:
-    return key("usage", "inflight")
+    return keys.inflight_requests()
 
 
 def usage_stream_key() -> str:
-    return key("usage")
+    return keys.usage_stream()
 
 
 def alerts_stream_key() -> str:
-    return key("budget", "alerts")
+    return keys.budget_alerts()
 
 
 def scope_prefix(kind: str, ident: int) -> str:
-    return key("lim", kind, str(ident))
+    return keys.limit_scope(kind, ident)
 
 
 def _scope_spec(name: str, ident: int, limits: ScopeLimits) -> dict[str, Any]:
@@ -203,4 +204,4 @@ async def settle(*, request_id: str, tokens_used: int, event: dict[str, str]) ->
 
 
 def model_queue_key(model: str) -> str:
-    return key("model", model, "inflight")
+    return keys.model_queue(model)

@@ -31,7 +31,8 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from console.redis_pools import async_redis, key, sync_redis
+from core import keys
+from core.redis import async_redis, sync_redis
 from serving import limits, metrics
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ GATEWAY_ID = uuid.uuid4().hex
 
 
 def gateway_key(gateway_id: str) -> str:
-    return key("gateway", gateway_id)
+    return keys.gateway_heartbeat(gateway_id)
 
 
 _heartbeats: set[asyncio.AbstractEventLoop] = set()

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from console.db import run_db
+from core.db import run_db
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from console import embedded
+from core import embedded
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,9 +24,9 @@ def clean_test_redis() -> None:
     limiter state left by an earlier run would otherwise belong to this run's keys."""
     from django.conf import settings
 
-    from console.redis_pools import sync_redis
+    from core.redis import sync_redis
 
-    assert settings.REDIS_NAMESPACE == "ip-test", "refusing to flush a Redis that is not the test one"
+    assert settings.REDIS_NAMESPACE.startswith("ip-test"), "refusing to flush a Redis that is not the test one"
     sync_redis().flushdb()
 
 

@@ -34,9 +34,10 @@ def gateways(django_db_setup, tmp_path_factory):
 @pytest.fixture
 def test_clock():
     """Set the limiter's clock (tests only: LIMITS_TEST_CLOCK); real Redis TIME again after."""
-    from console.redis_pools import key, sync_redis
+    from core import keys
+    from core.redis import sync_redis
 
-    clock = key("testclock")
+    clock = keys.limiter_test_clock()
     yield lambda when: sync_redis().set(clock, f"{when:.3f}")
     sync_redis().delete(clock)
 
@@ -247,7 +248,7 @@ class TestMonthBoundary:
         ],
     )
     def test_the_calendar_arithmetic_in_lua(self, when):
-        from console.redis_pools import sync_redis
+        from core.redis import sync_redis
         from serving.limits import lua_source
 
         month, left = sync_redis().eval(lua_source(), 0, "month", f"{when.timestamp():.3f}")

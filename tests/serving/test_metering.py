@@ -51,7 +51,8 @@ class TestExactlyOnce:
     def test_a_replayed_event_is_not_counted_twice(self, gateway, api_key):
         from billing.models import UsageRecord
         from billing.usage import persist_usage_stream
-        from console.redis_pools import key, sync_redis
+        from core import keys
+        from core.redis import sync_redis
 
         persist_usage_stream()  # drain what earlier tests left
         raw = openai.OpenAI(
@@ -59,10 +60,10 @@ class TestExactlyOnce:
         ).chat.completions.with_raw_response
         request_id = raw.create(model=CHAT, messages=STORY, max_tokens=4).headers["x-request-id"]
         client = sync_redis()
-        entries = [f for _, f in client.xrange(key("usage")) if f[b"request_id"].decode() == request_id]
+        entries = [f for _, f in client.xrange(keys.usage_stream()) if f[b"request_id"].decode() == request_id]
         assert len(entries) == 1
-        client.xadd(key("usage"), entries[0])  # the same event delivered again
-        client.xadd(key("usage"), entries[0])
+        client.xadd(keys.usage_stream(), entries[0])  # the same event delivered again
+        client.xadd(keys.usage_stream(), entries[0])
         persist_usage_stream()
         assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 

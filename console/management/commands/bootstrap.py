@@ -26,7 +26,7 @@ from billing.services import (
     membership_set,
     organization_get_or_create,
 )
-from console.embedded import VAR_DIR
+from core.embedded import VAR_DIR
 from registry.bundled import BUNDLED_MODELS
 from registry.models import Deployment, ModelVersion
 from registry.services import deployment_create

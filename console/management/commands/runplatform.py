@@ -22,7 +22,7 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from console.embedded import VAR_DIR
+from core.embedded import VAR_DIR
 
 
 class Command(BaseCommand):

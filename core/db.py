@@ -1,4 +1,4 @@
-"""Short database calls from async code that give their connection back at once."""
+"""Database calls from async code that give their pooled connection back at once."""
 
 from __future__ import annotations
 

@@ -1,0 +1,76 @@
+"""Every Redis key, stream and pub/sub channel that more than one module uses, named once.
+
+Names live under ``settings.REDIS_NAMESPACE`` (pub/sub channels are not scoped by Redis
+database number, and a test run must never touch a running platform). Who writes and
+who reads each one is said beside it; docs/architecture.md has the whole ledger.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+
+def namespaced(*parts: str) -> str:
+    """A key or channel name inside this deployment's namespace."""
+    return ":".join((settings.REDIS_NAMESPACE, *parts))
+
+
+# --- The ledger (billing/ledger.py + ledger.lua) ---------------------------------------
+
+
+def inflight_requests() -> str:
+    """Hash: request id → the in-flight entry (usage so far, gateway, what settling undoes)."""
+    return namespaced("usage", "inflight")
+
+
+def usage_stream() -> str:
+    """Stream of usage events, one per admitted request; read by billing.usage."""
+    return namespaced("usage")
+
+
+def usage_dead_letters() -> str:
+    """Stream of usage events the persister could not store, with the reason."""
+    return namespaced("usage", "dead")
+
+
+def budget_alerts() -> str:
+    """Stream of soft budget alerts raised at admission; read by billing.usage."""
+    return namespaced("budget", "alerts")
+
+
+def budget_alert_dead_letters() -> str:
+    """Stream of budget alerts that failed too often to be stored, with the reason."""
+    return namespaced("budget", "alerts", "dead")
+
+
+def limit_scope(kind: str, ident: int) -> str:
+    """Prefix of one scope's limiter keys (``kind`` is ``key`` or ``org``): :rpm, :tpm, :conc, :b:<month>."""
+    return namespaced("lim", kind, str(ident))
+
+
+def model_queue(model: str) -> str:
+    """Sorted set of a model's requests in flight across every gateway (backpressure)."""
+    return namespaced("model", model, "inflight")
+
+
+def limiter_test_clock() -> str:
+    """Tests only (LIMITS_TEST_CLOCK): overrides the limiter's clock."""
+    return namespaced("testclock")
+
+
+def gateway_heartbeat(gateway_id: str) -> str:
+    """A gateway process is alive while this key exists (expires after GATEWAY_LOST_AFTER)."""
+    return namespaced("gateway", gateway_id)
+
+
+def gateway_suspects() -> str:
+    """Hash: gateway id → Redis time the sweeper first found its heartbeat missing."""
+    return namespaced("gateway", "suspects")
+
+
+# --- Keys and caches --------------------------------------------------------------------
+
+
+def key_invalidation_channel() -> str:
+    """Pub/sub: the SHA-256 of an API key whose grants changed; every gateway drops it."""
+    return namespaced("keys", "invalidate")
