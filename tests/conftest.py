@@ -15,7 +15,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The same code as `make run` starts the real PostgreSQL and Redis (a no-op when they
     # are up, or when DATABASE_URL / REDIS_URL point at real services).
     want_pg, want_redis = embedded.needed()
-    embedded.start(postgres=want_pg, redis=want_redis)
+    try:
+        embedded.start(postgres=want_pg, redis=want_redis)
+    except embedded.EmbeddedServiceError as exc:
+        # The sentence says what to fix; a traceback through pytest's hooks would bury it.
+        pytest.exit(f"embedded services: {exc}", returncode=3)
 
 
 @pytest.fixture(scope="session", autouse=True)
