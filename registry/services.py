@@ -101,6 +101,21 @@ def replica_heartbeat(*, replica: Replica) -> None:
     Replica.objects.filter(pk=replica.pk).update(last_heartbeat=timezone.now())
 
 
+def replica_heartbeats(*, replica_ids: list[int]) -> int:
+    """Heart-beat every ready replica of ``replica_ids`` in one statement (a supervisor's whole host).
+
+    Only ``ready`` rows are touched: a replica drained or failed meanwhile never looks alive again.
+    """
+    if not replica_ids:
+        return 0
+    return Replica.objects.filter(pk__in=replica_ids, state=Replica.State.READY).update(last_heartbeat=timezone.now())
+
+
+def replica_record_pid(*, replica_id: int, pid: int) -> bool:
+    """Record the engine process now serving a replica; False when the row is gone."""
+    return Replica.objects.filter(pk=replica_id).update(pid=pid) == 1
+
+
 # Replicas that still hold a place in their deployment: live, or failed and awaiting restart.
 _HOLDING_STATES = (Replica.State.STARTING, Replica.State.READY, Replica.State.FAILED)
 
@@ -171,10 +186,10 @@ def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int) -> Replica:
     return replica
 
 
-def replica_release_host(*, host: str) -> int:
-    """Stop every replica recorded on ``host`` (its supervisor restarted and owns none)."""
+def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
+    """Stop every replica recorded on ``host`` but those in ``keep`` (the ones its supervisor runs)."""
     released = 0
-    for replica in Replica.objects.filter(host=host).exclude(state=Replica.State.STOPPED):
+    for replica in Replica.objects.filter(host=host).exclude(state=Replica.State.STOPPED).exclude(pk__in=keep or []):
         if replica.state in (Replica.State.STARTING, Replica.State.READY):
             replica_transition(replica=replica, state=Replica.State.FAILED)
         replica_transition(replica=replica, state=Replica.State.STOPPED)

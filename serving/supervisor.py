@@ -10,6 +10,12 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
 - drains a replica that is no longer wanted (no new requests are routed to it; in-flight
   ones finish or the drain timeout passes), then stops it;
 - on SIGTERM/SIGINT drains and stops everything it started.
+
+Each loop first tends the engine processes (exits, health results, stop deadlines), which
+never touches the database, then does the database work. The in-memory state of each
+engine is the truth for this host; the replica row is brought to it (``EngineProcess.want``)
+whenever the database answers, so an outage only delays the bookkeeping: engines keep
+running and pending state changes are applied once it is back.
 """
 
 from __future__ import annotations
@@ -23,29 +29,74 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.utils import timezone
 
 from registry.artifacts import get_artifact_store
 from registry.models import Deployment, Replica
-from registry.selectors import serving_deployments
+from registry.selectors import (
+    deployment_with_version,
+    live_replica_pids,
+    replica_get,
+    replica_states,
+    serving_deployments,
+)
 from registry.services import (
     IllegalTransition,
     replica_claim,
+    replica_heartbeats,
     replica_mark_ready,
+    replica_record_pid,
     replica_release_host,
     replica_surplus,
     replica_transition,
 )
+from serving.replica_keys import replica_api_key
 from serving.routing import served_context_length
 
 logger = logging.getLogger(__name__)
+
+# InterfaceError is not a DatabaseError in Django's hierarchy; both mean "no database now".
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
+
+# Every engine process carries these in its environment, so a supervisor finds the engines
+# of its host in /proc without the database: one that crashed between starting an engine
+# and recording its pid leaves nothing the next one cannot find.
+HOST_MARKER = "PLATFORM_WORKER_HOST"
+DATABASE_MARKER = "PLATFORM_WORKER_DATABASE"
+REPLICA_MARKER = "PLATFORM_REPLICA_ID"
+
+# What an engine inherits from the supervisor's environment; nothing else (no
+# PROMETHEUS_MULTIPROC_DIR, which would mix its metrics into the gateway's, no
+# DATABASE_URL, SECRET_KEY, REDIS_URL or any other platform variable).
+ENGINE_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED",
+     "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"}
+)  # fmt: skip
+# LD_PRELOAD: vLLM's CPU guide preloads tcmalloc / libiomp. OPENBLAS_/NVPL_ tune the math
+# libraries like OMP_/MKL_ do (some CPUs need OPENBLAS_CORETYPE); the torch, triton and
+# NCCL families tune kernels and caches on GPU hosts.
+ENGINE_ENV_PREFIXES = (
+    "LC_", "HF_", "TRANSFORMERS_", "VLLM_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NVPL_", "CUDA_", "NVIDIA_",
+    "NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
+)  # fmt: skip
+
+# Never inherited though allow-listed: it opens vLLM's debug routes (/collective_rpc,
+# /sleep, …), which its API key does not guard.
+ENGINE_ENV_DENIED = frozenset({"VLLM_SERVER_DEV_MODE"})
+
+# How long the loop waits for the database after a failure: short at first, then capped,
+# so a restored database is noticed within seconds.
+DATABASE_RETRY_FIRST = 0.5
+DATABASE_RETRY_MAX = 5.0
 
 
 def _free_port(host: str) -> int:
@@ -63,7 +114,9 @@ class EngineProcess:
     slot: str
     port: int = 0
     popen: subprocess.Popen[bytes] | None = None
-    phase: str = "starting"  # starting | ready | draining | backoff
+    # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
+    # | stopped (process gone, its row still to be recorded)
+    phase: str = "starting"
     started_at: float = 0.0
     ready_at: float = 0.0
     last_check: float = 0.0
@@ -71,11 +124,24 @@ class EngineProcess:
     restarts: int = 0
     restart_at: float = 0.0
     drain_deadline: float = 0.0
+    term_deadline: float = 0.0
+    kill_sent: bool = False
     log_path: Path | None = None
+    # The replica row's state this engine calls for, and whether the row has it yet (with
+    # the pid and endpoint that go with it).
+    want: str = Replica.State.STARTING
+    recorded: bool = False
+    row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
+    beat_due: bool = False  # /health answered since the last heartbeat written
+    probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
 
     @property
     def endpoint(self) -> str:
         return f"http://{settings.WORKER_ENGINE_HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -110,15 +176,61 @@ def engine_command(deployment: Deployment, port: int) -> list[str]:
     return command + shlex.split(settings.ENGINE_EXTRA_ARGS)
 
 
-def engine_env(slot: str) -> dict[str, str]:
-    env = dict(os.environ)
+def _database_name() -> str:
+    return str(connections["default"].settings_dict.get("NAME") or "")
+
+
+def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
+    """The whole environment of one replica's engine: an allow-list of ours, plus its own settings."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and name not in ENGINE_ENV_DENIED
+    }
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    # vLLM reads its --api-key from here: in the environment it is readable only by this
+    # user, where the command line is world-readable (ps).
+    env["VLLM_API_KEY"] = replica_api_key(replica_id)
     if settings.WORKER_DEVICE == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.VLLM_CPU_KVCACHE_SPACE)
         env["VLLM_CPU_OMP_THREADS_BIND"] = slot
     else:
         env["CUDA_VISIBLE_DEVICES"] = slot
+    env[HOST_MARKER] = host
+    env[DATABASE_MARKER] = _database_name()
+    env[REPLICA_MARKER] = str(replica_id)
     return env
+
+
+def marked_engines(host: str, database: str) -> Iterator[tuple[int, str]]:
+    """(pid, replica id) of every process whose environment marks it as an engine of this host.
+
+    The database is part of the mark: two platforms (or two test runs) that share a machine
+    and a host name never touch each other's engines.
+    """
+    with contextlib.suppress(OSError):  # no /proc: nothing to find
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                variables = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone, or another user's
+                continue
+            if f"{HOST_MARKER}={host}".encode() in variables and f"{DATABASE_MARKER}={database}".encode() in variables:
+                prefix = f"{REPLICA_MARKER}=".encode()
+                replica = next((v[len(prefix) :].decode() for v in variables if v.startswith(prefix)), "?")
+                yield int(entry.name), replica
+
+
+def _signal_group(pid: int | None, sig: int) -> None:
+    """Signal an engine's whole process group (vLLM runs its engine core in child processes).
+
+    Safe after the leader was reaped: Linux never reuses a pid while a process group of
+    that number still has members.
+    """
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
 
 
 @dataclass
@@ -130,21 +242,34 @@ class Supervisor:
     stopping: bool = False
     stop_announced: bool = False
     report: Callable[[str], None] = field(default=lambda message: logger.info(message))
-    _http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=2.0))
+    # An engine that ignores SIGTERM this long is killed.
+    stop_grace: float = 15.0
+    # Probes run beside the loop, so one hung engine never delays another's heartbeat; the
+    # timeout stays well under the heartbeat interval.
+    probe_timeout: float = field(default_factory=lambda: min(2.0, max(0.5, settings.WORKER_HEARTBEAT_SECONDS / 3)))
+    _http: httpx.Client = field(init=False)
+    _probes: ThreadPoolExecutor = field(init=False)
+    _started: bool = field(default=False, init=False)  # the predecessor's engines are killed
+    _db_down_since: float | None = field(default=None, init=False)
+    _db_retry_at: float = field(default=0.0, init=False)
+    _db_retry_delay: float = field(default=DATABASE_RETRY_FIRST, init=False)
+    _gone_since: float | None = field(default=None, init=False)  # shutting down: every engine has exited
+
+    def __post_init__(self) -> None:
+        self._http = httpx.Client(timeout=self.probe_timeout)
+        self._probes = ThreadPoolExecutor(max_workers=max(4, len(self.slots)), thread_name_prefix="engine-probe")
 
     # --- lifecycle ------------------------------------------------------------------
 
     def run(self, *, once: bool = False) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._kill_orphans()
-        released = replica_release_host(host=self.host)
-        if released:
-            self.report(f"released {released} replica(s) left on {self.host} by an earlier supervisor")
+        self._kill_marked_strangers()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.report(f"supervising engines on {self.host} (slots {', '.join(self.slots)})")
         try:
             while True:
-                close_old_connections()
+                with contextlib.suppress(*DATABASE_ERRORS):
+                    close_old_connections()
                 if self.stopping:
                     if self._shutdown_step():
                         break
@@ -156,21 +281,46 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            leftover = [e for e in self.engines.values() if e.alive()]
+            if leftover:  # only when the loop died of a bug: never leave an engine unwatched
+                self.report(f"killing {len(leftover)} engine(s) on the way out")
+            self.close()
         self.report("all engines stopped")
 
-    def _kill_orphans(self) -> None:
-        """Engines an earlier supervisor of this host started and left running (it was killed)."""
-        recorded = Replica.objects.filter(host=self.host, pid__isnull=False).exclude(state=Replica.State.STOPPED)
-        for pid in recorded.values_list("pid", flat=True):
-            if pid is None:
+    def close(self) -> None:
+        """Kill whatever engine still runs and release the probe threads (tests call it too)."""
+        for engine in self.engines.values():
+            self._kill(engine)
+        for engine in self.engines.values():
+            if engine.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    engine.popen.wait(5)  # after SIGKILL: only reaping, never a real wait
+        self._probes.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    def _kill_marked_strangers(self) -> None:
+        """Engines of this host (by their marker) that this supervisor does not own: a predecessor's."""
+        spared = {engine.pid for engine in self.engines.values()} | {os.getpgrp()}
+        for pid, replica in marked_engines(self.host, _database_name()):
+            try:
+                group = os.getpgid(pid)
+            except ProcessLookupError:
                 continue
+            if group in spared or pid == os.getpid():
+                continue  # ours, or already killed with its group (vLLM's engine core shares the mark)
+            spared.add(group)
+            _signal_group(group, signal.SIGKILL)
+            self.report(f"killed engine pid {pid} (replica {replica}) that no supervisor tracks")
+
+    def _kill_orphans(self) -> None:
+        """Engines an earlier supervisor of this host recorded and left running (it was killed)."""
+        for pid in live_replica_pids(host=self.host):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue  # gone already
             if b"--served-model-name" in cmdline:  # ours: never kill a reused pid's stranger
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                _signal_group(pid, signal.SIGKILL)
                 self.report(f"killed engine pid {pid} left by an earlier supervisor")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -178,16 +328,16 @@ class Supervisor:
         # re-enter a query the main thread is in the middle of.
         if self.stopping:  # a second signal: stop now
             for engine in self.engines.values():
-                if engine.popen is not None and engine.popen.poll() is None:
-                    os.killpg(engine.popen.pid, signal.SIGKILL)
+                self._kill(engine)
             raise SystemExit(1)
         self.stopping = True
 
     def step(self) -> None:
+        """One pass: tend every engine process, then the database work. Nothing in it waits long."""
         now = time.monotonic()
-        self._claim_wanted()
         for engine in list(self.engines.values()):
             self._tend(engine, now)
+        self._database_step(now)
 
     def _shutdown_step(self) -> bool:
         if not self.stop_announced:
@@ -195,12 +345,148 @@ class Supervisor:
             self.report("stopping: draining all replicas")
         now = time.monotonic()
         for engine in list(self.engines.values()):
-            if engine.phase != "draining":
-                self._begin_drain(engine)
+            self._begin_drain(engine)
+        for engine in list(self.engines.values()):
             self._tend(engine, now)
-        return not self.engines
+        self._database_step(now)
+        if not self.engines:
+            return True
+        if any(engine.phase != "stopped" for engine in self.engines.values()):
+            return False
+        # Every engine has exited; only their rows wait for a database that does not answer.
+        self._gone_since = self._gone_since or now
+        if self._db_down_since is not None and now - self._gone_since > self.stop_grace:
+            self.report(
+                f"could not record {len(self.engines)} stopped replica(s): the database is unavailable; "
+                "the next runworkers on this host releases them"
+            )
+            return True
+        return False
 
-    # --- claiming and surplus ---------------------------------------------------------
+    # --- the database side ----------------------------------------------------------
+
+    def _database_step(self, now: float) -> None:
+        if now < self._db_retry_at:
+            return
+        try:
+            if not self._started:
+                self._kill_orphans()
+                self._started = True
+            self._check_rows()
+            self._record_pending()
+            self._write_heartbeats()
+            if not self.stopping:
+                self._restart_due(now)
+                self._claim_wanted()
+                self._record_pending()
+        except DATABASE_ERRORS as exc:
+            if self._db_down_since is None:  # once per outage, not once per loop
+                self._db_down_since = now
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.report(
+                    f"database unavailable ({type(exc).__name__}: {reason}); "
+                    f"{len(self.engines)} engine(s) keep running; retrying"
+                )
+            self._db_retry_at = now + self._db_retry_delay
+            self._db_retry_delay = min(DATABASE_RETRY_MAX, self._db_retry_delay * 2)
+        except (ObjectDoesNotExist, IllegalTransition) as exc:
+            # A row deleted or moved by someone else halfway through the pass: the next pass
+            # starts from what the database says then.
+            logger.warning("supervisor pass cut short: %s", exc)
+        else:
+            if self._db_down_since is not None:
+                self.report(f"database reachable again after {now - self._db_down_since:.0f} s")
+            self._db_down_since = None
+            self._db_retry_delay = DATABASE_RETRY_FIRST
+
+    def _check_rows(self) -> None:
+        """Match this host's replica rows with the engines it runs.
+
+        A live row of this host with no engine here is an earlier supervisor's, or a claim
+        whose commit reached the database while its answer was lost: it is released, so it
+        never holds a place in its deployment. An engine whose row vanished (or was stopped
+        by someone else) is stopped.
+        """
+        released = replica_release_host(host=self.host, keep=list(self.engines))
+        if released:
+            self.report(f"released {released} replica(s) of {self.host} that no engine here serves")
+        if not self.engines:
+            return
+        states = replica_states(replica_ids=list(self.engines))
+        for engine in list(self.engines.values()):
+            if engine.row_gone:
+                continue
+            state = states.get(engine.replica_id)
+            if state is None:
+                self._lose_row(engine, "its replica row was deleted")
+            elif state == Replica.State.STOPPED and engine.want != Replica.State.STOPPED:
+                self._lose_row(engine, "its replica was stopped by another process")
+
+    def _record_pending(self) -> None:
+        for engine in list(self.engines.values()):
+            if not engine.recorded:
+                self._record(engine)
+            if engine.phase == "stopped" and engine.recorded and not engine.row_gone:
+                self.engines.pop(engine.replica_id, None)
+                self.report(f"replica {engine.replica_id} stopped")
+
+    def _record(self, engine: EngineProcess) -> None:
+        """Bring the replica's row to ``engine.want`` through legal moves."""
+        replica = replica_get(replica_id=engine.replica_id)
+        if replica is None:
+            self._lose_row(engine, "its replica row was deleted")
+            return
+        target = engine.want
+        route = _route(replica.state, target)
+        if route is None:
+            logger.warning("replica %s: no move from %s to %s; left as is", replica.pk, replica.state, target)
+            route = []
+        try:
+            if not route and target == Replica.State.STARTING and engine.pid not in (None, replica.pid):
+                # Claimed as starting: only the new process to record (a restart moves state and pid at once).
+                assert engine.pid is not None
+                replica_record_pid(replica_id=replica.pk, pid=engine.pid)
+            for state in route:
+                if state == Replica.State.READY:
+                    assert engine.pid is not None
+                    replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
+                elif state == Replica.State.STARTING and engine.pid is not None:
+                    replica_transition(replica=replica, state=state, pid=engine.pid)
+                else:
+                    replica_transition(replica=replica, state=state)
+        except ObjectDoesNotExist:  # the replica, or its deployment, deleted meanwhile
+            self._lose_row(engine, "its replica row was deleted")
+            return
+        except IllegalTransition as exc:  # moved by someone else meanwhile: theirs stands
+            logger.warning("replica %s: %s", engine.replica_id, exc)
+        engine.recorded = True
+
+    def _write_heartbeats(self) -> None:
+        beating = [
+            engine
+            for engine in self.engines.values()
+            if engine.beat_due and engine.recorded and engine.want == Replica.State.READY
+        ]
+        if beating:
+            replica_heartbeats(replica_ids=[engine.replica_id for engine in beating])
+            for engine in beating:
+                engine.beat_due = False
+
+    def _restart_due(self, now: float) -> None:
+        for engine in list(self.engines.values()):
+            if engine.phase != "backoff" or now < engine.restart_at or not engine.recorded:
+                continue
+            if engine.alive():  # SIGKILL not through yet: the slot is still busy
+                continue
+            deployment = deployment_with_version(deployment_id=engine.deployment_id)
+            if deployment is None:
+                self._lose_row(engine, "its deployment was deleted")
+                continue
+            serving = deployment.status in (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+            if not serving or replica_surplus(deployment=deployment) > 0:
+                self._set_stopped(engine)
+                continue
+            self._spawn(engine, deployment)
 
     def _free_slots(self) -> list[str]:
         used = {engine.slot for engine in self.engines.values()}
@@ -210,166 +496,203 @@ class Supervisor:
         deployments = list(serving_deployments())
         wanted_ids = {d.id for d in deployments}
         for engine in list(self.engines.values()):
-            if engine.deployment_id not in wanted_ids and engine.phase != "draining":
+            if engine.deployment_id not in wanted_ids:
                 self._begin_drain(engine)
         for deployment in deployments:
-            mine = [e for e in self.engines.values() if e.deployment_id == deployment.id and e.phase != "draining"]
-            if mine and replica_surplus(deployment=deployment) > 0:
-                self._begin_drain(max(mine, key=lambda e: e.replica_id))
-                continue
-            free = self._free_slots()
-            if not free:
-                continue
-            replica = replica_claim(deployment=deployment, host=self.host)
+            mine = [
+                e
+                for e in self.engines.values()
+                if e.deployment_id == deployment.id and e.phase in ("starting", "ready", "backoff")
+            ]
+            try:
+                if mine and replica_surplus(deployment=deployment) > 0:
+                    self._begin_drain(max(mine, key=lambda e: e.replica_id))
+                    continue
+                free = self._free_slots()
+                if not free:
+                    continue
+                replica = replica_claim(deployment=deployment, host=self.host)
+            except Deployment.DoesNotExist:
+                continue  # deleted since the list was read; the next pass stops its engines
             if replica is not None:
                 engine = EngineProcess(replica_id=replica.id, deployment_id=deployment.id, slot=free[0])
                 self.engines[replica.id] = engine
                 self._spawn(engine, deployment)
 
-    # --- one engine ---------------------------------------------------------------------
+    # --- one engine's process (no database below this line) ---------------------------
 
-    def _spawn(self, engine: EngineProcess, deployment: Deployment | None = None) -> None:
-        if deployment is None:
-            deployment = Deployment.objects.select_related("version__model").get(pk=engine.deployment_id)
+    def _spawn(self, engine: EngineProcess, deployment: Deployment) -> None:
         engine.port = _free_port(settings.WORKER_ENGINE_HOST)
         engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
         command = engine_command(deployment, engine.port)
-        with open(engine.log_path, "ab") as log:
-            log.write(f"\n=== {timezone.now().isoformat()} starting: {shlex.join(command)}\n".encode())
-            log.flush()
-            engine.popen = subprocess.Popen(
-                command, env=engine_env(engine.slot), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
+        try:
+            with open(engine.log_path, "ab") as log:
+                log.write(f"\n=== {timezone.now().isoformat()} starting: {shlex.join(command)}\n".encode())
+                log.flush()
+                engine.popen = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        except OSError as exc:
+            engine.popen = None
+            self._fail(engine, f"could not start: {exc}")
+            return
         engine.phase = "starting"
         engine.started_at = time.monotonic()
         engine.failed_checks = 0
-        Replica.objects.filter(pk=engine.replica_id).update(pid=engine.popen.pid)
+        engine.kill_sent = False
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.STARTING, False
         self.report(
             f"replica {engine.replica_id} ({deployment.version}) starting on slot {engine.slot}, "
-            f"port {engine.port}, pid {engine.popen.pid}"
+            f"port {engine.port}, pid {engine.pid}"
         )
 
-    def _healthy(self, engine: EngineProcess) -> bool:
-        try:
-            return self._http.get(f"{engine.endpoint}/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def _tend(self, engine: EngineProcess, now: float) -> None:
-        if engine.phase == "backoff":
-            if not self.stopping and now >= engine.restart_at:
-                replica = Replica.objects.get(pk=engine.replica_id)
-                if replica_surplus(deployment=replica.deployment) > 0 or replica.deployment.status not in (
-                    Deployment.Status.PENDING,
-                    Deployment.Status.RUNNING,
-                ):
-                    self._retire(engine)
-                    return
-                replica_transition(replica=replica, state=Replica.State.STARTING)
-                self._spawn(engine)
-            elif self.stopping:
-                self._retire(engine)
+        if engine.phase in ("stopped", "backoff"):
             return
         if not engine.alive():
-            if engine.phase == "draining":
-                self._retire(engine)
+            engine.probe = None
+            if engine.phase in ("draining", "stopping") or engine.row_gone:
+                self._set_stopped(engine)
             else:
                 code = engine.popen.returncode if engine.popen else None
                 self._fail(engine, f"engine exited with code {code}")
             return
+        if engine.phase == "stopping":
+            if not engine.kill_sent and now >= engine.term_deadline:
+                self._kill(engine)
+                self.report(f"replica {engine.replica_id} ignored SIGTERM for {self.stop_grace:.0f} s; killed")
+            return
         if engine.phase == "starting":
-            if self._healthy(engine):
-                replica = Replica.objects.get(pk=engine.replica_id)
-                assert engine.popen is not None
-                replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.popen.pid)
+            result = self._probe_result(engine, "health")
+            if result:
                 engine.phase = "ready"
                 engine.ready_at = engine.last_check = now
+                engine.want, engine.recorded = Replica.State.READY, False
                 self.report(
                     f"replica {engine.replica_id} ready at {engine.endpoint} after {now - engine.started_at:.0f} s"
                 )
             elif now - engine.started_at > settings.WORKER_STARTUP_TIMEOUT:
                 self._kill(engine)
                 self._fail(engine, f"not healthy within {settings.WORKER_STARTUP_TIMEOUT:.0f} s")
+            elif engine.probe is None:
+                self._start_probe(engine, "health")
             return
-        if engine.phase == "ready" and now - engine.last_check >= settings.WORKER_HEARTBEAT_SECONDS:
-            engine.last_check = now
-            if self._healthy(engine):
+        if engine.phase == "ready":
+            result = self._probe_result(engine, "health")
+            if result is True:
                 engine.failed_checks = 0
-                Replica.objects.filter(pk=engine.replica_id).update(last_heartbeat=timezone.now())
+                engine.beat_due = True
                 if now - engine.ready_at > 60:
                     engine.restarts = 0  # stable again: the next crash restarts quickly
-            else:
+            elif result is False:
                 engine.failed_checks += 1
                 if engine.failed_checks >= 3:
                     self._kill(engine)
                     self._fail(engine, "/health failed 3 times")
+                    return
+            if engine.probe is None and now - engine.last_check >= settings.WORKER_HEARTBEAT_SECONDS:
+                engine.last_check = now
+                self._start_probe(engine, "health")
             return
-        if engine.phase == "draining" and (now >= engine.drain_deadline or self._idle(engine)):
-            self._terminate(engine)
+        if engine.phase == "draining":
+            if now >= engine.drain_deadline or self._probe_result(engine, "idle"):
+                self._stop_process(engine)
+            elif engine.probe is None:
+                self._start_probe(engine, "idle")
 
-    def _idle(self, engine: EngineProcess) -> bool:
-        """No request running or waiting in the engine (from vLLM's own metrics)."""
+    def _start_probe(self, engine: EngineProcess, kind: str) -> None:
+        check = self._healthy if kind == "health" else self._idle
+        engine.probe = (kind, self._probes.submit(check, engine.endpoint))
+
+    def _probe_result(self, engine: EngineProcess, kind: str) -> bool | None:
+        """The answer of the engine's finished probe of this kind; None while none has finished."""
+        if engine.probe is None or not engine.probe[1].done():
+            return None
+        probe_kind, future = engine.probe
+        engine.probe = None
+        if probe_kind != kind:  # asked for before the engine changed phase: stale
+            return None
+        return bool(future.result())
+
+    def _healthy(self, endpoint: str) -> bool:
+        """Runs in a probe thread: touches neither the engine's state nor the database."""
         try:
-            text = self._http.get(f"{engine.endpoint}/metrics").text
+            return self._http.get(f"{endpoint}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _idle(self, endpoint: str) -> bool:
+        """No request running or waiting in the engine (from vLLM's own metrics). Runs in a probe thread."""
+        try:
+            text = self._http.get(f"{endpoint}/metrics").text
         except httpx.HTTPError:
             return True
         busy = 0.0
         for line in text.splitlines():
             if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-                busy += float(line.rsplit(" ", 1)[-1])
+                with contextlib.suppress(ValueError):
+                    busy += float(line.rsplit(" ", 1)[-1])
         return busy == 0
 
     def _begin_drain(self, engine: EngineProcess) -> None:
-        if engine.phase == "draining":
+        if engine.phase in ("draining", "stopping", "stopped"):
             return
         if engine.phase == "backoff":
-            self._retire(engine)
+            self._set_stopped(engine)
             return
-        try:
-            replica = Replica.objects.get(pk=engine.replica_id)
-            if replica.state == Replica.State.STARTING:
-                replica_transition(replica=replica, state=Replica.State.STOPPED)
-                self._kill(engine)
-                self.engines.pop(engine.replica_id, None)
-                self.report(f"replica {engine.replica_id} stopped before it was ready")
-                return
-            replica_transition(replica=replica, state=Replica.State.DRAINING)
-        except IllegalTransition as exc:
-            logger.warning("drain of replica %s: %s", engine.replica_id, exc)
+        if engine.phase == "starting":
+            # Nothing was ever routed to it: no drain, and its row leaves the deployment now.
+            engine.want, engine.recorded = Replica.State.STOPPED, False
+            self._stop_process(engine)
+            self.report(f"replica {engine.replica_id} stopped before it was ready")
+            return
         engine.phase = "draining"
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.DRAINING, False
         engine.drain_deadline = time.monotonic() + settings.WORKER_DRAIN_TIMEOUT
         self.report(f"replica {engine.replica_id} draining (up to {settings.WORKER_DRAIN_TIMEOUT:.0f} s)")
 
-    def _terminate(self, engine: EngineProcess) -> None:
+    def _stop_process(self, engine: EngineProcess) -> None:
+        """SIGTERM now; a later pass kills it if it is still there after ``stop_grace``."""
+        engine.phase = "stopping"
+        engine.probe = None
         if engine.alive():
-            assert engine.popen is not None
-            os.killpg(engine.popen.pid, signal.SIGTERM)
-            try:
-                engine.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self._kill(engine)
-        self._retire(engine)
+            _signal_group(engine.pid, signal.SIGTERM)
+            engine.term_deadline = time.monotonic() + self.stop_grace
 
     def _kill(self, engine: EngineProcess) -> None:
-        if engine.popen is not None and engine.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(engine.popen.pid, signal.SIGKILL)
-            engine.popen.wait(10)
+        """SIGKILL, without waiting: a later pass sees the exit."""
+        if engine.alive():
+            _signal_group(engine.pid, signal.SIGKILL)
+            engine.kill_sent = True
 
-    def _retire(self, engine: EngineProcess) -> None:
-        """The replica is gone for good from this host."""
-        replica = Replica.objects.filter(pk=engine.replica_id).first()
-        if replica is not None and replica.state != Replica.State.STOPPED:
-            if replica.state in (Replica.State.STARTING, Replica.State.READY):
-                replica_transition(replica=replica, state=Replica.State.FAILED)
-            replica_transition(replica=replica, state=Replica.State.STOPPED)
-        self.engines.pop(engine.replica_id, None)
-        self.report(f"replica {engine.replica_id} stopped")
+    def _set_stopped(self, engine: EngineProcess) -> None:
+        """The engine's process is gone for good; its row is recorded stopped next."""
+        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.phase = "stopped"
+        engine.probe = None
+        if engine.row_gone:
+            self.engines.pop(engine.replica_id, None)
+            self.report(f"replica {engine.replica_id}'s engine stopped")
+        else:
+            engine.want, engine.recorded = Replica.State.STOPPED, False
+
+    def _lose_row(self, engine: EngineProcess, why: str) -> None:
+        """The row is no longer ours to write: stop the engine and forget it."""
+        engine.row_gone = True
+        engine.recorded = True
+        self.report(f"replica {engine.replica_id}: {why}; stopping its engine")
+        if engine.alive() and engine.phase != "stopping":
+            self._stop_process(engine)
+        elif not engine.alive():
+            self._set_stopped(engine)
 
     def _fail(self, engine: EngineProcess, reason: str) -> None:
-        replica = Replica.objects.get(pk=engine.replica_id)
-        if replica.state in (Replica.State.STARTING, Replica.State.READY, Replica.State.DRAINING):
-            replica_transition(replica=replica, state=Replica.State.FAILED)
+        _signal_group(engine.pid, signal.SIGKILL)
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.FAILED, False
         delay = min(settings.WORKER_MAX_BACKOFF, 2.0**engine.restarts)
         engine.restarts += 1
         engine.phase = "backoff"
@@ -377,3 +700,21 @@ class Supervisor:
         self.report(
             f"replica {engine.replica_id} failed ({reason}); restarting in {delay:.0f} s (log: {engine.log_path})"
         )
+
+
+def _route(current: str, target: str) -> list[str] | None:
+    """The states a row passes through from ``current`` to ``target`` (legal moves only).
+
+    Through ``failed`` where no direct move exists (ready → stopped, ready → starting), or
+    through ``starting`` (failed → ready, when an engine restarted and became ready while
+    the database was away). None: no such route.
+    """
+    if current == target:
+        return []
+    moves = Replica.TRANSITIONS
+    if target in moves.get(current, frozenset()):
+        return [target]
+    for via in (Replica.State.FAILED, Replica.State.STARTING):
+        if via in moves.get(current, frozenset()) and target in moves.get(via, frozenset()):
+            return [via, target]
+    return None

@@ -7,7 +7,16 @@ Speaks the same HTTP protocol (/health, /metrics, /v1/chat/completions, /v1/comp
 - ``normal``: ``tokens`` chunks, ``delay`` seconds apart;
 - ``hang``: accept the request and send nothing (first-token timeout);
 - ``die``: send ``die_after`` chunks, then drop the connection;
+- ``reset``: read the request, then drop the connection without answering;
+- ``bad_event``: send ``die_after`` chunks, then an event that is JSON but not an object;
 - ``error400`` / ``error500``: answer with an OpenAI-style error.
+
+Other keys of the same body: ``health`` (``ok``, ``hang``: /health never answers, ``error``:
+503) and ``ignore_sigterm`` (true: SIGTERM is ignored, as by an engine stuck in shutdown).
+
+Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1 request
+needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
+endpoints stay open. ``GET /_env`` lists the names (never the values) of its environment.
 
 Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stats.
 """
@@ -15,15 +24,23 @@ Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stat
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import os
+import signal
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-STATE: dict[str, Any] = {"mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": []}
+STATE: dict[str, Any] = {
+    "mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": [], "health": "ok",
+    "ignore_sigterm": False,
+}  # fmt: skip
 LOCK = threading.Lock()
+# Kept out of STATE, which /_control echoes to anyone.
+API_KEYS: list[str] = []
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -40,15 +57,34 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _authorized(self) -> bool:
+        """vLLM's rule: with an API key set, every /v1 request carries it as a Bearer token."""
+        if not API_KEYS or not self.path.startswith("/v1"):
+            return True
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and any(hmac.compare_digest(token, key) for key in API_KEYS):
+            return True
+        self._json(401, {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                                   "param": None, "code": "invalid_api_key"}})  # fmt: skip
+        return False
+
     def do_GET(self) -> None:
+        if not self._authorized():
+            return
         if self.path == "/health":
-            self._json(200, {})
+            health = STATE["health"]
+            if health == "hang":
+                time.sleep(3600)
+                return
+            self._json(200 if health == "ok" else 503, {})
         elif self.path == "/metrics":
             body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        elif self.path == "/_env":
+            self._json(200, {"names": sorted(os.environ)})
         elif self.path == "/_stats":
             with LOCK:
                 self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"]})
@@ -58,6 +94,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
         body = json.loads(self.rfile.read(length) or b"{}")
+        if not self._authorized():
+            return
         if self.path == "/_control":
             with LOCK:
                 STATE.update(body)
@@ -67,6 +105,10 @@ class Handler(BaseHTTPRequestHandler):
             STATE["requests"] += 1
             STATE["paths"].append(self.path)
             mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
+        if mode == "reset":
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
         if mode == "error400":
             self._json(400, {"object": "error", "message": "fake engine refuses", "type": "BadRequestError",
                              "param": None, "code": 400})  # fmt: skip
@@ -110,6 +152,8 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.connection.shutdown(2)
                     return
+                if mode == "bad_event" and i == die_after:
+                    self._chunk(b"data: [1, 2, 3]\n\n")
                 delta = {"content": f"t{i} "} if chat else None
                 choice = {"index": 0, "finish_reason": None, **({"delta": delta} if chat else {"text": f"t{i} "})}
                 chunk = {
@@ -156,8 +200,21 @@ def main() -> None:
     # Accepted and ignored so the supervisor can launch this with vLLM's arguments.
     parser.add_argument("--model")
     parser.add_argument("--served-model-name")
+    parser.add_argument("--api-key", action="append", default=[])
     args, _unknown = parser.parse_known_args()
+    # vLLM's precedence: --api-key wins over VLLM_API_KEY.
+    API_KEYS.extend(key for key in args.api_key or [os.environ.get("VLLM_API_KEY", "")] if key)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     serve(args.port, args.host).serve_forever()
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    # Only the main thread may install a signal disposition, and /_control runs in a
+    # request thread: this handler, installed at start, reads the flag instead.
+    if STATE["ignore_sigterm"]:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

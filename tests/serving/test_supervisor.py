@@ -1,46 +1,91 @@
-"""runworkers' supervisor, driven step by step with the fake engine as the launched program."""
+"""runworkers' supervisor, driven step by step with the fake engine as the launched program.
+
+One test runs ``manage.py runworkers`` itself, behind a TCP proxy to the test database that
+it cuts for 30 s; ``runplatform``'s restarting of its children is tested on small programs.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
 
+import httpx
 import pytest
+from django.db import OperationalError, connection
+from django.utils import timezone
 
+from console.management.commands.runplatform import ChildProcesses
 from registry.models import Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_create, deployment_transition
-from serving.supervisor import Supervisor
+from serving.replica_keys import replica_api_key
+from serving.supervisor import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, Supervisor, marked_engines
+from tests import processes
+from tests.processes import BASE_DIR, child_env, free_port
+from tests.serving.conftest import committed
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
+
+FAKE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
 
 
 @pytest.fixture
 def fake_launcher(settings, tmp_path):
-    settings.WORKER_ENGINE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
+    settings.WORKER_ENGINE_LAUNCHER = FAKE_LAUNCHER
     settings.WORKER_HEARTBEAT_SECONDS = 0.2
     settings.WORKER_DRAIN_TIMEOUT = 5
     settings.WORKER_MAX_BACKOFF = 1
     return tmp_path
 
 
-@pytest.fixture
-def deployment() -> Deployment:
-    model = Model.objects.create(name="tiny-chat", task="chat")
+def create_deployment(name: str = "tiny-chat", replicas: int = 1) -> Deployment:
+    model = Model.objects.create(name=name, task="chat")
     version = ModelVersion.objects.create(
-        model=model, version="1", framework="fake", artifact_uri="local://tiny-chat/1", artifact_sha256="0" * 64,
+        model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
         artifact_size=1, config={"max_seq_len": 512},
     )  # fmt: skip
-    return deployment_create(version=version, replicas=1, max_replicas=2)
+    return deployment_create(version=version, replicas=replicas, max_replicas=max(2, replicas))
 
 
 @pytest.fixture
-def supervisor(fake_launcher):
-    sup = Supervisor(host="test-host", slots=["0", "1"], log_dir=fake_launcher, report=lambda m: None)
-    yield sup
-    for engine in list(sup.engines.values()):
-        sup._kill(engine)
+def deployment() -> Deployment:
+    return create_deployment()
+
+
+def unique_host() -> str:
+    # Engines are found by a host marker in their environment: a host name of its own keeps
+    # a test (or another test run on this machine) from ever killing another's engines.
+    return f"test-host-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_supervisor(fake_launcher) -> Iterator[Callable[..., Supervisor]]:
+    """Supervisors on hosts of their own; every engine they started is killed afterwards."""
+    made: list[Supervisor] = []
+
+    def make(**kwargs: Any) -> Supervisor:
+        options: dict[str, Any] = {"host": unique_host(), "slots": ["0", "1"], "log_dir": fake_launcher,
+                                   "report": lambda m: None}  # fmt: skip
+        sup = Supervisor(**{**options, **kwargs})
+        made.append(sup)
+        return sup
+
+    yield make
+    for sup in made:
+        sup.close()
+
+
+@pytest.fixture
+def supervisor(make_supervisor) -> Supervisor:
+    return make_supervisor()
 
 
 def step_until(sup: Supervisor, condition, timeout: float = 20.0) -> None:
@@ -53,15 +98,37 @@ def step_until(sup: Supervisor, condition, timeout: float = 20.0) -> None:
     raise AssertionError("condition not reached")
 
 
+def wait_for(condition, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
 def ready_replicas(deployment: Deployment) -> list[Replica]:
     return list(Replica.objects.filter(deployment=deployment, state="ready"))
+
+
+def control(replica: Replica, **state: Any) -> None:
+    httpx.post(f"{replica.endpoint}/_control", json=state, timeout=5).raise_for_status()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class TestSupervisor:
     def test_it_starts_a_replica_and_marks_everything_live(self, supervisor, deployment):
         step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
         replica = ready_replicas(deployment)[0]
-        assert replica.host == "test-host"
+        assert replica.host == supervisor.host
         assert replica.endpoint.startswith("http://127.0.0.1:")
         assert replica.pid == supervisor.engines[replica.pk].popen.pid
         assert replica.last_heartbeat is not None
@@ -120,8 +187,276 @@ class TestSupervisor:
     def test_a_restarted_supervisor_releases_what_its_predecessor_left(self, fake_launcher, deployment, monkeypatch):
         # run() recycles stale connections each loop; inside the test transaction it must not.
         monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
-        Replica.objects.create(deployment=deployment, host="test-host", state="ready", endpoint="http://x")
-        sup = Supervisor(host="test-host", slots=["0"], log_dir=fake_launcher, report=lambda m: None)
+        host = unique_host()
+        Replica.objects.create(deployment=deployment, host=host, state="ready", endpoint="http://x")
+        sup = Supervisor(host=host, slots=["0"], log_dir=fake_launcher, report=lambda m: None)
         sup.stopping = True  # run() releases, then finds nothing to stop
         sup.run(once=True)
         assert set(Replica.objects.filter(deployment=deployment).values_list("state", flat=True)) == {"stopped"}
+
+
+class TestDatabaseOutages:
+    def test_a_database_error_in_a_pass_is_survived_and_the_pending_work_done_after(
+        self, supervisor, deployment, monkeypatch
+    ):
+        messages: list[str] = []
+        supervisor.report = messages.append
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+
+        def database_down(**kwargs: Any) -> Any:
+            raise OperationalError("connection refused")
+
+        # The first query of every pass, and a later one: any of them may be the one that fails.
+        monkeypatch.setattr("serving.supervisor.replica_release_host", database_down)
+        monkeypatch.setattr("serving.supervisor.replica_heartbeats", database_down)
+        os.killpg(replica.pid, signal.SIGKILL)  # and the engine crashes meanwhile
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            supervisor.step()
+            time.sleep(0.05)
+        assert supervisor.engines[replica.pk].phase == "backoff"
+        assert Replica.objects.get(pk=replica.pk).state == "ready"  # nothing written meanwhile
+        assert sum("database unavailable" in m for m in messages) == 1
+
+        monkeypatch.undo()
+        step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).pid != replica.pid, timeout=30)
+        step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).state == "ready")
+        assert sum("database reachable again" in m for m in messages) == 1
+        assert supervisor.engines[replica.pk].popen.pid == Replica.objects.get(pk=replica.pk).pid
+
+    def test_runworkers_keeps_its_engines_through_a_30_s_outage(self, django_db_blocker, tmp_path):
+        host = unique_host()
+        name = f"outage-{uuid.uuid4().hex[:8]}"
+        deployment_id = committed(django_db_blocker, lambda: create_deployment(name).pk)
+        database = connection.settings_dict
+        proxy = TcpProxy(int(database["PORT"]), database["HOST"]).start()
+        direct = f"@{database['HOST']}:{database['PORT']}/"
+        url = processes.test_database_url().replace(direct, f"@127.0.0.1:{proxy.port}/")
+        assert str(proxy.port) in url
+        log_path = tmp_path / "runworkers.log"
+        env = child_env(
+            DATABASE_URL=url, WORKER_HOST=host, WORKER_SLOTS="0,1", WORKER_LOG_DIR=str(tmp_path),
+            WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER, WORKER_HEARTBEAT_SECONDS="0.5", WORKER_DRAIN_TIMEOUT="5",
+        )  # fmt: skip
+
+        def replica() -> Replica | None:
+            return committed(
+                django_db_blocker, lambda: Replica.objects.filter(deployment_id=deployment_id, state="ready").first()
+            )
+
+        process: subprocess.Popen[bytes] | None = None
+        try:
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "manage.py", "runworkers"], cwd=BASE_DIR, env=env, stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            before = wait_for(replica, 60, "a ready replica")
+            pid = before.pid
+            proxy.cut()
+            cut_at = timezone.now()
+            outage_started = time.monotonic()
+            while time.monotonic() - outage_started < 30:
+                assert process.poll() is None, log_path.read_text()
+                assert alive(pid), "the engine died during the outage"
+                time.sleep(1)
+            during = replica()
+            # The proxy really kept the supervisor away: no heartbeat got through.
+            assert during.last_heartbeat < cut_at + timedelta(seconds=1)
+            proxy.restore()
+            restored_at = time.monotonic()
+            after = wait_for(
+                lambda: (r := replica()) and r.last_heartbeat > during.last_heartbeat and r,
+                30,
+                "a heartbeat after the database came back",
+            )
+            print(f"heartbeat resumed {time.monotonic() - restored_at:.1f} s after the database came back")
+            assert after.pid == pid
+            assert alive(pid)
+            assert process.poll() is None
+            # The recovery line is written at the end of the pass that wrote the heartbeat.
+            wait_for(lambda: "database reachable again" in log_path.read_text(), 10, "no recovery line in the log")
+            text = log_path.read_text()
+            assert text.count("database unavailable") == 1, text
+            assert text.count("database reachable again") == 1, text
+        finally:
+            proxy.restore()
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+            for pid, _ in marked_engines(host, database["NAME"]):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+            proxy.close()
+
+            def drop() -> None:
+                Deployment.objects.filter(pk=deployment_id).delete()
+                ModelVersion.objects.filter(model__name=name).delete()
+                Model.objects.filter(name=name).delete()
+
+            committed(django_db_blocker, drop)
+
+
+class TestRowsAndStrays:
+    @pytest.mark.parametrize("deleted", ["replica", "deployment"])
+    def test_a_deleted_row_stops_its_engine_and_the_supervisor_goes_on(self, supervisor, deployment, deleted):
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        popen = supervisor.engines[replica.pk].popen
+        if deleted == "replica":
+            Replica.objects.filter(pk=replica.pk).delete()
+        else:
+            Deployment.objects.filter(pk=deployment.pk).delete()
+        step_until(supervisor, lambda: replica.pk not in supervisor.engines and popen.poll() is not None)
+        if deleted == "replica":  # the deployment still wants one: a new replica takes its place
+            step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+            assert ready_replicas(deployment)[0].pk != replica.pk
+        else:
+            for _ in range(3):
+                supervisor.step()
+            assert supervisor.engines == {}
+
+    def test_an_untracked_engine_of_this_host_is_killed_on_start(self, fake_launcher, monkeypatch):
+        monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
+        host = unique_host()
+
+        def start(marked_host: str) -> subprocess.Popen[bytes]:
+            port = free_port()
+            env = dict(os.environ)
+            env.update({HOST_MARKER: marked_host, DATABASE_MARKER: connection.settings_dict["NAME"],
+                        REPLICA_MARKER: "999999"})  # fmt: skip
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+
+            def up() -> bool:
+                try:
+                    return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(up, 20, "the stray engine")  # exec'd: its environment is its own
+            return process
+
+        # Started by a supervisor that crashed before it recorded the pid: only the marker knows.
+        stray, strangers = start(host), start(unique_host())
+        try:
+            messages: list[str] = []
+            sup = Supervisor(host=host, slots=["0"], log_dir=fake_launcher, report=messages.append)
+            sup.stopping = True  # run() only does its start-up work
+            sup.run(once=True)
+            assert stray.wait(5) == -signal.SIGKILL
+            assert strangers.poll() is None  # another host's engine is not ours to kill
+            assert any("no supervisor tracks" in m for m in messages)
+        finally:
+            for process in (stray, strangers):
+                process.kill()
+                process.wait(5)
+
+
+class TestEngineContract:
+    def test_the_engine_requires_its_replicas_key_and_never_shows_it(self, supervisor, deployment):
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        url = f"{replica.endpoint}/v1/chat/completions"
+        body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}]}
+        refused = httpx.post(url, json=body, timeout=5)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+        wrong = {"Authorization": f"Bearer {replica_api_key(replica.pk + 1)}"}
+        assert httpx.post(url, json=body, headers=wrong, timeout=5).status_code == 401
+        right = {"Authorization": f"Bearer {replica_api_key(replica.pk)}"}
+        assert httpx.post(url, json=body, headers=right, timeout=5).status_code == 200
+        # What the supervisor needs stays open.
+        assert httpx.get(f"{replica.endpoint}/health", timeout=5).status_code == 200
+        assert httpx.get(f"{replica.endpoint}/metrics", timeout=5).status_code == 200
+        # Given in the environment, not on the (world-readable) command line.
+        with open(f"/proc/{replica.pid}/cmdline", "rb") as cmdline:
+            assert replica_api_key(replica.pk).encode() not in cmdline.read()
+
+    def test_the_engine_gets_only_an_allow_listed_environment(self, supervisor, deployment, monkeypatch):
+        platform = {
+            "PROMETHEUS_MULTIPROC_DIR": "/tmp/prom",
+            "DATABASE_URL": "postgresql://secret@db/x",
+            "SECRET_KEY": "s3cret",
+            "REDIS_URL": "redis://r/0",
+            "BOOTSTRAP_CREDENTIALS": "/tmp/c.json",
+        }
+        for name, value in platform.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # would open vLLM's unguarded debug routes
+        monkeypatch.setenv("HF_HOME", "/tmp/hf")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        names = set(httpx.get(f"{replica.endpoint}/_env", timeout=5).json()["names"])
+        assert not names & {*platform, "DJANGO_SETTINGS_MODULE", "TEST_SESSION", "VLLM_SERVER_DEV_MODE"}
+        assert {"PATH", "HF_HOME", "OMP_NUM_THREADS", "VLLM_API_KEY", "VLLM_CPU_OMP_THREADS_BIND", HOST_MARKER,
+                REPLICA_MARKER} <= names  # fmt: skip
+
+
+class TestTiming:
+    def test_a_hung_or_deaf_engine_never_delays_another_replicas_heartbeat(self, make_supervisor, deployment):
+        supervisor = make_supervisor(slots=["0", "1", "2"], stop_grace=2.0)
+        messages: list[str] = []
+        supervisor.report = messages.append
+        Deployment.objects.filter(pk=deployment.pk).update(replicas=3, max_replicas=3)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 3)
+        hung, healthy, deaf = sorted(ready_replicas(deployment), key=lambda r: r.pk)
+        control(hung, health="hang")
+        control(deaf, ignore_sigterm=True)
+        # Scaling down drains the newest replica, the one that ignores SIGTERM.
+        Deployment.objects.filter(pk=deployment.pk).update(replicas=2)
+        first_beat = Replica.objects.get(pk=healthy.pk).last_heartbeat
+        slowest = 0.0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            supervisor.step()
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        assert slowest < 2.0, f"one step took {slowest:.1f} s"
+        assert Replica.objects.get(pk=healthy.pk).last_heartbeat > first_beat
+        # The deaf engine got SIGTERM, ignored it, and was killed after the grace period…
+        assert any(f"replica {deaf.pk} ignored SIGTERM" in m for m in messages), messages
+        step_until(supervisor, lambda: Replica.objects.get(pk=deaf.pk).state == "stopped")
+        assert not alive(deaf.pid)
+        # …and the one whose /health hangs was found out and restarted.
+        assert any(f"replica {hung.pk} failed (/health failed 3 times)" in m for m in messages), messages
+
+
+class TestChildProcesses:
+    def test_a_crashed_child_is_restarted_and_the_others_keep_running(self, tmp_path):
+        messages: list[str] = []
+        children = ChildProcesses(
+            {
+                "steady": [sys.executable, "-c", "import time; time.sleep(60)"],
+                "crashy": [sys.executable, "-c", "raise SystemExit(3)"],
+            },
+            cwd=tmp_path, env=dict(os.environ), log_dir=tmp_path, report=messages.append, first_backoff=0.1,
+            max_backoff=0.2,
+        )  # fmt: skip
+        try:
+            children.start()
+            steady = children.children["steady"].popen
+            first_crashy = children.children["crashy"].popen.pid
+            deadline = time.monotonic() + 20
+            while children.children["crashy"].restarts < 3 and time.monotonic() < deadline:
+                children.watch()
+                time.sleep(0.05)
+            assert children.children["crashy"].restarts >= 3
+            assert children.children["crashy"].popen.pid != first_crashy
+            assert any(m.startswith("crashy exited with code 3; restarting in") for m in messages), messages
+            assert children.children["steady"].popen is steady
+            assert steady.poll() is None
+        finally:
+            children.stop(("crashy", "steady"), timeout=5)
+        assert steady.poll() == -signal.SIGTERM
+        children.watch()  # stopping: nothing comes back
+        assert children.children["steady"].popen is steady

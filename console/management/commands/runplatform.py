@@ -2,7 +2,8 @@
 
 What ``make run`` ends with. It waits until /readyz says every default model has a
 ready replica, prints where everything is, and on Ctrl-C (or SIGTERM) stops the
-processes in order, letting runworkers drain its engines.
+processes in order, letting runworkers drain its engines. A process that exits on its
+own is restarted (after 1, 2, 4 … up to 30 s) while the others keep running.
 """
 
 from __future__ import annotations
@@ -15,14 +16,114 @@ import subprocess
 import sys
 import time
 from argparse import ArgumentParser
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from prometheus_client import multiprocess
 
 from core.embedded import VAR_DIR
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None  # exited: when to start it again
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.name}.log"
+
+
+class ChildProcesses:
+    """The platform's processes on this machine, each restarted with backoff when it exits.
+
+    One that dies (a crash, the database gone at its start) is started again while the
+    others keep serving; only ``stop()`` ends them, in the order given.
+    """
+
+    def __init__(
+        self,
+        commands: dict[str, list[str]],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        log_dir: Path,
+        report: Callable[[str], None],
+        on_exit: Callable[[int], None] = lambda pid: None,
+        first_backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        stable_after: float = 60.0,
+    ) -> None:
+        self.children = {name: Child(name, command) for name, command in commands.items()}
+        self.cwd, self.env, self.log_dir, self.report, self.on_exit = cwd, env, log_dir, report, on_exit
+        self.first_backoff, self.max_backoff, self.stable_after = first_backoff, max_backoff, stable_after
+        self.stopping = False
+
+    def start(self) -> None:
+        for child in self.children.values():
+            self._start(child)
+            self.report(f"started {child.name:8s} pid {self._pid(child):<7d} log {self.log_dir / child.log_name}")
+
+    def _start(self, child: Child) -> None:
+        # The child holds its own copy of the log's descriptor; ours closes at once.
+        with open(self.log_dir / child.log_name, "ab") as log:
+            child.popen = subprocess.Popen(
+                child.command, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    @staticmethod
+    def _pid(child: Child) -> int:
+        return child.popen.pid if child.popen is not None else 0
+
+    def watch(self) -> None:
+        """Restart the children that exited, once their backoff has passed. Call it every second or so."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._start(child)
+                    self.report(f"restarted {child.name} (pid {self._pid(child)}, restart {child.restarts})")
+                continue
+            assert child.popen is not None
+            code = child.popen.poll()
+            if code is None:
+                if child.restarts and now - child.started_at > self.stable_after:
+                    child.restarts = 0  # stable again: the next crash restarts quickly
+                continue
+            self.on_exit(child.popen.pid)
+            delay = min(self.max_backoff, self.first_backoff * 2**child.restarts)
+            child.restarts += 1
+            child.restart_at = now + delay
+            self.report(
+                f"{child.name} exited with code {code}; restarting in {delay:.0f} s "
+                f"(log: {self.log_dir / child.log_name})"
+            )
+
+    def stop(self, order: Sequence[str], timeout: float) -> None:
+        """SIGTERM each child in ``order``, waiting up to ``timeout`` for each (runworkers drains)."""
+        self.stopping = True
+        for name in order:
+            process = self.children[name].popen
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
 
 class Command(BaseCommand):
@@ -49,38 +150,39 @@ class Command(BaseCommand):
                        "--loglevel", "WARNING", "--schedule", str(VAR_DIR / "celerybeat-schedule")],
             "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"],
         }  # fmt: skip
-        processes: dict[str, subprocess.Popen[bytes]] = {}
-        stopping = False
 
-        def stop(signum: int = 0, _frame: object = None) -> None:
-            nonlocal stopping
-            if stopping:
-                return
-            stopping = True
+        def report(message: str) -> None:
+            self.stdout.write(message)
+            self.stdout.flush()
+
+        def forget_metrics(pid: int) -> None:
+            # A dead process's live gauges (requests in flight) must not count in /metrics.
+            multiprocess.mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]
+
+        children = ChildProcesses(
+            commands, cwd=Path(settings.BASE_DIR), env=env, log_dir=log_dir, report=report, on_exit=forget_metrics
+        )
+        interrupted = False
+
+        def on_signal(signum: int, _frame: object) -> None:
+            # Only a flag: the loop below stops the children in order.
+            nonlocal interrupted
+            interrupted = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+        def stop() -> None:
             self.stdout.write("\nstopping: web, celery, then engines (draining)…")
-            for name in ("web", "celery", "engines"):
-                process = processes.get(name)
-                if process is not None and process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-                    try:
-                        process.wait(timeout=settings.WORKER_DRAIN_TIMEOUT + 30)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
+            children.stop(("web", "celery", "engines"), timeout=settings.WORKER_DRAIN_TIMEOUT + 30)
             self.stdout.write("stopped. (PostgreSQL and Redis keep running: `make stop` stops them.)")
 
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        root = Path(settings.BASE_DIR)
-        for name, command in commands.items():
-            log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it for its lifetime
-            processes[name] = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-            self.stdout.write(f"started {name:8s} pid {processes[name].pid:<7d} log {log_dir / (name + '.log')}")
-
+        children.start()
         self.stdout.write(f"waiting for {base}/readyz (engines take ~1 min to load)…")
         deadline = time.monotonic() + options["ready_timeout"]
         last: str = ""
-        while not stopping:
-            self._check_children(processes, stop)
+        while not interrupted:
+            children.watch()
             try:
                 response = httpx.get(f"{base}/readyz", timeout=5)
                 if response.status_code == 200:
@@ -92,19 +194,12 @@ class Command(BaseCommand):
                 stop()
                 raise CommandError(f"not ready after {options['ready_timeout']:.0f} s: {last}")
             time.sleep(2)
-        if stopping:
-            return
-        self._announce(base)
-        while not stopping:
-            self._check_children(processes, stop)
+        if not interrupted:
+            self._announce(base)
+        while not interrupted:
+            children.watch()
             time.sleep(1)
-
-    def _check_children(self, processes: dict[str, subprocess.Popen[bytes]], stop: Any) -> None:
-        for name, process in processes.items():
-            code = process.poll()
-            if code is not None:
-                stop()
-                raise CommandError(f"{name} exited with code {code}; see var/logs/{name}.log")
+        stop()
 
     def _announce(self, base: str) -> None:
         credentials_path = Path(os.environ.get("BOOTSTRAP_CREDENTIALS", VAR_DIR / "bootstrap.json"))
@@ -123,7 +218,7 @@ class Command(BaseCommand):
         body = json.dumps(
             {
                 "model": "smollm2-135m-instruct",
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "messages": [{"role": "user", "content": "What is the capital of Japan?"}],
             }
         )
         self.stdout.write(f"      -H 'Content-Type: application/json' -d '{body}'")
