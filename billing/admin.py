@@ -1,6 +1,11 @@
-from django.contrib import admin
+"""The Django admin for accounts: platform admins look and adjust; keys are never deleted."""
 
-from billing.models import ApiKey, BudgetAlert, Membership, Organization, UsageRecord
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from billing.models import ApiKey, BudgetAlert, Invitation, Membership, Organization, UsageRecord
 
 
 class MembershipInline(admin.TabularInline[Membership, Organization]):
@@ -10,10 +15,17 @@ class MembershipInline(admin.TabularInline[Membership, Organization]):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin[Organization]):
-    list_display = ("name", "slug", "created_at")
+    list_display = ("name", "slug", "tier", "created_at")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
     inlines = [MembershipInline]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Organization | None = None) -> bool:
+        # An organisation with keys or usage is protected by the database (PROTECT); one
+        # that never had any may go. Either way its keys are never deleted with it.
+        if obj is not None and (obj.api_keys.exists() or obj.usage_records.exists()):
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(Membership)
@@ -43,6 +55,19 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
 
     def has_add_permission(self, request: object) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiKey | None = None) -> bool:
+        # Keys are revoked, never deleted: usage records, budget alerts and usage events
+        # still in the stream refer to them (a deleted key's usage would be dead letters).
+        return False
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin[Invitation]):
+    list_display = ("username", "organization", "role", "invited_by", "created_at", "accepted_at")
+    list_filter = ("role",)
+    search_fields = ("username",)
+    readonly_fields = ("created_at", "accepted_at")
 
 
 @admin.register(UsageRecord)

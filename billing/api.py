@@ -1,12 +1,16 @@
 """The management REST API for organisations, their members and their API keys.
 
 Every object is reached through an organisation the user may see; anyone else's objects
-answer 404, so tenants cannot even learn what exists. Who may do what:
+answer 404, so tenants cannot even learn what exists. Who may do what (the rules live in
+billing/services.py; views pass who is acting):
 
-- platform admins (the ML team): everything, including creating organisations and
-  setting organisation limits, budgets and tiers;
-- org admins: their organisation's members (not platform admins) and keys, its name;
-- org members: read their organisation, its members and its keys (never a secret).
+- platform admins (the ML team): everything, including creating organisations, setting
+  organisation limits, budgets and tiers, and adding existing users directly;
+- org admins: their organisation's name, its keys within the organisation's plan, and its
+  members: they invite usernames (answered alike whether or not the user exists) and
+  change roles, never to or from platform admin;
+- org members: read their organisation, its members and its keys (never a secret);
+- any user: list and accept the invitations addressed to them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError
+from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -25,14 +29,17 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing.models import ApiKey, Membership, Organization, Role
-from billing.selectors import is_platform_admin, organizations_visible_to, role_in
+from billing.models import ApiKey, Invitation, Membership, Organization, Role
+from billing.selectors import invitations_pending_for, is_platform_admin, organizations_visible_to, role_in
 from billing.services import (
     LIMIT_FIELDS,
+    InvalidInput,
     api_key_create,
     api_key_revoke,
     api_key_rotate,
     api_key_update,
+    invitation_accept,
+    invitation_create,
     membership_remove,
     membership_set,
     organization_create,
@@ -40,6 +47,13 @@ from billing.services import (
 )
 
 ADMIN_ROLES = {Role.PLATFORM_ADMIN, Role.ORG_ADMIN}
+
+
+def _bad_input(exc: ValueError) -> ValidationError:
+    """A service's refusal as a 400 naming the field where the service named one."""
+    if isinstance(exc, InvalidInput):
+        return ValidationError({exc.field: [exc.message]})
+    return ValidationError(str(exc))
 
 
 class OrganizationSerializer(serializers.ModelSerializer[Organization]):
@@ -50,12 +64,36 @@ class OrganizationSerializer(serializers.ModelSerializer[Organization]):
 
 
 class MembershipSerializer(serializers.ModelSerializer[Membership]):
-    username = serializers.CharField(source="user.username")
+    username = serializers.CharField(source="user.username", max_length=150)
 
     class Meta:
         model = Membership
         fields = ["id", "username", "role", "created_at"]
         read_only_fields = ["id", "created_at"]
+
+
+class InvitationSerializer(serializers.ModelSerializer[Invitation]):
+    """An invitation as its inviter sees it: the same whether or not the username exists."""
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "username", "role", "created_at"]
+        read_only_fields = fields
+
+
+class ReceivedInvitationSerializer(serializers.ModelSerializer[Invitation]):
+    """An invitation as the invited user sees it."""
+
+    organization_name = serializers.CharField(source="organization.name", read_only=True)
+    invited_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "organization", "organization_name", "role", "invited_by", "created_at"]
+        read_only_fields = fields
+
+    def get_invited_by(self, invitation: Invitation) -> str | None:
+        return invitation.invited_by.get_username() if invitation.invited_by else None
 
 
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
@@ -96,26 +134,18 @@ class OrganizationViewSet(
         return organizations_visible_to(self.request.user).order_by("name")
 
     def perform_create(self, serializer: serializers.BaseSerializer[Organization]) -> None:
-        if not is_platform_admin(self.request.user):
-            raise PermissionDenied("Only platform admins create organisations.")
         try:
-            serializer.instance = organization_create(**serializer.validated_data)
-        except (ValueError, IntegrityError) as exc:
-            raise ValidationError(str(exc)) from exc
+            serializer.instance = organization_create(actor=self.request.user, **serializer.validated_data)
+        except ValueError as exc:
+            raise _bad_input(exc) from exc
 
     def perform_update(self, serializer: serializers.BaseSerializer[Organization]) -> None:
         organization = serializer.instance
         assert organization is not None
-        changes = dict(serializer.validated_data)
-        role = role_in(self.request.user, organization)
-        if role not in ADMIN_ROLES:
-            raise PermissionDenied("Only organisation admins change an organisation.")
-        if set(changes) - {"name"} and role != Role.PLATFORM_ADMIN:
-            raise PermissionDenied("Only platform admins change tiers, limits and budgets.")
         try:
-            organization_update(organization=organization, **changes)
+            organization_update(organization=organization, actor=self.request.user, **serializer.validated_data)
         except ValueError as exc:
-            raise ValidationError(str(exc)) from exc
+            raise _bad_input(exc) from exc
 
 
 _M = TypeVar("_M", Membership, ApiKey)
@@ -147,35 +177,70 @@ class MembershipViewSet(
     def get_queryset(self) -> QuerySet[Membership]:
         return Membership.objects.filter(organization=self.organization()).select_related("user").order_by("id")
 
-    def _check_role(self, role: str) -> None:
-        if role == Role.PLATFORM_ADMIN and not is_platform_admin(self.request.user):
-            raise PermissionDenied("Only platform admins grant the platform-admin role.")
-
-    def perform_create(self, serializer: serializers.BaseSerializer[Membership]) -> None:
+    @extend_schema(
+        request=MembershipSerializer,
+        responses={201: MembershipSerializer, 202: InvitationSerializer},
+        description=(
+            "Platform admins add an existing user at once (201). Org admins invite the username "
+            "(202, the same answer whether or not it exists); the user accepts at "
+            "/api/invitations/{id}/accept/."
+        ),
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         organization = self.require_admin()
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        role = data.get("role", Role.ORG_MEMBER)
-        self._check_role(role)
-        user = get_user_model().objects.filter(username=data["user"]["username"]).first()
-        if user is None:
-            raise ValidationError({"username": "No such user."})
-        serializer.instance = membership_set(user=user, organization=organization, role=role)
+        username, role = data["user"]["username"], data.get("role", Role.ORG_MEMBER)
+        try:
+            if not is_platform_admin(request.user):
+                invitation = invitation_create(
+                    organization=organization, username=username, role=role, actor=request.user
+                )
+                return Response(InvitationSerializer(invitation).data, status=status.HTTP_202_ACCEPTED)
+            user = get_user_model().objects.filter(username=username).first()
+            if user is None:  # platform admins see every user anyway
+                raise ValidationError({"username": ["No such user."]})
+            membership = membership_set(user=user, organization=organization, role=role, actor=request.user)
+        except ValueError as exc:
+            raise _bad_input(exc) from exc
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer: serializers.BaseSerializer[Membership]) -> None:
         organization = self.require_admin()
         membership = serializer.instance
         assert membership is not None
         role = serializer.validated_data.get("role", membership.role)
-        self._check_role(role)
-        if membership.role == Role.PLATFORM_ADMIN:
-            self._check_role(membership.role)
-        serializer.instance = membership_set(user=membership.user, organization=organization, role=role)
+        try:
+            serializer.instance = membership_set(
+                user=membership.user, organization=organization, role=role, actor=self.request.user
+            )
+        except ValueError as exc:
+            raise _bad_input(exc) from exc
 
     def perform_destroy(self, instance: Membership) -> None:
         self.require_admin()
-        if instance.role == Role.PLATFORM_ADMIN:
-            self._check_role(instance.role)
-        membership_remove(membership=instance)
+        membership_remove(membership=instance, actor=self.request.user)
+
+
+class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Invitation]):
+    """The logged-in user's pending invitations, and accepting one."""
+
+    serializer_class = ReceivedInvitationSerializer
+
+    def get_queryset(self) -> QuerySet[Invitation]:
+        return invitations_pending_for(self.request.user)
+
+    @extend_schema(request=None, responses={201: MembershipSerializer})
+    @action(detail=True, methods=["post"])
+    def accept(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        invitation = self.get_object()  # 404 unless it is addressed to this user and pending
+        assert isinstance(request.user, AbstractBaseUser)
+        try:
+            membership = invitation_accept(invitation=invitation, user=request.user)
+        except ValueError as exc:
+            raise _bad_input(exc) from exc
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
 
 class RotateSerializer(serializers.Serializer[Any]):
@@ -203,24 +268,24 @@ class ApiKeyViewSet(
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         try:
-            issued = api_key_create(organization=organization, **data)
+            issued = api_key_create(organization=organization, actor=request.user, **data)
         except ValueError as exc:
-            raise ValidationError(str(exc)) from exc
+            raise _bad_input(exc) from exc
         return Response(_issued(issued), status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer: serializers.BaseSerializer[ApiKey]) -> None:
         self.require_admin()
         assert serializer.instance is not None
         try:
-            api_key_update(api_key=serializer.instance, **serializer.validated_data)
+            api_key_update(api_key=serializer.instance, actor=self.request.user, **serializer.validated_data)
         except ValueError as exc:
-            raise ValidationError(str(exc)) from exc
+            raise _bad_input(exc) from exc
 
     @extend_schema(request=None, responses={200: ApiKeySerializer})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         self.require_admin()
-        api_key = api_key_revoke(api_key=self.get_object())
+        api_key = api_key_revoke(api_key=self.get_object(), actor=request.user)
         return Response(ApiKeySerializer(api_key).data)
 
     @extend_schema(
@@ -234,7 +299,9 @@ class ApiKeyViewSet(
         body.is_valid(raise_exception=True)
         old = self.get_object()
         try:
-            issued = api_key_rotate(api_key=old, grace=timedelta(seconds=body.validated_data["grace_seconds"]))
+            issued = api_key_rotate(
+                api_key=old, grace=timedelta(seconds=body.validated_data["grace_seconds"]), actor=request.user
+            )
         except ValueError as exc:
-            raise ValidationError(str(exc)) from exc
+            raise _bad_input(exc) from exc
         return Response({"new": _issued(issued), "old": ApiKeySerializer(old).data}, status=status.HTTP_201_CREATED)

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+# The largest value of any count limit (requests or tokens per minute, requests at once,
+# tokens per month). The limiter computes in Redis Lua, whose numbers are doubles, exact
+# for integers up to 2**53 (~9.007e15); 10**15 stays exact there with room for a month's
+# used + reserved on top. A 64-bit column holds it.
+LIMIT_MAX = 10**15
+# monthly_spend_cap is DecimalField(14, 6): at most 99_999_999.999999, which the limiter
+# holds in micro-units (< 10**14), again exact in a double.
+SPEND_CAP_MAX_DIGITS = 14
+SPEND_CAP_DECIMAL_PLACES = 6
+SPEND_CAP_MIN = Decimal("0.000001")
+
+
+# Every count limit is at least 1 (empty means no limit) and at most LIMIT_MAX.
+COUNT_LIMIT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(LIMIT_MAX)]
 
 
 class Tier(models.TextChoices):
@@ -23,19 +40,30 @@ class Limits(models.Model):
     key's limits and its organisation's, in one atomic step (serving/limits.py).
     """
 
-    rate_limit_rpm = models.PositiveIntegerField(null=True, blank=True, help_text="requests per minute")
-    rate_limit_tpm = models.PositiveIntegerField(null=True, blank=True, help_text="tokens per minute")
-    max_concurrent = models.PositiveIntegerField(null=True, blank=True, help_text="requests at once")
-    monthly_token_quota = models.PositiveBigIntegerField(null=True, blank=True, help_text="tokens per UTC month")
+    rate_limit_rpm = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="requests per minute"
+    )
+    rate_limit_tpm = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="tokens per minute"
+    )
+    max_concurrent = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="requests at once"
+    )
+    monthly_token_quota = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="tokens per UTC month"
+    )
     monthly_spend_cap = models.DecimalField(
-        max_digits=14,
-        decimal_places=6,
+        max_digits=SPEND_CAP_MAX_DIGITS,
+        decimal_places=SPEND_CAP_DECIMAL_PLACES,
         null=True,
         blank=True,
+        validators=[MinValueValidator(SPEND_CAP_MIN)],
         help_text="spend per UTC month (counted in tokens until model prices exist)",
     )
     budget_alert_percent = models.PositiveSmallIntegerField(
-        default=80, help_text="a soft alert when a budget is this full"
+        default=80,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="a soft alert when a budget is this full (percent)",
     )
 
     class Meta:
@@ -75,14 +103,23 @@ class Membership(models.Model):
 
 
 class ApiKey(Limits):
-    """A customer's API key. Only the SHA-256 of the secret is stored; the secret is shown once."""
+    """A customer's API key. Only the SHA-256 of the secret is stored; the secret is shown once.
+
+    Keys are never deleted, only revoked: usage records, budget alerts and in-flight usage
+    events refer to them, and a deleted key would turn its requests into dead letters.
+    """
 
     key_hash = models.CharField(max_length=64, unique=True, help_text="hex SHA-256 of the full key")
     prefix = models.CharField(max_length=16, help_text="first characters, for display")
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="api_keys")
     name = models.CharField(max_length=255)
-    rate_limit_rpm = models.PositiveIntegerField(default=60)
-    rate_limit_tpm = models.PositiveIntegerField(default=100_000)
+    # A key always has per-minute limits (its organisation's may be empty).
+    rate_limit_rpm = models.PositiveBigIntegerField(
+        default=60, validators=COUNT_LIMIT_VALIDATORS, help_text="requests per minute"
+    )
+    rate_limit_tpm = models.PositiveBigIntegerField(
+        default=100_000, validators=COUNT_LIMIT_VALIDATORS, help_text="tokens per minute"
+    )
     tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.FREE)
     allowed_models = ArrayField(
         models.CharField(max_length=255), default=list, blank=True, help_text="empty means every model"
@@ -148,8 +185,10 @@ class BudgetAlert(models.Model):
     budget = models.CharField(max_length=8, choices=Budget.choices)
     month = models.CharField(max_length=7, help_text="YYYY-MM, UTC")
     threshold_percent = models.PositiveSmallIntegerField()
-    limit = models.DecimalField(max_digits=20, decimal_places=6)
-    used = models.DecimalField(max_digits=20, decimal_places=6, help_text="used + reserved when crossed")
+    # Wide enough for any value a quota (a 64-bit integer: 19 digits) or a spend cap can
+    # take, and for "used", which may pass the limit by a request's reservation.
+    limit = models.DecimalField(max_digits=32, decimal_places=6)
+    used = models.DecimalField(max_digits=32, decimal_places=6, help_text="used + reserved when crossed")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -165,3 +204,43 @@ class BudgetAlert(models.Model):
     def __str__(self) -> str:
         scope = f"key {self.api_key_id}" if self.api_key_id else f"org {self.organization_id}"
         return f"{scope} {self.budget} {self.month} at {self.threshold_percent}%"
+
+
+# The roles an invitation may carry: platform admin is granted by platform admins only.
+INVITABLE_ROLES = [(Role.ORG_ADMIN.value, Role.ORG_ADMIN.label), (Role.ORG_MEMBER.value, Role.ORG_MEMBER.label)]
+
+
+class Invitation(models.Model):
+    """An org admin's invitation of a username into an organisation; the named user accepts it.
+
+    Org admins invite rather than add, and are answered the same whether or not the
+    username exists, so the API never tells a tenant which usernames are taken.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=20, choices=INVITABLE_ROLES, default=Role.ORG_MEMBER)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One pending invitation per user and organisation; inviting again updates it.
+            models.UniqueConstraint(
+                fields=["organization", "username"],
+                condition=models.Q(accepted_at__isnull=True),
+                name="uniq_pending_invitation",
+            ),
+            # The platform-admin role is granted by platform admins only, never by invitation.
+            models.CheckConstraint(
+                condition=models.Q(role__in=[Role.ORG_ADMIN, Role.ORG_MEMBER]), name="invitation_role_is_org_role"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "accepted" if self.accepted_at else "pending"
+        return f"{self.username} to {self.organization} as {self.role} ({state})"

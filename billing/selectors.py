@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 
-from billing.models import ApiKey, Membership, Organization, Role
+from billing.models import ApiKey, Invitation, Membership, Organization, Role, Tier
 
 
 def api_key_by_hash(*, key_hash: str) -> ApiKey | None:
@@ -32,3 +34,32 @@ def role_in(user: Any, organization: Organization) -> str | None:
         return Role.PLATFORM_ADMIN
     membership = Membership.objects.filter(user=user, organization=organization).first()
     return membership.role if membership else None
+
+
+# Limits a key may have, each capped by its organisation's plan (money is Decimal).
+KEY_CEILING_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota", "monthly_spend_cap")
+# Tiers in order: a key's tier is at most its organisation's.
+TIER_RANK = {Tier.FREE: 0, Tier.PAID: 1}
+
+
+def plan_key_ceilings(*, organization: Organization) -> dict[str, int | Decimal | None]:
+    """The most a key of ``organization`` may have of each limit, unless a platform admin sets it.
+
+    The plan is the organisation's own limit where a platform admin set one, else the
+    ceiling of its tier in ``settings.PLAN_KEY_LIMITS``; None means no ceiling.
+    """
+    tier_ceilings: dict[str, Any] = settings.PLAN_KEY_LIMITS.get(organization.tier, {})
+    ceilings: dict[str, int | Decimal | None] = {}
+    for field in KEY_CEILING_FIELDS:
+        own = getattr(organization, field)
+        ceilings[field] = own if own is not None else tier_ceilings.get(field)
+    return ceilings
+
+
+def invitations_pending_for(user: Any) -> QuerySet[Invitation]:
+    """The invitations waiting for ``user`` to accept them (matched by username)."""
+    return (
+        Invitation.objects.filter(username=user.get_username(), accepted_at__isnull=True)
+        .select_related("organization", "invited_by")
+        .order_by("-created_at")
+    )

@@ -1,22 +1,42 @@
-"""Writes for accounts: organisations, memberships, API keys and their limits."""
+"""Writes for accounts: organisations, memberships, invitations, API keys and their limits.
+
+Who may do what is decided here, from the user acting (``actor``), so that every caller
+(the management API, the console, commands) gets the same rules. ``actor=None`` is the
+operator (a management command, ``bootstrap``), who acts as a platform admin.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
-from typing import Any
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeAlias
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from billing.models import ApiKey, Membership, Organization, Role, Tier
+from billing.models import (
+    LIMIT_MAX,
+    SPEND_CAP_DECIMAL_PLACES,
+    SPEND_CAP_MAX_DIGITS,
+    SPEND_CAP_MIN,
+    ApiKey,
+    Invitation,
+    Membership,
+    Organization,
+    Role,
+    Tier,
+)
+from billing.selectors import TIER_RANK, is_platform_admin, plan_key_ceilings, role_in
 from core import keys
 from core.redis import sync_redis
 
@@ -33,6 +53,41 @@ LIMIT_FIELDS = (
     "monthly_spend_cap",
     "budget_alert_percent",
 )
+_COUNT_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota")
+# What a key gets for a limit its creator leaves out (clamped to the plan for org admins).
+KEY_DEFAULTS: Mapping[str, int | Decimal | None] = {
+    "rate_limit_rpm": 60,
+    "rate_limit_tpm": 100_000,
+    "max_concurrent": None,
+    "monthly_token_quota": None,
+    "monthly_spend_cap": None,
+}
+NAME_MAX_LENGTH = 255
+USERNAME_MAX_LENGTH = 150
+MODEL_NAME_MAX_LENGTH = 255
+_SPEND_CAP_LIMIT = Decimal(10) ** (SPEND_CAP_MAX_DIGITS - SPEND_CAP_DECIMAL_PLACES)
+_SPEND_CAP_QUANTUM = Decimal(1).scaleb(-SPEND_CAP_DECIMAL_PLACES)
+
+# The user acting: a logged-in user through the API, or None for the operator.
+Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
+
+
+class InvalidInput(ValueError):
+    """Input a service refuses; ``field`` names what is wrong (a 400 for that field, a CLI error)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _Omitted(enum.Enum):
+    """Marks a limit its caller left out, which is not the same as an explicit None (no limit)."""
+
+    OMITTED = enum.auto()
+
+
+OMITTED = _Omitted.OMITTED
 
 
 def api_key_hash(secret: str) -> str:
@@ -66,22 +121,170 @@ class IssuedApiKey:
     secret: str
 
 
-def _validate_limits(values: dict[str, Any]) -> None:
-    for name in ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota"):
-        value = values.get(name)
-        if value is not None and value <= 0:
-            raise ValueError(f"{name} must be positive (or empty for no limit)")
-    cap = values.get("monthly_spend_cap")
-    if cap is not None and Decimal(cap) <= 0:
-        raise ValueError("monthly_spend_cap must be positive (or empty for no limit)")
-    alert = values.get("budget_alert_percent")
-    if alert is not None and not 1 <= alert <= 100:
-        raise ValueError("budget_alert_percent must be between 1 and 100")
+# --- Validation -----------------------------------------------------------------------
 
 
-def organization_create(*, name: str, slug: str | None = None, tier: str = Tier.PAID, **limits: Any) -> Organization:
+def _validate_count(field: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, "must be a whole number")
+    if value <= 0:
+        raise InvalidInput(field, "must be positive (or empty for no limit)")
+    if value > LIMIT_MAX:
+        # The limiter computes in Redis Lua doubles; beyond this it would not count exactly.
+        raise InvalidInput(field, f"must be at most {LIMIT_MAX}")
+
+
+def _validate_spend_cap(value: Any) -> None:
+    if value is None:
+        return
+    field = "monthly_spend_cap"
+    try:
+        cap = value if isinstance(value, Decimal) else Decimal(str(value))
+    except (InvalidOperation, ValueError, TypeError):
+        raise InvalidInput(field, "must be a decimal number") from None
+    if not cap.is_finite():
+        raise InvalidInput(field, "must be a decimal number")
+    if cap <= 0:
+        raise InvalidInput(field, "must be positive (or empty for no limit)")
+    if cap >= _SPEND_CAP_LIMIT:
+        raise InvalidInput(field, f"must be less than {_SPEND_CAP_LIMIT}")
+    if cap < SPEND_CAP_MIN or cap != cap.quantize(_SPEND_CAP_QUANTUM):
+        raise InvalidInput(field, f"must have at most {SPEND_CAP_DECIMAL_PLACES} decimal places")
+
+
+def _validate_limits(values: Mapping[str, Any]) -> None:
+    """Every limit within what the database and the limiter hold exactly."""
+    for field in _COUNT_FIELDS:
+        _validate_count(field, values.get(field))
+    _validate_spend_cap(values.get("monthly_spend_cap"))
+    if "budget_alert_percent" in values:
+        alert = values["budget_alert_percent"]
+        if isinstance(alert, bool) or not isinstance(alert, int) or not 1 <= alert <= 100:
+            raise InvalidInput("budget_alert_percent", "must be a whole number between 1 and 100")
+
+
+def _clean_text(field: str, value: Any, *, max_length: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, "cannot be empty")
+    text = value.strip()
+    if len(text) > max_length:
+        raise InvalidInput(field, f"must be at most {max_length} characters")
+    return text
+
+
+def _validate_tier(tier: Any) -> None:
+    if tier not in Tier.values:
+        raise InvalidInput("tier", f"must be one of {', '.join(Tier.values)}")
+
+
+def _validate_expiry(expires_at: datetime | None) -> None:
+    if expires_at is None:
+        return
+    if expires_at.tzinfo is None:
+        raise InvalidInput("expires_at", "must be timezone-aware")
+    if expires_at <= timezone.now():
+        raise InvalidInput("expires_at", "must be in the future")
+
+
+def _validate_models(allowed_models: Sequence[str]) -> list[str]:
+    if isinstance(allowed_models, str):
+        raise InvalidInput("allowed_models", "must be a list of model names")
+    return [_clean_text("allowed_models", name, max_length=MODEL_NAME_MAX_LENGTH) for name in allowed_models]
+
+
+# --- Who may do what ------------------------------------------------------------------
+
+
+def _acts_as_platform_admin(actor: Actor) -> bool:
+    return actor is None or is_platform_admin(actor)
+
+
+def _acting_role(actor: Actor, organization: Organization) -> str:
+    """The role ``actor`` writes to ``organization`` in; PermissionDenied unless an admin one."""
+    if actor is None:
+        return Role.PLATFORM_ADMIN
+    role = role_in(actor, organization)
+    if role not in (Role.PLATFORM_ADMIN, Role.ORG_ADMIN):
+        raise PermissionDenied("Only organisation admins may do this.")
+    return role
+
+
+def _clamp(default: int | Decimal | None, ceiling: int | Decimal | None) -> int | Decimal | None:
+    if ceiling is None:
+        return default
+    if default is None:
+        return ceiling
+    return min(default, ceiling)
+
+
+def _check_within_plan(*, organization: Organization, values: Mapping[str, Any], current: ApiKey | None = None) -> None:
+    """A key's tier and limits, as set by an org admin, may only narrow the organisation's plan.
+
+    The plan is set by platform admins (selectors.plan_key_ceilings); without this an org
+    admin could give a free organisation paid-tier keys or lift its rate limits and quotas.
+    A value a key already has (set by a platform admin) may be sent back unchanged.
+    """
+    ceilings = plan_key_ceilings(organization=organization)
+    for field, value in values.items():
+        if current is not None and getattr(current, field) == value:
+            continue
+        if field == "tier":
+            if TIER_RANK[Tier(value)] > TIER_RANK[Tier(organization.tier)]:
+                raise InvalidInput("tier", f"cannot be above the organisation's tier ({organization.tier})")
+            continue
+        if field not in ceilings:
+            continue
+        ceiling = ceilings[field]
+        if ceiling is None:
+            continue
+        if value is None:
+            raise InvalidInput(field, f"cannot be empty (no limit) under this organisation's plan; at most {ceiling}")
+        if value > ceiling:
+            raise InvalidInput(field, f"must be at most {ceiling} under this organisation's plan")
+
+
+# --- Organisations --------------------------------------------------------------------
+
+
+def _check_organization_name_free(*, name: str, exclude: Organization | None = None) -> str:
+    """The slug for ``name``; InvalidInput when another organisation has that name or slug."""
+    slug = slugify(name)
+    if not slug:
+        raise InvalidInput("name", "must contain letters or digits")
+    if len(slug) > NAME_MAX_LENGTH:
+        raise InvalidInput("name", f"must be at most {NAME_MAX_LENGTH} characters")
+    others = Organization.objects.all() if exclude is None else Organization.objects.exclude(pk=exclude.pk)
+    if others.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
+        raise InvalidInput("name", "another organisation already has this name")
+    return slug
+
+
+def organization_create(
+    *, name: str, slug: str | None = None, tier: str = Tier.PAID, actor: Actor = None, **limits: Any
+) -> Organization:
+    """A new organisation (platform admins only): its tier and limits are its plan."""
+    if not _acts_as_platform_admin(actor):
+        raise PermissionDenied("Only platform admins create organisations.")
+    unknown = set(limits) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown limits {', '.join(sorted(unknown))}")
+    name = _clean_text("name", name, max_length=NAME_MAX_LENGTH)
+    derived = _check_organization_name_free(name=name)
+    if slug is not None:
+        slug = _clean_text("slug", slug, max_length=NAME_MAX_LENGTH)
+        if slugify(slug) != slug:
+            raise InvalidInput("slug", "must be lowercase letters, digits and hyphens")
+        if Organization.objects.filter(slug=slug).exists():
+            raise InvalidInput("slug", "another organisation already has this slug")
+    _validate_tier(tier)
     _validate_limits(limits)
-    return Organization.objects.create(name=name, slug=slug or slugify(name), tier=tier, **limits)
+    try:
+        with transaction.atomic():
+            return Organization.objects.create(name=name, slug=slug or derived, tier=tier, **limits)
+    except IntegrityError:  # a concurrent create took the name
+        raise InvalidInput("name", "another organisation already has this name") from None
 
 
 def organization_get_or_create(*, name: str) -> Organization:
@@ -89,61 +292,180 @@ def organization_get_or_create(*, name: str) -> Organization:
     return org
 
 
-def organization_update(*, organization: Organization, **changes: Any) -> Organization:
-    """Change an organisation's name, tier or limits; gateways see new limits within a second."""
+def organization_update(*, organization: Organization, actor: Actor = None, **changes: Any) -> Organization:
+    """Change an organisation's name (its admins), tier or limits (platform admins only).
+
+    Gateways see new limits within a second. The slug stays: it is the organisation's
+    stable identifier.
+    """
     allowed = {"name", "tier", *LIMIT_FIELDS}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    role = _acting_role(actor, organization)
+    if set(changes) - {"name"} and role != Role.PLATFORM_ADMIN:
+        raise PermissionDenied("Only platform admins change tiers, limits and budgets.")
+    if "name" in changes:
+        changes["name"] = _clean_text("name", changes["name"], max_length=NAME_MAX_LENGTH)
+        _check_organization_name_free(name=changes["name"], exclude=organization)
+    if "tier" in changes:
+        _validate_tier(changes["tier"])
     _validate_limits(changes)
-    with transaction.atomic():
-        for name, value in changes.items():
-            setattr(organization, name, value)
-        organization.save(update_fields=list(changes))
-        for key_hash in organization.api_keys.values_list("key_hash", flat=True):
-            _publish_key_change(key_hash)
+    try:
+        with transaction.atomic():
+            for name, value in changes.items():
+                setattr(organization, name, value)
+            organization.save(update_fields=list(changes))
+            for key_hash in organization.api_keys.values_list("key_hash", flat=True):
+                _publish_key_change(key_hash)
+    except IntegrityError:  # a concurrent rename took the name
+        organization.refresh_from_db()
+        raise InvalidInput("name", "another organisation already has this name") from None
     return organization
 
 
-def membership_set(*, user: AbstractBaseUser, organization: Organization, role: Role | str) -> Membership:
+# --- Members and invitations ----------------------------------------------------------
+
+
+def _guard_platform_admin_membership(*, user: Any, membership: Membership | None) -> None:
+    """Only platform admins change or remove a platform admin's membership (no demotion)."""
+    if membership is not None and membership.role == Role.PLATFORM_ADMIN:
+        raise PermissionDenied("Only platform admins change a platform admin's membership.")
+    if is_platform_admin(user):
+        raise PermissionDenied("Only platform admins change a platform admin's membership.")
+
+
+def membership_set(
+    *, user: AbstractBaseUser, organization: Organization, role: Role | str, actor: Actor = None
+) -> Membership:
+    """Add ``user`` to ``organization`` with ``role``, or change their role.
+
+    Platform admins add anyone directly. Org admins only change the roles of existing
+    members (new users are invited: invitation_create), never to or from platform admin.
+    """
+    if role not in Role.values:
+        raise InvalidInput("role", f"must be one of {', '.join(Role.values)}")
+    acting = _acting_role(actor, organization)
+    if acting != Role.PLATFORM_ADMIN:
+        if role == Role.PLATFORM_ADMIN:
+            raise PermissionDenied("Only platform admins grant the platform-admin role.")
+        existing = Membership.objects.filter(user_id=user.pk, organization=organization).first()
+        if existing is None:
+            raise PermissionDenied("Org admins invite users; only platform admins add them directly.")
+        _guard_platform_admin_membership(user=user, membership=existing)
     membership, _ = Membership.objects.update_or_create(user=user, organization=organization, defaults={"role": role})
     return membership
 
 
-def membership_remove(*, membership: Membership) -> None:
+def membership_remove(*, membership: Membership, actor: Actor = None) -> None:
+    """Remove a member; a platform admin's membership only by a platform admin."""
+    if _acting_role(actor, membership.organization) != Role.PLATFORM_ADMIN:
+        _guard_platform_admin_membership(user=membership.user, membership=membership)
     membership.delete()
+
+
+def invitation_create(
+    *, organization: Organization, username: str, role: Role | str = Role.ORG_MEMBER, actor: Actor = None
+) -> Invitation:
+    """Invite ``username`` into ``organization``; the user accepts it (invitation_accept).
+
+    The result is the same whether or not the username exists, so that an org admin cannot
+    learn which usernames exist. Inviting again updates the pending invitation. A current
+    member who is a platform admin cannot be invited into another role (members are
+    visible to org admins already, so refusing tells them nothing new).
+    """
+    acting = _acting_role(actor, organization)
+    username = _clean_text("username", username, max_length=USERNAME_MAX_LENGTH)
+    if role == Role.PLATFORM_ADMIN:
+        raise PermissionDenied("Only platform admins grant the platform-admin role.")
+    if role not in (Role.ORG_ADMIN, Role.ORG_MEMBER):
+        raise InvalidInput("role", f"must be one of {Role.ORG_ADMIN}, {Role.ORG_MEMBER}")
+    if acting != Role.PLATFORM_ADMIN:
+        member = (
+            Membership.objects.filter(organization=organization, user__username=username).select_related("user").first()
+        )
+        if member is not None:
+            _guard_platform_admin_membership(user=member.user, membership=member)
+    invited_by_id = actor.pk if isinstance(actor, AbstractBaseUser) else None
+    invitation, _ = Invitation.objects.update_or_create(
+        organization=organization,
+        username=username,
+        accepted_at=None,
+        defaults={"role": role, "invited_by_id": invited_by_id},
+    )
+    return invitation
+
+
+def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Membership:
+    """The invited user joins the organisation with the invited role.
+
+    Accepting never lowers a platform admin's own platform-admin membership.
+    """
+    with transaction.atomic():
+        locked = Invitation.objects.select_for_update().select_related("organization").get(pk=invitation.pk)
+        if locked.accepted_at is not None or locked.username != user.get_username():
+            raise InvalidInput("invitation", "this invitation is not open to you")
+        existing = Membership.objects.filter(user_id=user.pk, organization=locked.organization).first()
+        if existing is not None and existing.role == Role.PLATFORM_ADMIN:
+            membership = existing
+        else:
+            membership, _ = Membership.objects.update_or_create(
+                user_id=user.pk, organization=locked.organization, defaults={"role": locked.role}
+            )
+        locked.accepted_at = timezone.now()
+        locked.save(update_fields=["accepted_at"])
+    invitation.accepted_at = locked.accepted_at
+    return membership
+
+
+# --- API keys -------------------------------------------------------------------------
 
 
 def api_key_create(
     *,
     organization: Organization,
     name: str,
-    rate_limit_rpm: int = 60,
-    rate_limit_tpm: int = 100_000,
+    rate_limit_rpm: int | _Omitted = OMITTED,
+    rate_limit_tpm: int | _Omitted = OMITTED,
     allowed_models: Sequence[str] = (),
     expires_at: datetime | None = None,
     tier: str | None = None,
-    max_concurrent: int | None = None,
-    monthly_token_quota: int | None = None,
-    monthly_spend_cap: Decimal | None = None,
+    max_concurrent: int | _Omitted | None = OMITTED,
+    monthly_token_quota: int | _Omitted | None = OMITTED,
+    monthly_spend_cap: Decimal | _Omitted | None = OMITTED,
     budget_alert_percent: int = 80,
+    actor: Actor = None,
 ) -> IssuedApiKey:
-    _validate_limits(
-        {
-            "rate_limit_rpm": rate_limit_rpm,
-            "rate_limit_tpm": rate_limit_tpm,
-            "max_concurrent": max_concurrent,
-            "monthly_token_quota": monthly_token_quota,
-            "monthly_spend_cap": monthly_spend_cap,
-            "budget_alert_percent": budget_alert_percent,
-        }
-    )
-    if rate_limit_rpm is None or rate_limit_tpm is None:
-        raise ValueError("rate limits must be positive")
-    if expires_at is not None and expires_at.tzinfo is None:
-        raise ValueError("expires_at must be timezone-aware")
-    if tier is not None and tier not in Tier.values:
-        raise ValueError(f"tier must be one of {', '.join(Tier.values)}")
+    """A new key of ``organization``; the secret is in the result only.
+
+    Limits left out get KEY_DEFAULTS. An org admin's key stays within the organisation's
+    plan: defaults are clamped to its ceilings, and a tier or limit above them is refused.
+    """
+    acting = _acting_role(actor, organization)
+    ceilings = None if acting == Role.PLATFORM_ADMIN else plan_key_ceilings(organization=organization)
+    given: dict[str, Any] = {
+        "rate_limit_rpm": rate_limit_rpm,
+        "rate_limit_tpm": rate_limit_tpm,
+        "max_concurrent": max_concurrent,
+        "monthly_token_quota": monthly_token_quota,
+        "monthly_spend_cap": monthly_spend_cap,
+    }
+    limits: dict[str, Any] = {}
+    for field, value in given.items():
+        if isinstance(value, _Omitted):
+            value = KEY_DEFAULTS[field] if ceilings is None else _clamp(KEY_DEFAULTS[field], ceilings[field])
+        limits[field] = value
+    name = _clean_text("name", name, max_length=NAME_MAX_LENGTH)
+    models = _validate_models(allowed_models)
+    _validate_expiry(expires_at)
+    tier = tier or organization.tier
+    _validate_tier(tier)
+    _validate_limits({**limits, "budget_alert_percent": budget_alert_percent})
+    for field in ("rate_limit_rpm", "rate_limit_tpm"):
+        if limits[field] is None:
+            raise InvalidInput(field, "a key always has requests and tokens per minute limits")
+    if acting != Role.PLATFORM_ADMIN:
+        _check_within_plan(organization=organization, values={**limits, "tier": tier})
     secret = KEY_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
     with transaction.atomic():
         api_key = ApiKey.objects.create(
@@ -151,28 +473,39 @@ def api_key_create(
             prefix=secret[:DISPLAY_PREFIX_LENGTH],
             organization=organization,
             name=name,
-            rate_limit_rpm=rate_limit_rpm,
-            rate_limit_tpm=rate_limit_tpm,
-            allowed_models=list(allowed_models),
+            allowed_models=models,
             expires_at=expires_at,
-            tier=tier or organization.tier,
-            max_concurrent=max_concurrent,
-            monthly_token_quota=monthly_token_quota,
-            monthly_spend_cap=monthly_spend_cap,
+            tier=tier,
             budget_alert_percent=budget_alert_percent,
+            **limits,
         )
     return IssuedApiKey(api_key=api_key, secret=secret)
 
 
-def api_key_update(*, api_key: ApiKey, **changes: Any) -> ApiKey:
-    """Rename a key, change its models, expiry, tier or limits; applied by gateways within 1 s."""
+def api_key_update(*, api_key: ApiKey, actor: Actor = None, **changes: Any) -> ApiKey:
+    """Rename a key, change its models, expiry, tier or limits; applied by gateways within 1 s.
+
+    An org admin's changes stay within the organisation's plan (see _check_within_plan).
+    """
     allowed = {"name", "allowed_models", "expires_at", "tier", *LIMIT_FIELDS}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    acting = _acting_role(actor, api_key.organization)
+    if "name" in changes:
+        changes["name"] = _clean_text("name", changes["name"], max_length=NAME_MAX_LENGTH)
+    if "allowed_models" in changes:
+        changes["allowed_models"] = _validate_models(changes["allowed_models"])
+    if "expires_at" in changes:
+        _validate_expiry(changes["expires_at"])
+    if "tier" in changes:
+        _validate_tier(changes["tier"])
     _validate_limits(changes)
-    if changes.get("rate_limit_rpm", 1) is None or changes.get("rate_limit_tpm", 1) is None:
-        raise ValueError("a key always has requests and tokens per minute limits")
+    for field in ("rate_limit_rpm", "rate_limit_tpm"):
+        if field in changes and changes[field] is None:
+            raise InvalidInput(field, "a key always has requests and tokens per minute limits")
+    if acting != Role.PLATFORM_ADMIN:
+        _check_within_plan(organization=api_key.organization, values=changes, current=api_key)
     with transaction.atomic():
         for name, value in changes.items():
             setattr(api_key, name, value)
@@ -181,8 +514,12 @@ def api_key_update(*, api_key: ApiKey, **changes: Any) -> ApiKey:
     return api_key
 
 
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
-    """Refused by every gateway process within a second (at once where pub/sub reaches it)."""
+def api_key_revoke(*, api_key: ApiKey, actor: Actor = None) -> ApiKey:
+    """Refused by every gateway process within a second (at once where pub/sub reaches it).
+
+    Keys are revoked, never deleted: their usage records and alerts keep pointing at them.
+    """
+    _acting_role(actor, api_key.organization)
     with transaction.atomic():
         ApiKey.objects.filter(pk=api_key.pk).update(is_active=False, revoked_at=timezone.now())
         api_key.refresh_from_db(fields=["is_active", "revoked_at"])
@@ -190,16 +527,21 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     return api_key
 
 
-def api_key_rotate(*, api_key: ApiKey, grace: timedelta) -> IssuedApiKey:
+def api_key_rotate(*, api_key: ApiKey, grace: timedelta, actor: Actor = None) -> IssuedApiKey:
     """A new key with the same grants; the old one keeps working for ``grace``, then expires."""
+    _acting_role(actor, api_key.organization)
     if not api_key.is_active:
         raise ValueError("a revoked key cannot be rotated")
     if grace < timedelta(0):
-        raise ValueError("the grace period cannot be negative")
+        raise InvalidInput("grace_seconds", "cannot be negative")
     with transaction.atomic():
         locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
         if locked.rotated_to_id is not None:
             raise ValueError("this key was already rotated")
+        now = timezone.now()
+        if locked.expires_at is not None and locked.expires_at <= now:
+            raise ValueError("an expired key cannot be rotated; issue a new key")
+        # The same grants, which were within the plan when given: created as the operator.
         issued = api_key_create(
             organization=locked.organization,
             name=locked.name,
@@ -208,7 +550,7 @@ def api_key_rotate(*, api_key: ApiKey, grace: timedelta) -> IssuedApiKey:
             tier=locked.tier,
             **{field: getattr(locked, field) for field in LIMIT_FIELDS},
         )
-        ends = timezone.now() + grace
+        ends = now + grace
         locked.expires_at = min(ends, locked.expires_at) if locked.expires_at else ends
         locked.rotated_to = issued.api_key
         locked.save(update_fields=["expires_at", "rotated_to"])

@@ -1,4 +1,4 @@
-"""Management API routes: /api/orgs/, and members and keys under each organisation."""
+"""Management API routes: /api/orgs/, members and keys under each organisation, /api/invitations/."""
 
 from __future__ import annotations
 
@@ -26,4 +26,10 @@ urlpatterns = [
     path("orgs/<int:org_pk>/keys/<int:pk>/", api.ApiKeyViewSet.as_view(_item), name="key"),
     path("orgs/<int:org_pk>/keys/<int:pk>/revoke/", api.ApiKeyViewSet.as_view({"post": "revoke"}), name="key-revoke"),
     path("orgs/<int:org_pk>/keys/<int:pk>/rotate/", api.ApiKeyViewSet.as_view({"post": "rotate"}), name="key-rotate"),
+    path("invitations/", api.InvitationViewSet.as_view({"get": "list"}), name="invitations"),
+    path(
+        "invitations/<int:pk>/accept/",
+        api.InvitationViewSet.as_view({"post": "accept"}),
+        name="invitation-accept",
+    ),
 ]

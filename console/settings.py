@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
 
 from core import embedded
 
@@ -34,10 +37,68 @@ def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def development_secret_key(path: Path) -> str:
+    """The development SECRET_KEY: made once and kept in ``path`` (mode 0600), so that
+    `make run` needs no configuration and sessions survive restarts.
+
+    Created atomically: written to a private temporary file, then linked into place, so
+    processes starting at once agree on one key and none ever reads a half-written file.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        existing = path.read_text().strip()
+        if existing:
+            return existing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(64) + "\n")
+        with contextlib.suppress(FileExistsError):  # another process made it first: use that one
+            os.link(draft, path)
+    finally:
+        draft.unlink(missing_ok=True)
+    key = path.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{path} is empty: delete it and a new SECRET_KEY is made")
+    return key
+
+
+# "development" (the default: `make run` with no configuration) or "production", which
+# requires a SECRET_KEY and turns on HTTPS-only cookies, HSTS and the HTTPS redirect.
+PLATFORM_ENV = os.environ.get("PLATFORM_ENV", "development").strip().lower()
+if PLATFORM_ENV not in {"development", "production"}:
+    raise ImproperlyConfigured(f"PLATFORM_ENV must be 'development' or 'production', not {PLATFORM_ENV!r}")
+PRODUCTION = PLATFORM_ENV == "production"
+
 DEBUG = envbool("DEBUG", "false")
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-only-insecure-secret-key-change-me-in-production")
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("DEBUG must be off when PLATFORM_ENV=production")
+SECRET_KEY = os.environ.get("SECRET_KEY", "").strip()
+if not SECRET_KEY:
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY must be set when PLATFORM_ENV=production")
+    SECRET_KEY = development_secret_key(embedded.VAR_DIR / "secret_key")
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+
+# --- HTTP security ---------------------------------------------------------------------
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients).
+TRUST_PROXY_HEADERS = envbool("TRUST_PROXY_HEADERS", "false")
+if TRUST_PROXY_HEADERS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "true")
+    # Probes and the Prometheus scrape reach the process directly, over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", "true")
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "true")
 
 INSTALLED_APPS = [
     "daphne",
@@ -50,6 +111,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from static, never from a CDN
     "channels",
     "console",
     "registry",
@@ -160,6 +222,12 @@ ENGINE_CONNECT_TIMEOUT = envfloat("ENGINE_CONNECT_TIMEOUT", 2.0)
 ENGINE_FIRST_TOKEN_TIMEOUT = envfloat("ENGINE_FIRST_TOKEN_TIMEOUT", 30.0)
 ENGINE_REQUEST_TIMEOUT = envfloat("ENGINE_REQUEST_TIMEOUT", 600.0)
 ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
+# The largest /v1 request body accepted; larger ones get 413 before they are read.
+API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
+# Django's own limit for the console and admin (the data plane reads bodies itself).
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# Requests that may run at once on one WebSocket (each is still charged to its key's limits).
+WS_MAX_REQUESTS_PER_SOCKET = envint("WS_MAX_REQUESTS_PER_SOCKET", 256)
 # A replica is routed to only while its heartbeat is younger than this.
 REPLICA_STALE_AFTER = envfloat("REPLICA_STALE_AFTER", 15.0)
 ROUTING_REFRESH_SECONDS = envfloat("ROUTING_REFRESH_SECONDS", 1.0)
@@ -178,8 +246,17 @@ READY_MODELS = envlist("READY_MODELS", "smollm2-135m-instruct,all-minilm-l6-v2")
 # An in-flight request whose gateway stopped heart-beating this long ago is closed by the sweeper.
 GATEWAY_HEARTBEAT_SECONDS = envfloat("GATEWAY_HEARTBEAT_SECONDS", 5.0)
 GATEWAY_LOST_AFTER = envfloat("GATEWAY_LOST_AFTER", 20.0)
+# A usage event or budget alert that fails this many deliveries is parked in its
+# dead-letter stream; a failed or abandoned entry is retried after this many seconds.
+PERSIST_MAX_DELIVERIES = envint("PERSIST_MAX_DELIVERIES", 5)
+PERSIST_RETRY_AFTER_SECONDS = envfloat("PERSIST_RETRY_AFTER_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE = {
     "usage-persist": {"task": "billing.tasks.usage_persist", "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0)},
+    # Its own task: nothing about an alert may hold up usage persistence.
+    "budget-alerts-persist": {
+        "task": "billing.tasks.budget_alerts_persist",
+        "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0),
+    },
     "usage-sweep-lost-gateways": {"task": "serving.tasks.usage_sweep_lost", "schedule": 10.0},
 }
 
@@ -232,6 +309,23 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Inference platform management API",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Served from our static files (drf-spectacular-sidecar): the docs work offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # No badge fetched from Swagger's online validator.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    "ENUM_NAME_OVERRIDES": {"RoleEnum": "billing.models.Role", "InvitedRoleEnum": "billing.models.INVITABLE_ROLES"},
+}
+
+# --- Accounts ---------------------------------------------------------------------------
+# The most an org admin may give a key, per organisation tier, for each limit the
+# organisation itself leaves empty (its own limits, set by platform admins, come first).
+# A field not listed has no ceiling (None). Platform admins, `create_api_key` and
+# `bootstrap` are not bound by these.
+PLAN_KEY_LIMITS: dict[str, dict[str, int | None]] = {
+    "free": {"rate_limit_rpm": 60, "rate_limit_tpm": 100_000, "max_concurrent": 4},
+    "paid": {"rate_limit_rpm": 10_000, "rate_limit_tpm": 10_000_000, "max_concurrent": 256},
 }
 
 LOGGING = {

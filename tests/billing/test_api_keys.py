@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -110,3 +114,60 @@ class TestCreateApiKeyCommand:
                 stdout=StringIO(),
                 stderr=StringIO(),
             )
+
+
+def create_key_command(*args: str) -> ApiKey:
+    out = StringIO()
+    call_command("create_api_key", "--org", "Alice Corp", "--name", "big", *args, stdout=out, stderr=StringIO())
+    return ApiKey.objects.get(key_hash=api_key_hash(out.getvalue().strip()))
+
+
+class TestOperatorInput:
+    """Limits are 64-bit, bounded by what the limiter counts exactly, and bad input is one clear line."""
+
+    def test_a_large_tpm_is_stored(self, alice_org):
+        key = create_key_command("--tpm", "100000000000", "--rpm", "1000000", "--concurrent", "100000")
+        key.refresh_from_db()
+        assert (key.rate_limit_tpm, key.rate_limit_rpm, key.max_concurrent) == (10**11, 10**6, 10**5)
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (("--tpm", str(10**16)), "--tpm: must be at most 1000000000000000"),
+            (("--rpm", str(10**16)), "--rpm: must be at most"),
+            (("--concurrent", "0"), "--concurrent: must be positive"),
+            (("--token-quota", str(2**64)), "--token-quota: must be at most"),
+            (("--spend-cap", "100000000"), "--spend-cap: must be less than 100000000"),
+            (("--spend-cap", "0.0000001"), "--spend-cap: must have at most 6 decimal places"),
+            (("--spend-cap", "abc"), "--spend-cap"),
+            (("--spend-cap", "NaN"), "--spend-cap"),
+            (("--alert-percent", "150"), "--alert-percent: must be a whole number between 1 and 100"),
+            (("--expires-in-days", "0"), "--expires-in-days"),
+            (("--expires-in-days", "1e9"), "--expires-in-days"),
+            (("--expires-in-days", "nan"), "--expires-in-days"),
+            (("--name", "x" * 256), "--name: must be at most 255 characters"),
+            (("--name", "  "), "--name: cannot be empty"),
+            (("--model", "m" * 256), "--model: must be at most 255 characters"),
+        ],
+    )
+    def test_bad_input_is_a_clear_command_error(self, alice_org, args, message):
+        with pytest.raises(CommandError) as excinfo:
+            create_key_command(*args)
+        assert message in str(excinfo.value)
+        assert "\n" not in str(excinfo.value).strip()
+        assert not ApiKey.objects.exists()
+
+    def test_the_command_line_prints_no_traceback(self):
+        # Parsing fails before the database is touched, so the development settings do.
+        result = subprocess.run(
+            [sys.executable, "manage.py", "create_api_key", "--org", "x", "--name", "y", "--spend-cap", "abc"],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"},
+        )  # fmt: skip
+        assert result.returncode != 0
+        assert "Traceback" not in result.stderr
+        assert "--spend-cap" in result.stderr
+
+    def test_an_expiry_in_the_past_is_refused(self, alice_org):
+        with pytest.raises(ValueError, match="expires_at: must be in the future"):
+            api_key_create(organization=alice_org, name="x", expires_at=datetime(2000, 1, 1, tzinfo=UTC))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -90,4 +91,31 @@ class TestConsoleInChromium:
         page.wait_for_selector("#site-name")
         assert page.locator("a:has-text('Model versions')").count() == 1
         assert page.locator("a:has-text('Api keys')").count() == 1
+        page.close()
+
+    def test_api_docs_render_with_no_internet(self, gateway, browser, console_admin):
+        """Swagger UI comes from our static files: with every other host cut off, it still renders."""
+        page = browser.new_page()
+        blocked: list[str] = []
+
+        def only_this_server(route):
+            host = urlsplit(route.request.url).hostname
+            if host in {"127.0.0.1", "localhost"}:
+                route.continue_()
+            else:
+                blocked.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", only_this_server)
+        page.goto(f"{gateway.base_url}/accounts/login/")
+        page.fill("#id_username", "browser-admin")
+        page.fill("#id_password", "s3cret-pass-42")
+        page.click("button[type=submit]")
+        page.wait_for_selector("h1:has-text('Models')")
+        page.goto(f"{gateway.base_url}/api/docs/")
+        page.wait_for_selector(".opblock", timeout=30_000)
+        paths = page.locator(".opblock .opblock-summary-path").all_inner_texts()
+        assert any(p.replace("\u200b", "").startswith("/api/orgs/") for p in paths), paths
+        assert page.locator(".opblock:has-text('/api/orgs/')").count() > 0
+        assert blocked == []
         page.close()
