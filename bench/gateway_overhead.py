@@ -105,27 +105,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def discover(args: argparse.Namespace) -> tuple[str, str]:
+def discover(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The platform key, and the chat replica's endpoint and own key (engines refuse others)."""
     key = args.key or json.loads((ROOT / "var" / "bootstrap.json").read_text())["demo_key"]
-    if args.direct:
-        return key, args.direct
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
 
     django.setup()
     from registry.models import Replica
+    from serving.replica_keys import replica_api_key
 
     replica = Replica.objects.filter(state="ready", deployment__version__model__name=args.model).first()
     if replica is None:
         raise SystemExit(f"no ready replica of {args.model}: is `make run` up?")
-    return key, replica.endpoint
+    return key, args.direct or replica.endpoint, replica_api_key(replica.pk)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gateway", default="http://127.0.0.1:8000")
-    parser.add_argument("--direct", help="the replica's base URL (default: asked from the registry)")
+    parser.add_argument("--direct", help="the replica's base URL (default: asked from the registry; its key always is)")
     parser.add_argument("--key", help="API key (default: the demo key in var/bootstrap.json)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
@@ -133,13 +133,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    key, direct = discover(args)  # sync: reads the registry before the event loop starts
-    asyncio.run(run(args, key, direct))
+    key, direct, direct_key = discover(args)  # sync: reads the registry before the event loop starts
+    asyncio.run(run(args, key, direct, direct_key))
 
 
-async def run(args: argparse.Namespace, key: str, direct: str) -> None:
+async def run(args: argparse.Namespace, key: str, direct: str, direct_key: str) -> None:
     print(f"gateway {args.gateway}  direct {direct}  model {args.model}  max_tokens {args.max_tokens}")
-    await wave(direct, key, args.model, 4, 4, 8)  # warm both paths
+    keys = {"direct": direct_key, "gateway": key}
+    await wave(direct, direct_key, args.model, 4, 4, 8)  # warm both paths
     await wave(args.gateway, key, args.model, 4, 4, 8)
     results = []
     for concurrency in args.concurrency:
@@ -147,7 +148,7 @@ async def run(args: argparse.Namespace, key: str, direct: str) -> None:
         per_side: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
         for round_no in range(args.rounds):
             for side, base in (("direct", direct), ("gateway", args.gateway)):
-                outcome = await wave(base, key, args.model, concurrency, requests, args.max_tokens)
+                outcome = await wave(base, keys[side], args.model, concurrency, requests, args.max_tokens)
                 per_side[side].append(outcome)
                 ttft_ms = statistics.median(outcome["ttfts"]) * 1000
                 print(

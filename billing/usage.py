@@ -1,10 +1,22 @@
-"""Usage persistence: the metering stream (Redis) → UsageRecord rows (PostgreSQL), exactly once.
+"""Usage persistence: the metering stream (Redis) → UsageRecord rows (PostgreSQL), exactly
+once; and the limiter's budget alerts → BudgetAlert rows.
 
 A consumer group reads the stream; a batch is inserted with ON CONFLICT (request_id) DO
 NOTHING and only then acknowledged and deleted. A crash between insert and acknowledge
 replays the batch, which the unique request id turns into a no-op. Entries left pending
-by a dead consumer are claimed after CLAIM_IDLE_MS. An event that cannot be parsed goes
-to a dead-letter stream with the reason, never silently away.
+(by a dead consumer, or after a failure) are claimed again after
+PERSIST_RETRY_AFTER_SECONDS.
+
+Poison entries never block the others. An event that cannot be parsed goes to the
+dead-letter stream at once, with the reason. An entry that parses but fails on its own
+(the database refuses the row, its key does not exist) stays pending and is retried; when
+the stream has delivered it PERSIST_MAX_DELIVERIES times (its pending entry's delivery
+count, raised by every XREADGROUP and XAUTOCLAIM), it is parked in the dead-letter stream
+with the reason and acknowledged. When the database or Redis itself fails, nothing is
+parked: the run stops and every entry is retried later.
+
+Usage and budget alerts are separate consumers run by separate tasks (billing/tasks.py),
+so a bad alert can never hold up the usage that invoices are made from.
 """
 
 from __future__ import annotations
@@ -12,15 +24,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import uuid
-from datetime import datetime
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import redis
-from django.db import transaction
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
 
-from billing.models import ApiKey, BudgetAlert, UsageRecord
+from billing.ledger import UsageEvent
+from billing.models import ApiKey, BudgetAlert, Organization, UsageRecord
 from billing.pricing import from_micros
 from core import keys
 from core.redis import sync_redis
@@ -28,7 +41,12 @@ from core.redis import sync_redis
 logger = logging.getLogger(__name__)
 
 GROUP = "persisters"
-CLAIM_IDLE_MS = 60_000
+# Failures of the services themselves: retry everything later, park nothing.
+_OUTAGES = (OperationalError, InterfaceError, redis.RedisError)
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+# An entry that failed, and why.
+Failure = tuple[bytes, dict[bytes, bytes], str]
 
 
 def stream_key() -> str:
@@ -39,149 +57,234 @@ def dead_letter_key() -> str:
     return keys.usage_dead_letters()
 
 
-def consumer_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _ensure_group(client: redis.Redis) -> None:
-    try:
-        client.xgroup_create(stream_key(), GROUP, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
-def _text(fields: dict[bytes, bytes], name: str) -> str:
-    return fields[name.encode()].decode()
-
-
-def _int(fields: dict[bytes, bytes], name: str) -> int:
-    value = int(fields[name.encode()])
-    if value < 0:
-        raise ValueError(f"{name} is negative")
-    return value
-
-
-def _optional_int(fields: dict[bytes, bytes], name: str) -> int | None:
-    return _int(fields, name) if fields.get(name.encode(), b"") != b"" else None
-
-
-def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
-    prompt = _int(fields, "prompt_tokens")
-    completion = _int(fields, "completion_tokens")
-    created_at = datetime.fromisoformat(_text(fields, "created_at"))
-    if created_at.tzinfo is None:
-        raise ValueError("created_at has no time zone")
-    return UsageRecord(
-        request_id=uuid.UUID(_text(fields, "request_id")),
-        api_key_id=_int(fields, "api_key_id"),
-        organization_id=_int(fields, "organization_id"),
-        model=_text(fields, "model"),
-        model_version=_text(fields, "model_version"),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        cached_tokens=_int(fields, "cached_tokens"),
-        total_tokens=prompt + completion,
-        latency_ms=_int(fields, "latency_ms"),
-        ttft_ms=_optional_int(fields, "ttft_ms"),
-        status_code=_int(fields, "status_code"),
-        created_at=created_at,
-    )
-
-
-def _dead_letter(client: redis.Redis, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
-    entry: dict[Any, Any] = {**fields, b"reason": reason.encode(), b"source_id": entry_id}
-    client.xadd(dead_letter_key(), entry)
-    logger.error("usage event %s sent to the dead-letter stream: %s", entry_id, reason)
-
-
-def _persist_batch(client: redis.Redis, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
-    parsed: list[tuple[bytes, dict[bytes, bytes], UsageRecord]] = []
-    rejected: list[tuple[bytes, dict[bytes, bytes], str]] = []
-    for entry_id, fields in entries:
-        try:
-            parsed.append((entry_id, fields, parse_event(fields)))
-        except (KeyError, ValueError, UnicodeDecodeError) as exc:
-            rejected.append((entry_id, fields, f"unparseable: {exc!r}"))
-    key_ids = {record.api_key_id for _, _, record in parsed}
-    known_keys = set(ApiKey.objects.filter(pk__in=key_ids).values_list("pk", flat=True))
-    valid: list[UsageRecord] = []
-    for entry_id, fields, record in parsed:
-        if record.api_key_id in known_keys:
-            valid.append(record)
-        else:
-            rejected.append((entry_id, fields, f"unknown api key {record.api_key_id}"))
-    with transaction.atomic():
-        UsageRecord.objects.bulk_create(valid, ignore_conflicts=True, batch_size=500)
-    for entry_id, fields, reason in rejected:
-        _dead_letter(client, entry_id, fields, reason)
-    # Acknowledge only after the insert committed: a crash before this line replays the
-    # batch, and the unique request id makes the replay a no-op.
-    ids = [entry_id for entry_id, _ in entries]
-    pipe = client.pipeline(transaction=False)
-    pipe.xack(stream_key(), GROUP, *ids)
-    pipe.xdel(stream_key(), *ids)
-    pipe.execute()
-    return len(valid)
-
-
-def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int:
-    """Move what is in the stream into UsageRecord rows; returns the events handled."""
-    client = sync_redis()
-    _ensure_group(client)
-    me = consumer_name()
-    handled = 0
-    # First what dead consumers left pending, then new entries.
-    claimed: Any = client.xautoclaim(
-        stream_key(), GROUP, me, min_idle_time=CLAIM_IDLE_MS, start_id="0-0", count=batch_size
-    )
-    stale = [(eid, fields) for eid, fields in claimed[1] if fields]
-    if stale:
-        handled += _persist_batch(client, stale)
-    for _ in range(max_batches):
-        response: Any = client.xreadgroup(GROUP, me, {stream_key(): ">"}, count=batch_size)
-        if not response:
-            break
-        entries = [(eid, fields) for eid, fields in response[0][1] if fields]
-        if not entries:
-            break
-        handled += _persist_batch(client, entries)
-    return handled
-
-
 def alerts_stream_key() -> str:
     return keys.budget_alerts()
 
 
-def persist_budget_alerts(*, batch_size: int = 200) -> int:
-    """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, once each."""
-    client = sync_redis()
+def alerts_dead_letter_key() -> str:
+    return keys.budget_alert_dead_letters()
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def max_deliveries() -> int:
+    """Deliveries after which an entry that keeps failing is parked (PERSIST_MAX_DELIVERIES)."""
+    return max(1, int(settings.PERSIST_MAX_DELIVERIES))
+
+
+def retry_after_ms() -> int:
+    """How long an entry stays pending before it is claimed and tried again."""
+    return max(0, int(float(settings.PERSIST_RETRY_AFTER_SECONDS) * 1000))
+
+
+def _ensure_group(client: redis.Redis, stream: str) -> None:
     try:
-        client.xgroup_create(alerts_stream_key(), GROUP, id="0", mkstream=True)
+        client.xgroup_create(stream, GROUP, id="0", mkstream=True)
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def _batches(client: redis.Redis, stream: str, *, batch_size: int, max_batches: int) -> Iterator[list[Entry]]:
+    """What was left pending long enough (claimed by this consumer), then new entries."""
     me = consumer_name()
-    handled = 0
-    for start in ("0", ">"):  # first anything this consumer left pending, then new alerts
-        response: Any = client.xreadgroup(GROUP, me, {alerts_stream_key(): start}, count=batch_size)
+    claimed: Any = client.xautoclaim(
+        stream, GROUP, me, min_idle_time=retry_after_ms(), start_id="0-0", count=batch_size
+    )
+    # Redis 6.2 answers an entry deleted while pending as (None, None): nothing to store.
+    stale = [(eid, fields) for eid, fields in claimed[1] if eid is not None and fields]
+    if stale:
+        yield stale
+    for _ in range(max_batches):
+        response: Any = client.xreadgroup(GROUP, me, {stream: ">"}, count=batch_size)
         entries = [(eid, fields) for eid, fields in (response[0][1] if response else []) if fields]
+        if not entries:
+            return
+        yield entries
+
+
+def _acknowledge(client: redis.Redis, stream: str, ids: list[bytes]) -> None:
+    if not ids:
+        return
+    pipe = client.pipeline(transaction=False)
+    pipe.xack(stream, GROUP, *ids)
+    pipe.xdel(stream, *ids)
+    pipe.execute()
+
+
+def _deliveries(client: redis.Redis, stream: str, entry_id: bytes) -> int:
+    """How many times the stream has delivered this pending entry (0 if it is no longer pending)."""
+    pending: Any = client.xpending_range(stream, GROUP, min=entry_id, max=entry_id, count=1)
+    return int(pending[0]["times_delivered"]) if pending else 0
+
+
+def _park(client: redis.Redis, stream: str, dead_letters: str, failure: Failure, deliveries: int) -> None:
+    """Move an entry to its dead-letter stream, with the reason, and take it off the stream."""
+    entry_id, fields, reason = failure
+    entry: dict[Any, Any] = {
+        **fields,
+        b"reason": reason.encode(),
+        b"source_id": entry_id,
+        b"deliveries": str(deliveries).encode(),
+    }
+    client.xadd(dead_letters, entry)
+    _acknowledge(client, stream, [entry_id])
+    logger.error("%s entry %s parked in %s after %d deliveries: %s", stream, entry_id, dead_letters, deliveries,
+                 reason)  # fmt: skip
+
+
+def _retry_or_park(client: redis.Redis, stream: str, dead_letters: str, failures: list[Failure]) -> int:
+    """Leave failed entries pending for a retry, or park those delivered too often; returns parked."""
+    parked = 0
+    limit = max_deliveries()
+    for failure in failures:
+        deliveries = _deliveries(client, stream, failure[0])
+        if deliveries >= limit:
+            _park(client, stream, dead_letters, failure, deliveries)
+            parked += 1
+        else:
+            logger.warning("%s entry %s failed (delivery %d of %d), retried later: %s", stream, failure[0],
+                           deliveries, limit, failure[2])  # fmt: skip
+    return parked
+
+
+def _check_foreign_keys() -> None:
+    """PostgreSQL checks foreign keys at commit; check them now, inside the caller's block,
+    so that a bad row fails its own savepoint and not the caller's transaction."""
+    connection.check_constraints()
+
+
+def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
+    """A stream entry as a record; the schema is the ledger's ``UsageEvent`` (ValueError/KeyError if not one)."""
+    event = UsageEvent.from_fields(fields)
+    return UsageRecord(
+        request_id=event.request_id,
+        api_key_id=event.api_key_id,
+        organization_id=event.organization_id,
+        model=event.model,
+        model_version=event.model_version,
+        prompt_tokens=event.prompt_tokens,
+        completion_tokens=event.completion_tokens,
+        cached_tokens=event.cached_tokens,
+        total_tokens=event.total_tokens,
+        latency_ms=event.latency_ms,
+        ttft_ms=event.ttft_ms,
+        status_code=event.status_code,
+        created_at=event.created_at,
+    )
+
+
+def _insert(records: list[UsageRecord]) -> None:
+    with transaction.atomic():
+        UsageRecord.objects.bulk_create(records, ignore_conflicts=True, batch_size=500)
+        _check_foreign_keys()
+
+
+def _persist_batch(client: redis.Redis, entries: list[Entry]) -> int:
+    """Store a batch, isolating entries that fail; returns the events stored (or already stored)."""
+    parsed: list[tuple[bytes, dict[bytes, bytes], UsageRecord]] = []
+    failures: list[Failure] = []
+    for entry_id, fields in entries:
+        try:
+            parsed.append((entry_id, fields, parse_event(fields)))
+        except (KeyError, ValueError, UnicodeDecodeError) as exc:
+            # Parsing gives the same answer every time: no point in retrying.
+            _park(client, stream_key(), dead_letter_key(), (entry_id, fields, f"unparseable: {exc!r}"), 1)
+    key_ids = {record.api_key_id for _, _, record in parsed}
+    org_ids = {record.organization_id for _, _, record in parsed}
+    known_keys = set(ApiKey.objects.filter(pk__in=key_ids).values_list("pk", flat=True))
+    known_orgs = set(Organization.objects.filter(pk__in=org_ids).values_list("pk", flat=True))
+    candidates: list[tuple[bytes, dict[bytes, bytes], UsageRecord]] = []
+    for entry_id, fields, record in parsed:
+        if record.api_key_id not in known_keys:
+            failures.append((entry_id, fields, f"unknown api key {record.api_key_id}"))
+        elif record.organization_id not in known_orgs:
+            failures.append((entry_id, fields, f"unknown organization {record.organization_id}"))
+        else:
+            candidates.append((entry_id, fields, record))
+    stored: list[bytes] = []
+    try:
+        _insert([record for _, _, record in candidates])
+        stored = [entry_id for entry_id, _, _ in candidates]
+    except _OUTAGES:
+        raise
+    except Exception:
+        # One bad row fails the whole insert: store the rows one by one to find it.
+        logger.warning("a usage batch failed; storing its %d events one by one", len(candidates), exc_info=True)
+        for entry_id, fields, record in candidates:
+            try:
+                _insert([record])
+            except _OUTAGES:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this entry's own failure: retried, then parked
+                failures.append((entry_id, fields, f"not stored: {exc!r}"))
+            else:
+                stored.append(entry_id)
+    # Acknowledge only after the insert committed: a crash before this line replays the
+    # batch, and the unique request id makes the replay a no-op.
+    _acknowledge(client, stream_key(), stored)
+    _retry_or_park(client, stream_key(), dead_letter_key(), failures)
+    return len(stored)
+
+
+def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int:
+    """Move what is in the usage stream into UsageRecord rows; returns the events stored."""
+    client = sync_redis()
+    _ensure_group(client, stream_key())
+    handled = 0
+    for entries in _batches(client, stream_key(), batch_size=batch_size, max_batches=max_batches):
+        handled += _persist_batch(client, entries)
+    return handled
+
+
+def _store_alert(fields: dict[bytes, bytes]) -> None:
+    text = {k.decode(): v.decode() for k, v in fields.items()}
+    is_key = text["scope"] == "key"
+    organization_id = int(text["org"])
+    api_key_id = int(text["id"]) if is_key else None
+    limit, used = Decimal(text["limit"]), Decimal(text["used"])
+    if text["budget"] == "spend":  # the limiter counts spend in micro-units
+        limit, used = from_micros(limit), from_micros(used)
+    if api_key_id is not None and not ApiKey.objects.filter(pk=api_key_id).exists():
+        raise ValueError(f"unknown api key {api_key_id}")
+    with transaction.atomic():
+        BudgetAlert.objects.get_or_create(
+            organization_id=organization_id,
+            api_key_id=api_key_id,
+            budget=text["budget"],
+            month=text["month"],
+            defaults={"threshold_percent": int(text["threshold"]), "limit": limit, "used": used},
+        )
+        _check_foreign_keys()
+    logger.warning("budget alert: %s %s %s %s at %s%%", text["scope"], text["id"], text["budget"], text["month"],
+                   text["threshold"])  # fmt: skip
+
+
+def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> int:
+    """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, once each.
+
+    Each alert is stored on its own: one that fails is retried, then parked
+    (see the module docstring), and never stops the rest of its batch.
+    """
+    client = sync_redis()
+    stream, dead_letters = alerts_stream_key(), alerts_dead_letter_key()
+    _ensure_group(client, stream)
+    handled = 0
+    for entries in _batches(client, stream, batch_size=batch_size, max_batches=max_batches):
+        stored: list[bytes] = []
+        failures: list[Failure] = []
         for entry_id, fields in entries:
-            text = {k.decode(): v.decode() for k, v in fields.items()}
-            is_key = text["scope"] == "key"
-            limit, used = Decimal(text["limit"]), Decimal(text["used"])
-            if text["budget"] == "spend":  # the limiter counts spend in micro-units
-                limit, used = from_micros(limit), from_micros(used)
-            BudgetAlert.objects.get_or_create(
-                organization_id=int(text["org"]),
-                api_key_id=int(text["id"]) if is_key else None,
-                budget=text["budget"],
-                month=text["month"],
-                defaults={"threshold_percent": int(text["threshold"]), "limit": limit, "used": used},
-            )
-            logger.warning("budget alert: %s %s %s %s at %s%%", text["scope"], text["id"], text["budget"],
-                           text["month"], text["threshold"])  # fmt: skip
-            client.xack(alerts_stream_key(), GROUP, entry_id)
-            client.xdel(alerts_stream_key(), entry_id)
-            handled += 1
+            try:
+                _store_alert(fields)
+            except _OUTAGES:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this entry's own failure: retried, then parked
+                failures.append((entry_id, fields, f"not stored: {exc!r}"))
+            else:
+                stored.append(entry_id)
+        _acknowledge(client, stream, stored)
+        _retry_or_park(client, stream, dead_letters, failures)
+        handled += len(stored)
     return handled

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible REST and SSE endpoints (views only parse, call the pipeline, render)."""
+"""The OpenAI-compatible REST and SSE endpoints (views only parse, drive the orchestrator, render)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,24 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase
 from redis.exceptions import RedisError
 
-from serving import limits
-from serving.auth import KeyGrant, authenticate
-from serving.errors import APIError, ModelNotAllowed, ModelNotFound, RateLimited
-from serving.limits import RateLimitHeaders
-from serving.pipeline import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, StreamRelay, admit, prepare, run_json
+from billing import ledger
+from billing.grants import KeyGrant
+from serving.auth import authenticate
+from serving.errors import APIError, ModelNotAllowed, RateLimited
+from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall, find_model, routing_table
+from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
-from serving.routing import ModelRoute, router
+from serving.routing import ModelRoute
 
 
 def _json(data: Any, *, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _require(request: HttpRequest, method: str) -> None:
+def _require(request: ApiRequest, method: str) -> None:
     if request.method != method:
         raise APIError(
             f"Method {request.method} is not allowed here; use {method}.",
@@ -37,7 +38,7 @@ def _require(request: HttpRequest, method: str) -> None:
 async def _current_limits(grant: KeyGrant) -> dict[str, str]:
     """x-ratelimit-* headers for an answer that charged nothing (best effort)."""
     try:
-        return (await limits.peek(grant)).values
+        return (await ledger.peek(grant)).values
     except RedisError:
         return {}
 
@@ -46,53 +47,51 @@ def _model_object(model: ModelRoute) -> dict[str, Any]:
     return {"id": model.name, "object": "model", "created": model.created, "owned_by": model.owner}
 
 
-async def models_list(request: HttpRequest) -> HttpResponse:
+async def models_list(request: ApiRequest) -> HttpResponse:
     _require(request, "GET")
-    grant = await authenticate(request.headers.get("Authorization"))
-    table = await router.snapshot()
+    grant = await authenticate(request.header("authorization"))
+    table = await routing_table()
     data = [_model_object(m) for name, m in sorted(table.models.items()) if grant.may_use(name)]
     return await _with_limits(_json({"object": "list", "data": data}), grant)
 
 
-async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
+async def model_detail(request: ApiRequest, model: str) -> HttpResponse:
     _require(request, "GET")
-    grant = await authenticate(request.headers.get("Authorization"))
-    route = (await router.snapshot()).models.get(model) or (await router.fresh_snapshot()).models.get(model)
-    if route is None:
-        raise ModelNotFound(model)
+    grant = await authenticate(request.header("authorization"))
+    route = await find_model(model)
     if not grant.may_use(model):
         raise ModelNotAllowed(model)
     return await _with_limits(_json(_model_object(route)), grant)
 
 
-async def _sse(relay: StreamRelay) -> AsyncGenerator[bytes, None]:
-    async for chunk in relay.events():
+async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
+    async for chunk in call.chunks():
         yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-    if not relay.failed:
+    if not call.failed:
         yield b"data: [DONE]\n\n"
 
 
-async def _infer(request: HttpRequest, endpoint: Endpoint) -> HttpResponseBase:
+async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     _require(request, "POST")
     started = time.perf_counter()
-    grant = await authenticate(request.headers.get("Authorization"))
-    rate_limits: RateLimitHeaders | None = None
+    grant = await authenticate(request.header("authorization"))
+    call = InferenceCall(endpoint, grant, request.request_id)
+    request.on_close(call.close)  # settles the call however the request ends
     try:
-        prepared = await prepare(endpoint, request.body, grant, request_id=request.request_id)  # type: ignore[attr-defined]
+        await call.prepare(request.body)
         prepared_at = time.perf_counter()
-        rate_limits = await admit(prepared)
+        rate_limits = await call.admit()
         admitted_at = time.perf_counter()
         response: HttpResponseBase
-        if prepared.stream:
-            relay = StreamRelay(prepared)
-            await relay.start()
-            response = EventStreamResponse(_sse(relay))
+        if call.stream:
+            await call.start_stream()
+            response = EventStreamResponse(_sse(call))
         else:
-            response = _json(await run_json(prepared))
+            response = _json(await call.complete())
     except RateLimited:
         raise  # carries its own headers
     except APIError as exc:
-        exc.headers.update(rate_limits.values if rate_limits else await _current_limits(grant))
+        exc.headers.update(call.rate_limits.values if call.rate_limits else await _current_limits(grant))
         raise
     for name, value in rate_limits.values.items():
         response[name] = value
@@ -110,13 +109,13 @@ async def _with_limits(response: HttpResponse, grant: KeyGrant) -> HttpResponse:
     return response
 
 
-async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+async def chat_completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, CHAT)
 
 
-async def completions(request: HttpRequest) -> HttpResponseBase:
+async def completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, COMPLETIONS)
 
 
-async def embeddings(request: HttpRequest) -> HttpResponseBase:
+async def embeddings(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, EMBEDDINGS)

@@ -7,28 +7,33 @@ none of that: keys travel in a header, no session or CSRF applies, and the hot p
 makes no blocking call. So ``console.asgi`` sends data-plane paths here; everything else
 (console, admin, health) goes through Django as usual.
 
-The views are ordinary Django async views taking an ``HttpRequest`` and returning an
-``HttpResponse`` or ``StreamingHttpResponse``; this module only reads the body, resolves
-the path, maps every failure to an OpenAI error body, sends the response, and cancels
-it when the client disconnects (which closes the stream to the engine, so vLLM aborts).
+Views are async functions taking an ``ApiRequest`` and returning an ``HttpResponse`` or
+an ``EventStreamResponse``; this module reads the body (at most API_MAX_BODY_BYTES, else
+413), resolves the path, maps every failure to an OpenAI error body, sends the response,
+cancels it when the client disconnects (which closes the stream to the engine, so vLLM
+aborts), and finally runs the request's closers: whatever ended the request, every call
+it admitted is settled exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpResponse, HttpResponseBase
 from django.urls import Resolver404, resolve
+from redis.exceptions import RedisError
 
-from serving.errors import APIError, InvalidRequest, NotFound
+from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge
+from serving.orchestrator import CLIENT_CLOSED
+from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
 from serving.urls import DATA_PLANE_PREFIXES
 
@@ -39,8 +44,6 @@ Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-
 
 def is_data_plane(scope: Scope) -> bool:
     return scope["type"] == "http" and str(scope["path"]).startswith(DATA_PLANE_PREFIXES)
@@ -50,7 +53,25 @@ class ClientGone(Exception):
     pass
 
 
-async def _read_body(receive: Receive) -> bytes:
+def _too_large() -> PayloadTooLarge:
+    limit = settings.API_MAX_BODY_BYTES
+    return PayloadTooLarge(
+        f"The request body is larger than this API accepts ({limit} bytes, {limit / 1024 / 1024:g} MiB).",
+    )
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    limit = settings.API_MAX_BODY_BYTES
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise APIError(
+                    "Invalid Content-Length header.", status=400, type="invalid_request_error", code="invalid_header"
+                ) from None
+            if declared > limit:
+                raise _too_large()  # refused before reading a byte of it
     parts: list[bytes] = []
     size = 0
     while True:
@@ -59,31 +80,39 @@ async def _read_body(receive: Receive) -> bytes:
             raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise InvalidRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+        if size > limit:
+            raise _too_large()
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
 
 
-async def handle(request: ASGIRequest) -> HttpResponseBase:
+async def handle(request: ApiRequest) -> HttpResponseBase:
     """Resolve and run a data-plane view; any failure becomes an OpenAI error body."""
-    request_id = uuid.uuid4()
-    request.request_id = request_id  # type: ignore[attr-defined]
-    header = str(request_id)
+    header = str(request.request_id)
     try:
-        match = resolve(request.path_info)
+        match = resolve(request.path)
     except Resolver404:
         return NotFound(
-            f"Unknown request URL: {request.method} {request.path_info}. Please check the URL for typos.",
+            f"Unknown request URL: {request.method} {request.path}. Please check the URL for typos.",
             code="unknown_url",
         ).response(header)
     try:
         response: HttpResponseBase = await match.func(request, *match.args, **match.kwargs)
     except APIError as exc:
         return exc.response(header)
+    except DatabaseError as exc:
+        logger.error("database unavailable on %s %s: %s", request.method, request.path, exc)
+        return EngineUnavailable(
+            "The platform's database is unavailable; try again shortly.", code="database_unavailable"
+        ).response(header)
+    except RedisError as exc:
+        logger.error("Redis unavailable on %s %s: %s", request.method, request.path, exc)
+        return EngineUnavailable(
+            "The platform's Redis is unavailable; try again shortly.", code="redis_unavailable"
+        ).response(header)
     except Exception:
-        logger.exception("unhandled error on %s %s", request.method, request.path_info)
+        logger.exception("unhandled error on %s %s", request.method, request.path)
         return APIError("The server had an error while processing your request.").response(header)
     response["x-request-id"] = header
     return response
@@ -99,12 +128,10 @@ async def _send_response(response: HttpResponseBase, send: Send) -> None:
             async for part in events:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})
-    elif isinstance(response, StreamingHttpResponse):
-        raise TypeError("data-plane streams must be EventStreamResponse")
     elif isinstance(response, HttpResponse):
         await send({"type": "http.response.body", "body": response.content})
     else:
-        raise TypeError(f"data-plane views return HttpResponse or StreamingHttpResponse, not {type(response)}")
+        raise TypeError(f"data-plane views return HttpResponse or EventStreamResponse, not {type(response)}")
 
 
 async def _until_disconnect(receive: Receive) -> None:
@@ -113,14 +140,18 @@ async def _until_disconnect(receive: Receive) -> None:
 
 
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+    request_id = uuid.uuid4()
     try:
-        body = await _read_body(receive)
+        body = await _read_body(scope, receive)
     except ClientGone:
         return
     except APIError as exc:
-        await _send_response(exc.response(), send)
+        await _send_response(exc.response(str(request_id)), send)
         return
-    request = ASGIRequest(scope, io.BytesIO(body))
+    request = ApiRequest(scope, body, request_id)
+    # What the closers settle a call with if the call did not settle itself: the client
+    # went away (499), or something failed in sending (500).
+    ending = 500
 
     async def respond() -> None:
         response = await handle(request)
@@ -128,16 +159,32 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
 
     responding = asyncio.ensure_future(respond())
     watching = asyncio.ensure_future(_until_disconnect(receive))
-    done, _ = await asyncio.wait({responding, watching}, return_when=asyncio.FIRST_COMPLETED)
-    if responding in done:
+    try:
+        done, _ = await asyncio.wait({responding, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if responding in done:
+            watching.cancel()
+            responding.result()
+            return
+        # The client went away: cancelling closes our stream generator (aclosing), which
+        # closes the engine connection and settles the request with the tokens produced.
+        ending = CLIENT_CLOSED
+        responding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await responding
+    except asyncio.CancelledError:
+        ending = CLIENT_CLOSED
+        responding.cancel()
         watching.cancel()
-        responding.result()
-        return
-    # The client went away: cancelling closes our stream generator (aclosing), which
-    # closes the engine connection and meters the request with the tokens produced.
-    responding.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await responding
+        raise
+    finally:
+        if request.closers:
+            # One shielded gather: a cancellation arriving now cannot skip any of them.
+            results = await asyncio.shield(
+                asyncio.gather(*(closer(ending) for closer in request.closers), return_exceptions=True)
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    logger.error("closing request %s failed: %r", request_id, result)
 
 
 class DataPlaneRouter:

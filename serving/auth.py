@@ -12,17 +12,16 @@ import hashlib
 import hmac
 import logging
 import time
-from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from billing.models import Limits
+from billing.grants import KeyGrant
 from billing.selectors import api_key_by_hash
-from billing.services import api_keys_touch, key_invalidation_channel
+from billing.services import api_keys_touch
+from core import keys
 from core.db import run_db
 from core.redis import async_redis
 from serving.errors import AuthenticationFailed, EngineUnavailable
@@ -31,46 +30,6 @@ logger = logging.getLogger(__name__)
 
 # last_used_at is written at most this often per key and process (not once per request).
 LAST_USED_RESOLUTION = 60.0
-
-
-@dataclass(frozen=True)
-class ScopeLimits:
-    """One level's limits (a key's, or its organisation's); None means no limit."""
-
-    rpm: int | None
-    tpm: int | None
-    concurrent: int | None
-    token_quota: int | None
-    spend_cap: Decimal | None
-    alert_percent: int
-
-    @classmethod
-    def of(cls, obj: Limits) -> ScopeLimits:
-        return cls(
-            rpm=obj.rate_limit_rpm,
-            tpm=obj.rate_limit_tpm,
-            concurrent=obj.max_concurrent,
-            token_quota=obj.monthly_token_quota,
-            spend_cap=obj.monthly_spend_cap,
-            alert_percent=obj.budget_alert_percent,
-        )
-
-
-@dataclass(frozen=True)
-class KeyGrant:
-    """What a valid key may do, as seen by the gateway."""
-
-    key_id: int
-    organization_id: int
-    prefix: str
-    allowed_models: frozenset[str]
-    tier: str
-    key_limits: ScopeLimits
-    org_limits: ScopeLimits
-    expires_at: datetime | None
-
-    def may_use(self, model: str) -> bool:
-        return not self.allowed_models or model in self.allowed_models
 
 
 _MISSING = AuthenticationFailed(
@@ -85,16 +44,7 @@ def _load_grant(key_hash: str) -> KeyGrant | None:
     # The index finds the row; the comparison that decides is constant-time all the same.
     if api_key is None or not hmac.compare_digest(api_key.key_hash, key_hash) or not api_key.is_active:
         return None
-    return KeyGrant(
-        key_id=api_key.pk,
-        organization_id=api_key.organization_id,
-        prefix=api_key.prefix,
-        allowed_models=frozenset(api_key.allowed_models),
-        tier=api_key.tier,
-        key_limits=ScopeLimits.of(api_key),
-        org_limits=ScopeLimits.of(api_key.organization),
-        expires_at=api_key.expires_at,
-    )
+    return KeyGrant.of(api_key)
 
 
 class KeyCache:
@@ -122,7 +72,7 @@ class KeyCache:
             while True:
                 try:
                     pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(key_invalidation_channel())
+                    await pubsub.subscribe(keys.key_invalidation_channel())
                     # Whatever changed while we were not listening is forgotten too.
                     self._entries.clear()
                     async for message in pubsub.listen():

@@ -6,11 +6,15 @@ Protocol (JSON text frames):
   ``{"type": "auth", "api_key": "sk-…"}`` first (browsers cannot set headers);
 - ``{"type": "chat.completion", "id": "<client id>", "body": {…chat request…}}`` starts one
   (always streamed);
-- the server answers ``{"type": "chunk", "id", "data": <chat.completion.chunk>}`` per chunk,
-  then exactly one ``{"type": "usage", "id", "request_id", "status", "usage": {…}}``
-  (also after a cancel or an error), or ``{"type": "error", "id", "error": {…}}`` when the
-  request was refused before it started (nothing was run or metered);
+- the server answers ``{"type": "chunk", "id", "data": <chat.completion.chunk>}`` per chunk;
+- every request ends with exactly one final frame: ``{"type": "usage", "id", "request_id",
+  "status", "status_code", "usage": {…}}`` when it was admitted (it is metered; ``status``
+  is ``completed``, ``cancelled`` or ``error``, and an ``error`` frame comes just before
+  it on failure), or ``{"type": "error", "id", "error": {…}}`` when it was refused or
+  cancelled before admission (nothing ran, nothing is metered);
 - ``{"type": "cancel", "id": "<client id>"}`` stops one; closing the socket stops all.
+
+Each request runs the same ``InferenceCall`` as the REST API (serving.orchestrator).
 """
 
 from __future__ import annotations
@@ -22,14 +26,17 @@ from typing import Any
 
 import orjson
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
-from serving.auth import KeyGrant, authenticate
+from billing.grants import KeyGrant
+from serving.auth import authenticate
 from serving.errors import APIError, AuthenticationFailed, InvalidRequest
-from serving.pipeline import CHAT, CLIENT_CLOSED, StreamRelay, admit, prepare
+from serving.orchestrator import CHAT, CLIENT_CLOSED, InferenceCall
 
 logger = logging.getLogger(__name__)
 
-MAX_CONCURRENT_PER_SOCKET = 32
+_CANCELLED = APIError("The request was cancelled before it started.", status=499, type="invalid_request_error",
+                      code="cancelled")  # fmt: skip
 
 
 class ChatCompletionsConsumer(AsyncWebsocketConsumer):
@@ -52,22 +59,27 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        for task in list(getattr(self, "tasks", {}).values()):
+        tasks = list(getattr(self, "tasks", {}).values())
+        for task in tasks:
             task.cancel()
-        if getattr(self, "tasks", None):
-            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if tasks:
+            # Each task settles its request in its own finally; wait for all of them.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.send(text_data=orjson.dumps(message).decode())
+
+    async def _error(self, client_id: Any, error: APIError) -> None:
+        await self._send({"type": "error", "id": client_id, "error": error.detail()})
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
             message = orjson.loads(text_data or bytes_data or b"")
         except orjson.JSONDecodeError:
-            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be JSON.").detail()})
+            await self._error(None, InvalidRequest("Frames must be JSON."))
             return
         if not isinstance(message, dict):
-            await self._send({"type": "error", "id": None, "error": InvalidRequest("Frames must be objects.").detail()})
+            await self._error(None, InvalidRequest("Frames must be objects."))
             return
         kind = message.get("type")
         client_id = message.get("id")
@@ -80,8 +92,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         elif kind == "chat.completion":
             await self._start(client_id, message.get("body"))
         else:
-            error = InvalidRequest(f"Unknown message type {kind!r}.", param="type")
-            await self._send({"type": "error", "id": client_id, "error": error.detail()})
+            await self._error(client_id, InvalidRequest(f"Unknown message type {kind!r}.", param="type"))
 
     async def _auth(self, secret: str) -> None:
         try:
@@ -94,26 +105,24 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
 
     async def _start(self, client_id: Any, body: Any) -> None:
         if not isinstance(client_id, str) or not client_id:
-            error = InvalidRequest("Each request needs a string 'id'.", param="id")
-            await self._send({"type": "error", "id": client_id, "error": error.detail()})
+            await self._error(client_id, InvalidRequest("Each request needs a string 'id'.", param="id"))
             return
         if client_id in self.tasks:
-            error = InvalidRequest(f"Request id {client_id!r} is already running.", param="id")
-            await self._send({"type": "error", "id": client_id, "error": error.detail()})
+            await self._error(client_id, InvalidRequest(f"Request id {client_id!r} is already running.", param="id"))
             return
         if self.grant is None:
-            await self._send({"type": "error", "id": client_id, "error": AuthenticationFailed(
+            await self._error(client_id, AuthenticationFailed(
                 "Authenticate first: an Authorization header on the handshake or an 'auth' message.",
                 code="missing_api_key",
-            ).detail()})  # fmt: skip
+            ))  # fmt: skip
             return
-        if len(self.tasks) >= MAX_CONCURRENT_PER_SOCKET:
-            error = InvalidRequest(f"At most {MAX_CONCURRENT_PER_SOCKET} requests may run on one socket.")
-            await self._send({"type": "error", "id": client_id, "error": error.detail()})
+        limit = settings.WS_MAX_REQUESTS_PER_SOCKET
+        if len(self.tasks) >= limit:
+            await self._error(client_id, InvalidRequest(f"At most {limit} requests may run on one socket."))
             return
         if not isinstance(body, dict):
-            error = InvalidRequest("'body' must be a chat completion request object.", param="body")
-            await self._send({"type": "error", "id": client_id, "error": error.detail()})
+            await self._error(client_id, InvalidRequest("'body' must be a chat completion request object.",
+                                                        param="body"))  # fmt: skip
             return
         task = asyncio.get_running_loop().create_task(self._run(client_id, body))
         self.tasks[client_id] = task
@@ -121,46 +130,71 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
 
     async def _run(self, client_id: str, body: dict[str, Any]) -> None:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        call: InferenceCall | None = None
+        status = 200
+        error: APIError | None = None
         try:
             # Checked again per request: a key revoked mid-socket stops working within a second.
             grant = await authenticate(self.authorization)
-            prepared = await prepare(CHAT, orjson.dumps(body), grant, request_id=uuid.uuid4())
-            await admit(prepared)
-        except APIError as exc:  # refused: nothing ran, nothing is metered
-            await self._send({"type": "error", "id": client_id, "error": exc.detail()})
-            return
-        metered = prepared.metered
-        relay = StreamRelay(prepared)
-        outcome = "completed"
-        try:
-            await relay.start()
-            async for chunk in relay.events():
+            call = InferenceCall(CHAT, grant, uuid.uuid4())
+            await call.prepare(orjson.dumps(body))
+            await call.admit()
+            await call.start_stream()
+            async for chunk in call.chunks():
                 if "error" in chunk:
-                    outcome = "error"
-                    await self._send({"type": "error", "id": client_id, "error": chunk["error"]})
+                    status = call.status or 502
+                    error = APIError(**_detail_args(chunk["error"]), status=status)
                 elif chunk.get("choices"):
                     await self._send({"type": "chunk", "id": client_id, "data": chunk})
-        except APIError as exc:  # the engine refused or failed before the first token
-            outcome = "error"
-            await self._send({"type": "error", "id": client_id, "error": exc.detail()})
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            status = CLIENT_CLOSED
             raise
+        except APIError as exc:
+            status, error = exc.status, exc
+        except Exception:
+            logger.exception("WebSocket request %s failed", client_id)
+            status = 500
+            error = APIError("The server had an error while processing your request.")
         finally:
-            await metered.finish(CLIENT_CLOSED if outcome == "cancelled" else 200)  # no-op if already written
-            usage = {
-                "prompt_tokens": metered.prompt_tokens,
-                "completion_tokens": metered.completion_tokens,
-                "total_tokens": metered.prompt_tokens + metered.completion_tokens,
-            }
-            message = {
+            # Its own task, shielded: a second cancel (cancel, then the socket closing) cannot
+            # skip the settlement or the final frame.
+            await asyncio.shield(asyncio.ensure_future(self._finish(client_id, call, status, error)))
+
+    async def _finish(self, client_id: str, call: InferenceCall | None, status: int, error: APIError | None) -> None:
+        """Settle (idempotent; waits for an admission still in flight), then the request's one
+        final frame (and an error frame before it when it failed)."""
+        if call is not None:
+            await call.close(status)
+        frames: list[dict[str, Any]] = []
+        if call is not None and call.admitted:
+            if error is not None:
+                frames.append({"type": "error", "id": client_id, "error": error.detail()})
+            outcome = "completed" if status == 200 else "cancelled" if status == CLIENT_CLOSED else "error"
+            frames.append({
                 "type": "usage",
                 "id": client_id,
-                "request_id": str(metered.request_id),
+                "request_id": str(call.request_id),
                 "status": outcome,
-                "usage": usage,
-            }
-            try:
-                await self._send(message)
-            except Exception:  # noqa: BLE001 - the socket may be gone; the usage is metered regardless
-                logger.debug("could not send usage for %s", client_id)
+                "status_code": call.status or status,
+                "usage": {
+                    "prompt_tokens": call.prompt_tokens_metered,
+                    "completion_tokens": call.completion_tokens,
+                    "total_tokens": call.prompt_tokens_metered + call.completion_tokens,
+                },
+            })  # fmt: skip
+        else:
+            frames.append({"type": "error", "id": client_id, "error": (error or _CANCELLED).detail()})
+        try:
+            for frame in frames:
+                await self._send(frame)
+        except Exception:  # noqa: BLE001 - the socket may be gone; the usage is metered regardless
+            logger.debug("could not send the final frame for %s", client_id)
+
+
+def _detail_args(detail: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "message": str(detail.get("message", "")),
+        "type": detail.get("type"),
+        "param": detail.get("param"),
+        "code": detail.get("code"),
+    }

@@ -1,5 +1,8 @@
 """The engine client: pooled async HTTP to vLLM replicas, retries before the first byte,
 timeouts, and engine errors mapped to OpenAI errors.
+
+Each replica requires its own key (``serving.replica_keys``); a replica that breaks a
+request (5xx, a dropped or garbled connection) counts a failure on its circuit.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import orjson
 from django.conf import settings
 
 from serving.errors import APIError, EngineFailed, EngineUnavailable
+from serving.replica_keys import replica_api_key
 from serving.routing import ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)
@@ -70,7 +74,8 @@ class EngineStream:
     connection, which makes vLLM abort the sequence.
     """
 
-    def __init__(self, replica: ReplicaRoute, response: httpx.Response) -> None:
+    def __init__(self, router: Router, replica: ReplicaRoute, response: httpx.Response) -> None:
+        self.router = router
         self.replica = replica
         self._response = response
         self._iterator = self._events()
@@ -92,10 +97,19 @@ class EngineStream:
                         if data == b"[DONE]":
                             yield DONE
                             return
-                        yield orjson.loads(data)
+                        try:
+                            event = orjson.loads(data)
+                        except orjson.JSONDecodeError:
+                            event = None
+                        if not isinstance(event, dict):
+                            self.router.record_failure(self.replica.id)
+                            raise EngineFailed("The engine sent an event that is not a JSON object.")
+                        yield event
         except httpx.HTTPError as exc:
+            self.router.record_failure(self.replica.id)
             raise EngineFailed(f"The engine connection broke mid-stream ({type(exc).__name__}).") from exc
         # The connection ended without [DONE]: the engine went away mid-stream.
+        self.router.record_failure(self.replica.id)
         raise EngineFailed("The engine closed the stream before it finished.")
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -114,7 +128,7 @@ async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any], *, st
         "POST",
         replica.endpoint.rstrip("/") + path,
         content=orjson.dumps(payload),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", "authorization": f"Bearer {replica_api_key(replica.id)}"},
     )
     return await client.send(request, stream=stream)
 
@@ -125,42 +139,64 @@ async def dispatch(
     """Send to the first replica that accepts the connection; try the next on connect failure.
 
     Only failures before the request reached an engine are retried, so a request is never
-    run twice. A 4xx/5xx answer is raised as the matching APIError.
+    run twice. A 4xx/5xx answer is raised as the matching APIError; a connection that
+    breaks after the request went out is a 502. On success the replica is returned
+    acquired (``router.acquire``): the caller releases it when the request is over.
     """
     attempts = replicas[: settings.ENGINE_CONNECT_RETRIES + 1]
     if not attempts:
         raise EngineUnavailable("No replica of this model is ready. Try again shortly.")
     last_error: Exception | None = None
     for replica in attempts:
+        router.acquire(replica.id)
         try:
             response = await _send(replica, path, payload, stream=stream)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            router.circuits.record_failure(replica.id)
+            router.release(replica.id)
+            router.record_failure(replica.id)
             logger.warning("replica %s refused the connection: %s", replica.id, exc)
             last_error = exc
             continue
+        except httpx.TimeoutException as exc:
+            router.release(replica.id)
+            router.record_failure(replica.id)
+            raise EngineFailed(f"The engine connection timed out ({type(exc).__name__}).") from exc
+        except httpx.TransportError as exc:  # RemoteProtocolError, ReadError, WriteError, ...
+            router.release(replica.id)
+            router.record_failure(replica.id)
+            raise EngineFailed(f"The engine connection broke ({type(exc).__name__}).") from exc
+        except BaseException:
+            router.release(replica.id)
+            raise
         if response.status_code >= 400:
-            content = await response.aread()
-            await response.aclose()
+            router.release(replica.id)
+            try:
+                content = await response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
             if response.status_code >= 500:
-                router.circuits.record_failure(replica.id)
+                router.record_failure(replica.id)
             raise engine_error(response.status_code, content)
-        router.circuits.record_success(replica.id)
+        router.record_success(replica.id)
         return replica, response
     raise EngineUnavailable(f"No replica of this model could be reached ({type(last_error).__name__}).")
 
 
 async def open_stream(router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]) -> EngineStream:
+    """The replica stays acquired until the caller releases it (after closing the stream)."""
     replica, response = await dispatch(router, replicas, path, payload, stream=True)
-    return EngineStream(replica, response)
+    return EngineStream(router, replica, response)
 
 
-async def post_json(
-    router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]
-) -> tuple[ReplicaRoute, dict[str, Any]]:
-    replica, response = await dispatch(router, replicas, path, payload, stream=False)
+def parse_json(router: Router, replica: ReplicaRoute, content: bytes) -> dict[str, Any]:
     try:
-        data = orjson.loads(response.content)
+        data = orjson.loads(content)
     except orjson.JSONDecodeError:
+        router.record_failure(replica.id)
         raise EngineFailed("The engine sent a response that is not JSON.") from None
-    return replica, data
+    if not isinstance(data, dict):
+        router.record_failure(replica.id)
+        raise EngineFailed("The engine sent a response that is not a JSON object.")
+    return data

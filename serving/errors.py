@@ -78,6 +78,12 @@ class NotFound(APIError):
     type = "invalid_request_error"
 
 
+class PayloadTooLarge(APIError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_body_too_large"
+
+
 class RateLimited(APIError):
     status = 429
     type = "rate_limit_exceeded"

@@ -31,6 +31,10 @@ LATENCY = Histogram(
 TTFT = Histogram("inference_ttft_seconds", "Time to first token (streams).", ["model", "version"], buckets=TTFT_BUCKETS)
 TOKENS = Counter("inference_tokens", "Tokens metered.", ["model", "version", "kind"])
 IN_FLIGHT = Gauge("inference_in_flight", "Requests being served.", ["model"], multiprocess_mode="livesum")
+REPLICA_IN_FLIGHT = Gauge(
+    "inference_replica_in_flight", "Requests this gateway has running on a replica.", ["replica"],
+    multiprocess_mode="livesum",
+)  # fmt: skip
 USAGE_EVENTS = Counter("inference_usage_events", "Usage events handed to the stream.", ["outcome"])
 
 

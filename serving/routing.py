@@ -18,12 +18,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from core.db import run_db
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
+from serving import metrics
 
 logger = logging.getLogger(__name__)
+
+
+class RoutingUnavailable(Exception):
+    """The registry could not be read and the routing table is older than ROUTING_MAX_STALENESS."""
 
 
 @dataclass(frozen=True)
@@ -146,14 +152,40 @@ class CircuitBreaker:
 
 @dataclass
 class Router:
-    """Holds the snapshot, the in-flight counts and the circuits of this process."""
+    """Holds the snapshot, the in-flight counts and the circuits of this process.
+
+    Counts and circuits change only through ``acquire``/``release`` and
+    ``record_success``/``record_failure``, so every path keeps them balanced.
+    """
 
     table: RoutingTable | None = None
-    in_flight: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    _in_flight: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     circuits: CircuitBreaker = field(default_factory=CircuitBreaker)
     _loading: asyncio.Future[RoutingTable] | None = None
     _refresher_loop: asyncio.AbstractEventLoop | None = None
     _refresher: asyncio.Task[None] | None = None
+
+    def in_flight(self, replica_id: int) -> int:
+        return self._in_flight.get(replica_id, 0)
+
+    def acquire(self, replica_id: int) -> None:
+        """A request of this process is now running on the replica."""
+        self._in_flight[replica_id] += 1
+        metrics.REPLICA_IN_FLIGHT.labels(str(replica_id)).inc()
+
+    def release(self, replica_id: int) -> None:
+        remaining = self._in_flight[replica_id] - 1
+        if remaining <= 0:
+            self._in_flight.pop(replica_id, None)
+        else:
+            self._in_flight[replica_id] = remaining
+        metrics.REPLICA_IN_FLIGHT.labels(str(replica_id)).dec()
+
+    def record_failure(self, replica_id: int) -> None:
+        self.circuits.record_failure(replica_id)
+
+    def record_success(self, replica_id: int) -> None:
+        self.circuits.record_success(replica_id)
 
     async def snapshot(self) -> RoutingTable:
         """The routing table, reloaded in the background every ROUTING_REFRESH_SECONDS.
@@ -207,7 +239,10 @@ class Router:
 
         async def load() -> RoutingTable:
             started = time.monotonic()
-            table = replace(await run_db(load_routing_table), loaded_at=started)
+            try:
+                table = replace(await run_db(load_routing_table), loaded_at=started)
+            except DatabaseError as exc:
+                raise RoutingUnavailable(f"the registry cannot be read: {exc}") from exc
             self.table = table
             return table
 
@@ -245,7 +280,7 @@ class Router:
         """Replicas to try, best first: fewest requests in flight from this process."""
         replicas = self.routable(version)
         random.shuffle(replicas)  # break ties without always favouring the same replica
-        return sorted(replicas, key=lambda r: self.in_flight[r.id])
+        return sorted(replicas, key=lambda r: self.in_flight(r.id))
 
 
 router = Router()

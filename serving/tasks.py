@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from serving.metering import sweep_lost_requests
+from billing.ledger import sweep_lost_requests
 
 
 @shared_task(ignore_result=True)
 def usage_sweep_lost() -> int:
+    """Settle the requests of gateways that died mid-request (every 10 s, idempotent)."""
     return sweep_lost_requests()

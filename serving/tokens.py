@@ -2,13 +2,21 @@
 
 Used to refuse requests that cannot fit the context before anything is dispatched, and
 to reserve tokens up front. Loaded once per version from the artifact (tokenizers, no
-torch); when an artifact has no tokenizer.json the count falls back to a safe estimate.
+torch). Messages are normalised the way vLLM normalises them before rendering (text
+parts joined with newlines, null content as empty text, tool-call arguments decoded), so
+the count matches the engine's. When a count cannot be exact (no tokenizer, parts that
+are not text, a template that refuses the conversation) it is an estimate marked
+``exact=False``: the caller then reserves an upper bound and settles to the engine's
+reported usage, and leaves the context check to the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -17,12 +25,24 @@ from typing import Any
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+logger = logging.getLogger(__name__)
+
+# Per message, what a chat template adds around the content, at most (role markers, separators).
+_TEMPLATE_OVERHEAD_PER_MESSAGE = 16
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    tokens: int
+    exact: bool
+
 
 class PromptCounter:
     def __init__(self, directory: str | None) -> None:
         self.tokenizer: Tokenizer | None = None
         self.template: Any = None
         self.special: dict[str, str] = {}
+        self.knows_developer_role = False
         if directory is None:
             return
         root = Path(directory)
@@ -39,25 +59,82 @@ class PromptCounter:
             template_text = template_text or config.get("chat_template")
             self.special = {k: v for k, v in config.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
         if template_text:
+            self.knows_developer_role = '"developer"' in template_text or "'developer'" in template_text
             # The same environment transformers renders chat templates in.
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
+            env.filters["tojson"] = _tojson
             self.template = env.from_string(template_text)
 
+    @property
+    def exact(self) -> bool:
+        """Whether ``count_text``/``count_prompt`` are the engine's counts (else upper bounds)."""
+        return self.tokenizer is not None
+
     def count_text(self, text: str, *, special_tokens: bool = True) -> int:
-        """Tokens in ``text``; ``special_tokens`` adds what the engine adds to a raw prompt."""
+        """Tokens in ``text``; ``special_tokens`` adds what the engine adds to a raw prompt.
+
+        Without the model's tokenizer: its UTF-8 length plus a few special tokens, an upper
+        bound for the byte-level tokenizers these engines use (a token is at least a byte).
+        """
         if self.tokenizer is None:
-            # ~4 bytes a token for English; round up so a reservation is never short.
-            return len(text.encode()) // 3 + 1
+            return len(text.encode()) + 4
         return len(self.tokenizer.encode(text, add_special_tokens=special_tokens).ids)
 
-    def count_chat(self, messages: Sequence[dict[str, Any]]) -> int:
-        if self.template is None:
-            return sum(self.count_text(_content_text(m.get("content"))) + 4 for m in messages) + 2
-        rendered = self.template.render(messages=list(messages), add_generation_prompt=True, **self.special)
-        # The template already wrote the special tokens into the text.
-        return self.count_text(rendered, special_tokens=False)
+    def count_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, str]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> PromptCount:
+        """The rendered conversation's tokens, exactly when possible, else an upper bound."""
+        normalised, text_only = _normalise(messages)
+        if not self.knows_developer_role and any(m.get("role") == "developer" for m in normalised):
+            normalised = _developer_as_system(normalised)
+        if self.template is not None and self.tokenizer is not None and text_only:
+            try:
+                rendered = self.template.render(
+                    messages=normalised,
+                    tools=list(tools) if tools else None,
+                    documents=list(documents) if documents else None,
+                    add_generation_prompt=add_generation_prompt and not continue_final_message,
+                    **{**(template_kwargs or {}), **self.special},
+                )
+            except Exception as exc:  # noqa: BLE001 - any template failure: the engine will answer for it
+                logger.debug("chat template refused the conversation (%s); estimating", exc)
+            else:
+                # The template already wrote the special tokens into the text.
+                return PromptCount(self.count_text(rendered, special_tokens=False), exact=True)
+        return PromptCount(self._upper_bound(messages, tools, documents), exact=False)
+
+    def _upper_bound(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        documents: Sequence[dict[str, str]] | None,
+    ) -> int:
+        # Everything the template could print (a superset of its text), plus its markers.
+        parts: list[str] = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts += [json.dumps(p, ensure_ascii=False) for p in content]
+            # The role is one of the markers; anything else (name, tool calls …) may be printed.
+            rest = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+            if rest:
+                parts.append(json.dumps(rest, ensure_ascii=False))
+        if tools:
+            parts.append(json.dumps(list(tools), ensure_ascii=False))
+        if documents:
+            parts.append(json.dumps(list(documents), ensure_ascii=False))
+        return self.count_text("\n".join(parts)) + _TEMPLATE_OVERHEAD_PER_MESSAGE * (len(messages) + 1)
 
     def count_prompt(self, prompt: str | list[str] | list[int] | list[list[int]]) -> int:
         """Tokens in any of OpenAI's prompt forms: text, texts, token ids, lists of token ids."""
@@ -78,12 +155,53 @@ def _raise(message: str) -> None:
     raise ValueError(message)
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=False)
+
+
+def _normalise(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """Messages as vLLM hands them to the template; False when some content is not text."""
+    out: list[dict[str, Any]] = []
+    text_only = True
+    for message in messages:
+        item = dict(message)
+        content = item.get("content")
+        if content is None:
+            item["content"] = ""
+        elif isinstance(content, list):
+            texts = [str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            text_only = text_only and len(texts) == len(content)
+            item["content"] = "\n".join(texts)
+        calls = []
+        for call in item.get("tool_calls") or ():
+            call = dict(call) if isinstance(call, dict) else call  # never touch the body we forward
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                function = call["function"] = dict(function)
+                with contextlib.suppress(ValueError):  # vLLM keeps a malformed argument string as it is
+                    function["arguments"] = json.loads(function["arguments"] or "{}")
+            calls.append(call)
+        if calls:
+            item["tool_calls"] = calls
+        out.append(item)
+    return out, text_only
+
+
+def _developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What vLLM does for a template without a developer role: developer messages become
+    system messages, and system messages not at the start are merged into one first."""
+    converted = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    for message in converted:
+        if message["role"] == "system":
+            message.pop("tools", None)
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return converted
+    merged = {
+        "role": "system",
+        "content": "\n\n".join(converted[i]["content"] for i in systems if converted[i]["content"]),
+    }
+    return [merged, *(m for m in converted if m["role"] != "system")]
 
 
 @lru_cache(maxsize=32)

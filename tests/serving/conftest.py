@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
@@ -92,6 +93,21 @@ class Engines:
         from registry.models import Replica
 
         return committed(django_db_blocker, lambda: Replica.objects.get(pk=self.replica_ids[model]).endpoint)
+
+    def key(self, model: str) -> str:
+        """The replica's own API key (engines refuse /v1 without it)."""
+        from serving.replica_keys import replica_api_key
+
+        return replica_api_key(self.replica_ids[model])
+
+    def direct(self, model: str, django_db_blocker: Any) -> openai.OpenAI:
+        """An SDK client talking to the replica itself, bypassing the gateway."""
+        return openai.OpenAI(
+            base_url=f"{self.endpoint(model, django_db_blocker)}/v1",
+            api_key=self.key(model),
+            max_retries=0,
+            timeout=120,
+        )
 
 
 def wait_for_ready_replicas(django_db_blocker: Any, deployment_ids: list[int], timeout: float) -> dict[int, int]:

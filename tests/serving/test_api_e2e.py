@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
+# Never assert a fixed text from the engine: greedy answers differ between CPUs (bf16 kernels).
+# Answers are compared with the same replica's own answer to the same request.
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -37,14 +39,30 @@ class TestModels:
         assert excinfo.value.body["code"] == "model_not_allowed"
 
 
+class TestEngineKeys:
+    def test_a_replica_refuses_callers_without_its_key(self, engines, django_db_blocker):
+        endpoint = engines.endpoint(CHAT, django_db_blocker)
+        body = {"model": CHAT, "messages": FRANCE, "max_tokens": 1}
+        assert httpx.post(f"{endpoint}/v1/chat/completions", json=body, timeout=30).status_code == 401
+        wrong = {"Authorization": f"Bearer {engines.key(EMBED)}"}  # another replica's key
+        assert httpx.post(f"{endpoint}/v1/chat/completions", json=body, headers=wrong, timeout=30).status_code == 401
+        right = {"Authorization": f"Bearer {engines.key(CHAT)}"}
+        assert httpx.post(f"{endpoint}/v1/chat/completions", json=body, headers=right, timeout=30).status_code == 200
+
+
 class TestChatCompletions:
-    def test_json_answer_is_real_and_metered(self, gateway, api_key):
+    def test_json_answer_is_real_and_metered(self, gateway, api_key, engines, django_db_blocker):
         raw = sdk(gateway, api_key.secret).chat.completions.with_raw_response.create(
             model=CHAT, messages=FRANCE, max_tokens=30, temperature=0
         )
         completion = raw.parse()
         request_id = raw.headers["x-request-id"]
-        assert completion.choices[0].message.content == "The capital of France is Paris."
+        theirs = engines.direct(CHAT, django_db_blocker).chat.completions.create(
+            model=CHAT, messages=FRANCE, max_tokens=30, temperature=0
+        )
+        assert completion.choices[0].message.content == theirs.choices[0].message.content
+        assert completion.choices[0].message.content
+        assert completion.usage.completion_tokens == theirs.usage.completion_tokens
         assert completion.id == f"chatcmpl-{request_id.replace('-', '')}"
         assert completion.model == CHAT
         record = persisted([request_id])[request_id]
@@ -56,8 +74,11 @@ class TestChatCompletions:
         assert record.total_tokens == completion.usage.total_tokens
         assert (record.api_key_id, record.organization_id) == (api_key.key_id, api_key.organization_id)
 
-    def test_stream_with_usage(self, gateway, api_key):
+    def test_stream_with_usage(self, gateway, api_key, engines, django_db_blocker):
         client = sdk(gateway, api_key.secret)
+        theirs = engines.direct(CHAT, django_db_blocker).chat.completions.create(
+            model=CHAT, messages=FRANCE, max_tokens=30, temperature=0
+        )
         chunks = list(
             client.chat.completions.create(
                 model=CHAT, messages=FRANCE, max_tokens=30, temperature=0, stream=True,
@@ -68,15 +89,15 @@ class TestChatCompletions:
         assert {c.model for c in chunks} == {CHAT}
         *content_chunks, last = chunks
         assert last.choices == []
-        assert last.usage.completion_tokens == 8
+        assert last.usage.completion_tokens == theirs.usage.completion_tokens
         assert all(c.usage is None for c in content_chunks)
         text = "".join(c.choices[0].delta.content or "" for c in content_chunks)
-        assert text == "The capital of France is Paris."
+        assert text == theirs.choices[0].message.content
         request_id = request_id_of(last.id)
         record = persisted([request_id])[request_id]
         assert (record.status_code, record.completion_tokens, record.prompt_tokens) == (
             200,
-            8,
+            theirs.usage.completion_tokens,
             last.usage.prompt_tokens,
         )
         assert record.ttft_ms is not None
@@ -104,7 +125,7 @@ class TestChatCompletions:
         assert lines[-1] == "data: [DONE]"
 
     def test_same_answer_as_the_replica_directly(self, gateway, api_key, engines, django_db_blocker):
-        direct = openai.OpenAI(base_url=f"{engines.endpoint(CHAT, django_db_blocker)}/v1", api_key="x")
+        direct = engines.direct(CHAT, django_db_blocker)
         messages = [{"role": "user", "content": "Name three colours."}]
         ours = sdk(gateway, api_key.secret).chat.completions.create(
             model=CHAT, messages=messages, max_tokens=20, temperature=0, seed=7
@@ -116,30 +137,34 @@ class TestChatCompletions:
     def test_the_seed_path_alias(self, gateway, api_key):
         client = openai.OpenAI(base_url=f"{gateway.base_url}/api/v1", api_key=api_key.secret, max_retries=0)
         answer = client.chat.completions.create(model=CHAT, messages=FRANCE, max_tokens=30, temperature=0)
-        assert "Paris" in answer.choices[0].message.content
+        assert answer.choices[0].message.content
+        assert answer.model == CHAT
 
 
 class TestCompletions:
     def test_completion_matches_the_replica(self, gateway, api_key, engines, django_db_blocker):
-        direct = openai.OpenAI(base_url=f"{engines.endpoint(CHAT, django_db_blocker)}/v1", api_key="x")
+        direct = engines.direct(CHAT, django_db_blocker)
         ours = sdk(gateway, api_key.secret).completions.create(
             model=CHAT, prompt="The capital of France is", max_tokens=8, temperature=0
         )
         theirs = direct.completions.create(model=CHAT, prompt="The capital of France is", max_tokens=8, temperature=0)
         assert ours.choices[0].text == theirs.choices[0].text
-        assert "Paris" in ours.choices[0].text
+        assert ours.choices[0].text
         assert ours.id.startswith("cmpl-")
         assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens
 
-    def test_streamed_completion(self, gateway, api_key):
+    def test_streamed_completion(self, gateway, api_key, engines, django_db_blocker):
         chunks = list(
             sdk(gateway, api_key.secret).completions.create(
                 model=CHAT, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True,
                 stream_options={"include_usage": True},
             )
         )  # fmt: skip
-        assert chunks[-1].usage.completion_tokens == 8
-        assert "Paris" in "".join(c.choices[0].text for c in chunks if c.choices)
+        theirs = engines.direct(CHAT, django_db_blocker).completions.create(
+            model=CHAT, prompt="The capital of France is", max_tokens=8, temperature=0
+        )
+        assert chunks[-1].usage.completion_tokens == theirs.usage.completion_tokens
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == theirs.choices[0].text
 
 
 class TestEmbeddings:
@@ -151,6 +176,7 @@ class TestEmbeddings:
         direct = httpx.post(
             f"{engines.endpoint(EMBED, django_db_blocker)}/v1/embeddings",
             json={"model": EMBED, "input": texts, "encoding_format": "float"},
+            headers={"Authorization": f"Bearer {engines.key(EMBED)}"},
             timeout=30,
         ).json()
         expected = np.array([d["embedding"] for d in direct["data"]])
@@ -203,7 +229,7 @@ class TestRefusedRequestsDispatchNothing:
             ({"model": CHAT, "messages": FRANCE, "temperature": "hot"}, 400, "temperature", "invalid_value"),
             ({"model": CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role",
              "invalid_value"),
-            ({"model": CHAT, "messages": FRANCE, "n": 2}, 400, "n", "invalid_value"),
+            ({"model": CHAT, "messages": FRANCE, "n": 17}, 400, "n", "invalid_value"),
             ({"model": CHAT, "messages": FRANCE, "bogus": 1}, 400, "bogus", None),
             ({"model": "no-such-model", "messages": FRANCE}, 400, "model", "model_not_found"),
             ({"model": CHAT, "messages": FRANCE, "max_tokens": 9000}, 400, "max_tokens", "context_length_exceeded"),
@@ -251,10 +277,15 @@ class TestRefusedRequestsDispatchNothing:
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
 
-    def test_expired_key(self, gateway, make_api_key, nothing_dispatched):
+    def test_expired_key(self, gateway, make_api_key, django_db_blocker, nothing_dispatched):
         from datetime import UTC, datetime, timedelta
 
-        key = make_api_key(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        from billing.models import ApiKey
+
+        key = make_api_key(expires_at=datetime.now(UTC) + timedelta(seconds=30))  # only a future expiry is accepted
+        expired = datetime.now(UTC) - timedelta(seconds=1)
+        committed(django_db_blocker, lambda: ApiKey.objects.filter(pk=key.key_id).update(expires_at=expired))
+        time.sleep(1.1)  # the gateway trusts a cached key for at most 1 s
         response = _post(gateway, "/v1/chat/completions", json={"model": CHAT, "messages": FRANCE}, secret=key.secret)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "expired_api_key"

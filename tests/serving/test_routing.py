@@ -54,10 +54,14 @@ class TestReplicaChoice:
     def test_fewest_in_flight_first(self):
         router = Router()
         v = version(1, 100, replicas=3)
-        router.in_flight[10] = 5
-        router.in_flight[11] = 1
-        router.in_flight[12] = 3
+        for replica_id, busy in ((10, 5), (11, 1), (12, 3)):
+            for _ in range(busy):
+                router.acquire(replica_id)
         assert [r.id for r in router.replica_order(v)] == [11, 12, 10]
+        for _ in range(5):
+            router.release(10)
+        assert router.in_flight(10) == 0
+        assert next(r.id for r in router.replica_order(v)) == 10
 
     def test_an_open_circuit_is_skipped(self, settings):
         settings.CIRCUIT_FAILURE_THRESHOLD = 2

@@ -33,7 +33,8 @@ class TestWebSocket:
         headers = {"Authorization": f"Bearer {api_key.secret}"}
         with connect(ws_url(gateway), additional_headers=headers) as socket:
             for client_id in ("a", "b"):
-                body = {"model": CHAT, "messages": STORY, "max_tokens": 80, "temperature": 0}
+                # ignore_eos: the token count must not depend on where this CPU's greedy answer ends.
+                body = {"model": CHAT, "messages": STORY, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
                 socket.send(json.dumps({"type": "chat.completion", "id": client_id, "body": body}))
             frames = receive_until(socket, lambda fs: sum(f["id"] == "b" and f["type"] == "chunk" for f in fs) >= 3)
             socket.send(json.dumps({"type": "cancel", "id": "b"}))
@@ -59,6 +60,31 @@ class TestWebSocket:
         assert cancelled.status_code == 499
         assert cancelled.completion_tokens == usage["b"]["usage"]["completion_tokens"]
 
+    def test_a_socket_idle_for_a_minute_still_streams(self, gateway, api_key):
+        """The channel layer blocks in Redis for 5 s at a time: its socket timeout must be longer."""
+        headers = {"Authorization": f"Bearer {api_key.secret}"}
+        with connect(ws_url(gateway), additional_headers=headers) as socket:
+            time.sleep(65)
+            body = {"model": CHAT, "messages": STORY, "max_tokens": 5, "ignore_eos": True}
+            socket.send(json.dumps({"type": "chat.completion", "id": "late", "body": body}))
+            frames = receive_until(socket, lambda fs: any(f["type"] in {"usage", "error"} for f in fs))
+        assert frames[-1]["type"] == "usage", frames[-1]
+        assert (frames[-1]["status"], frames[-1]["usage"]["completion_tokens"]) == ("completed", 5)
+
+    def test_a_stream_of_400_tokens(self, gateway, api_key):
+        headers = {"Authorization": f"Bearer {api_key.secret}"}
+        started = time.monotonic()
+        with connect(ws_url(gateway), additional_headers=headers) as socket:
+            body = {"model": CHAT, "messages": STORY, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+            socket.send(json.dumps({"type": "chat.completion", "id": "long", "body": body}))
+            frames = receive_until(socket, lambda fs: any(f["type"] in {"usage", "error"} for f in fs), timeout=300)
+        assert frames[-1]["type"] == "usage", frames[-1]
+        assert (frames[-1]["status"], frames[-1]["usage"]["completion_tokens"]) == ("completed", 400)
+        assert sum(f["type"] == "chunk" for f in frames) >= 399
+        record = persisted([frames[-1]["request_id"]])[frames[-1]["request_id"]]
+        assert (record.status_code, record.completion_tokens) == (200, 400)
+        print(f"400 tokens over the socket in {time.monotonic() - started:.1f} s")
+
     def test_auth_message_for_browsers(self, gateway, api_key):
         with connect(ws_url(gateway)) as socket:
             socket.send(json.dumps({"type": "chat.completion", "id": "x", "body": {"model": CHAT, "messages": STORY}}))
@@ -67,7 +93,7 @@ class TestWebSocket:
             assert refused["error"]["code"] == "missing_api_key"
             socket.send(json.dumps({"type": "auth", "api_key": api_key.secret}))
             assert json.loads(socket.recv(timeout=10)) == {"type": "auth", "ok": True}
-            body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+            body = {"model": CHAT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "ignore_eos": True}
             socket.send(json.dumps({"type": "chat.completion", "id": "x", "body": body}))
             frames = receive_until(socket, lambda fs: any(f["type"] == "usage" for f in fs))
         assert frames[-1]["status"] == "completed"

@@ -1,5 +1,5 @@
--- Admission and settlement of one request, atomically, on Redis server time.
--- Loaded by serving/limits.py; see docs/architecture.md ("The limiter") for the keys.
+-- The ledger: admission and settlement of one request, atomically, on Redis server time.
+-- Loaded by billing/ledger.py; see docs/architecture.md ("The ledger") for the keys.
 --
 -- Every scope (the key, its organisation) has:
 --   <p>:rpm, <p>:tpm     token buckets {tokens, ts}; capacity = the per-minute limit,
@@ -14,6 +14,13 @@ local function int(x)
   return string.format("%.0f", x)
 end
 
+-- Redis's own clock: the same for every gateway and the sweeper, whatever their hosts' clocks say.
+local function real_now()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The limiter's clock: real time, or a test's frozen clock (LIMITS_TEST_CLOCK only).
 local function now_seconds(clock_key)
   if clock_key ~= "" then
     local override = redis.call("GET", clock_key)
@@ -21,8 +28,7 @@ local function now_seconds(clock_key)
       return tonumber(override)
     end
   end
-  local t = redis.call("TIME")
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+  return real_now()
 end
 
 -- Days since 1970-01-01 of a civil date, and back (Howard Hinnant's algorithms).
@@ -84,10 +90,17 @@ end
 
 -- ADMIT
 -- KEYS[1] in-flight hash, KEYS[2] budget alert stream
--- ARGV[1] request id           ARGV[2] spec (JSON, see serving/limits.py)
+-- ARGV[1] request id           ARGV[2] spec (JSON, see billing/ledger.py)
 -- ARGV[3] in-flight entry (JSON, the usage event so far)   ARGV[4] test clock key or ""
 local function admit()
   local rid = ARGV[1]
+  -- Idempotent: a retried call (its first reply was lost) finds the request admitted
+  -- already and answers the same, charging nothing a second time.
+  local existing = redis.call("HGET", KEYS[1], rid)
+  if existing then
+    local entry = cjson.decode(existing)
+    return cjson.encode({ok = true, scopes = entry.settle.report, month = entry.settle.month, replay = true})
+  end
   local spec = cjson.decode(ARGV[2])
   local now = now_seconds(ARGV[4])
   local month, month_left = month_of(now)
@@ -182,7 +195,10 @@ local function admit()
 
   -- What settlement needs to undo the reservation, kept with the in-flight entry.
   local entry = cjson.decode(ARGV[3])
-  entry.settle = {month = month, tokens = tokens, spend = spend, model_key = spec.model_key, scopes = {}}
+  -- Admission time on Redis's clock: the sweeper judges ages with the same clock.
+  entry.t = real_now()
+  entry.settle = {month = month, tokens = tokens, spend = spend, model_key = spec.model_key, scopes = {},
+    report = report}
   for _, s in ipairs(spec.scopes) do
     table.insert(entry.settle.scopes, {p = s.p, tpm = s.tpm, conc = s.conc})
   end
@@ -250,6 +266,11 @@ local function peek()
   return cjson.encode({ok = true, scopes = report})
 end
 
+-- NOW: Redis's clock (seconds), for the sweeper.
+local function now()
+  return string.format("%.6f", real_now())
+end
+
 -- MONTH: for tests of the calendar arithmetic. ARGV[1] unix seconds.
 local function month()
   local m, left = month_of(tonumber(ARGV[1]))
@@ -261,4 +282,5 @@ if op == "admit" then return admit() end
 if op == "settle" then return settle() end
 if op == "peek" then return peek() end
 if op == "month" then return month() end
+if op == "now" then return now() end
 return redis.error_reply("unknown operation " .. tostring(op))

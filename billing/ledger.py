@@ -1,0 +1,510 @@
+"""The ledger: admit, settle and sweep one request, and the usage event they write, in one place.
+
+Every admitted request is charged against its key's and organisation's limits and budgets
+and produces exactly one usage event, however it ends:
+
+1. ``admit`` (one Lua call, ``ledger.lua``, on Redis server time) checks and charges
+   requests per minute, tokens per minute (reserved up front), concurrency, the month's
+   token quota and spend cap, and the model's queue for the key's tier, and records the
+   request in the in-flight hash. It is idempotent: a retried call for the same request
+   id (its first reply was lost) charges nothing twice.
+2. ``settle`` (one Lua call) removes the request from the hash, returns the unused part
+   of its reservation, releases its places, and appends its ``UsageEvent`` to the usage
+   stream, atomically; whoever removes the entry writes the event, so it is written once.
+   A gateway that cannot reach Redis hands the settlement to ``Settlements``, which keeps
+   retrying until Redis is back: nothing is lost and nothing is settled twice.
+3. ``sweep_lost_requests`` (Celery) settles, through the same Lua code, the entries of
+   gateways that are gone: a gateway is alive while its heartbeat key exists (refreshed by
+   a thread, so a busy event loop cannot miss a beat), and is judged dead only after the
+   sweeper has seen it missing for GATEWAY_LOST_AFTER on Redis's own clock.
+
+``billing.usage`` moves the stream into ``UsageRecord`` rows (request id unique). The keys
+are named in ``core.keys``; docs/architecture.md, "The ledger", has the whole contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+from django.conf import settings
+from redis.asyncio.client import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from billing.grants import KeyGrant, ScopeLimits
+from billing.pricing import cost_micros, to_micros
+from core import keys
+from core.redis import async_redis, sync_redis
+
+logger = logging.getLogger(__name__)
+
+# This process's identity in the in-flight entries it owns, and its heartbeat key.
+GATEWAY_ID = uuid.uuid4().hex
+
+# Status recorded by the sweeper for a request whose gateway died before settling it.
+GATEWAY_LOST = 500
+
+
+# --- The usage event ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsageEvent:
+    """What one admitted request consumed: the one record the stream carries per request id.
+
+    On the stream every field is a string (``to_fields``); ``ttft_ms`` is empty when no
+    token was produced. ``from_fields`` is the persister's strict reader.
+    """
+
+    request_id: uuid.UUID
+    api_key_id: int
+    organization_id: int
+    model: str
+    model_version: str
+    endpoint: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    latency_ms: int
+    ttft_ms: int | None
+    status_code: int
+    created_at: datetime
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_fields(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                out[f.name] = ""
+            elif isinstance(value, datetime):
+                out[f.name] = value.isoformat()
+            else:
+                out[f.name] = str(value)
+        return out
+
+    @classmethod
+    def from_fields(cls, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> UsageEvent:
+        """Parse a stream entry; ValueError (or KeyError for a missing field) when it is not one."""
+        text = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in raw.items()}  # fmt: skip
+
+        def count(name: str) -> int:
+            value = int(text[name])
+            if value < 0:
+                raise ValueError(f"{name} is negative")
+            return value
+
+        created_at = datetime.fromisoformat(text["created_at"])
+        if created_at.tzinfo is None:
+            raise ValueError("created_at has no time zone")
+        return cls(
+            request_id=uuid.UUID(text["request_id"]),
+            api_key_id=count("api_key_id"),
+            organization_id=count("organization_id"),
+            model=text["model"],
+            model_version=text["model_version"],
+            endpoint=text.get("endpoint", ""),
+            prompt_tokens=count("prompt_tokens"),
+            completion_tokens=count("completion_tokens"),
+            cached_tokens=count("cached_tokens"),
+            latency_ms=count("latency_ms"),
+            ttft_ms=count("ttft_ms") if text.get("ttft_ms") else None,
+            status_code=count("status_code"),
+            created_at=created_at,
+        )
+
+
+def spend_micros(tokens: int) -> int:
+    return cost_micros(tokens=tokens)
+
+
+# --- Admission -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RateLimitHeaders:
+    """OpenAI's x-ratelimit-* headers, from the tightest of the key's and the org's buckets."""
+
+    values: dict[str, str]
+
+    @classmethod
+    def from_report(cls, report: list[dict[str, Any]]) -> RateLimitHeaders:
+        values: dict[str, str] = {}
+        for dimension, suffix in (("rpm", "requests"), ("tpm", "tokens")):
+            tightest = min(
+                (r for r in report if dimension in r),
+                key=lambda r: r[f"{dimension}_left"],
+                default=None,
+            )
+            if tightest is None:
+                continue
+            values[f"x-ratelimit-limit-{suffix}"] = str(int(tightest[dimension]))
+            values[f"x-ratelimit-remaining-{suffix}"] = str(max(0, math.floor(tightest[f"{dimension}_left"])))
+            values[f"x-ratelimit-reset-{suffix}"] = format_duration(tightest[f"{dimension}_reset"])
+        return cls(values)
+
+
+def format_duration(seconds: float) -> str:
+    """OpenAI's style: ``0s``, ``250ms``, ``1.5s``, ``6m0s``."""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest}s"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why admission said no: ``code`` is OpenAI's (rate_limit_exceeded, request_too_large,
+    insufficient_quota) or ``model_overloaded``; ``retry_after`` in whole seconds."""
+
+    code: str
+    message: str
+    retry_after: int
+    headers: RateLimitHeaders
+
+
+class Refused(Exception):
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+class LedgerUnavailable(Exception):
+    """Redis could not be reached: nothing may be admitted that cannot be metered."""
+
+
+_REFUSALS = {
+    "request_too_large": "Request too large for the {scope}'s {limit} per minute limit: it needs {requested} "
+    "(prompt + max_tokens) and the limit is {value}. Lower max_tokens or shorten the prompt.",
+    "insufficient_quota": "You exceeded the {scope}'s {limit} budget ({value}) for this month. "
+    "It resets at the start of next month (UTC).",
+    "model_overloaded": "The model is at capacity; {tier}-tier requests are refused first while it is busy. "
+    "Retry shortly.",
+}
+
+
+def _refusal(result: dict[str, Any], grant: KeyGrant, headers: RateLimitHeaders) -> Refusal:
+    code = result["code"]
+    retry = max(1, math.ceil(result.get("retry", 1)))
+    if code == "rate_limit_exceeded":
+        what = {"requests": "requests per minute", "tokens": "tokens per minute", "concurrency": "concurrent requests"}
+        message = (
+            f"Rate limit reached for the {result['scope']}'s {what[result['limit']]} (limit {result['value']})"
+            + (f"; this request needs {result['requested']} tokens" if "requested" in result else "")
+            + f". Retry in {retry} s."
+        )
+    else:
+        message = _REFUSALS[code].format(tier=grant.tier, **result)
+    return Refusal(code=code, message=message, retry_after=retry, headers=headers)
+
+
+@lru_cache(maxsize=1)
+def lua_source() -> str:
+    return Path(__file__).with_name("ledger.lua").read_text()
+
+
+_scripts: dict[int, AsyncScript] = {}
+
+
+def _script(client: Redis) -> AsyncScript:
+    script = _scripts.get(id(client))
+    if script is None:
+        script = client.register_script(lua_source())
+        _scripts[id(client)] = script
+    return script
+
+
+def _clock() -> str:
+    """Tests move the limiter's clock through a Redis key; production always uses TIME."""
+    return keys.limiter_test_clock() if settings.LIMITS_TEST_CLOCK else ""
+
+
+def _scope_spec(name: str, ident: int, limits: ScopeLimits) -> dict[str, Any]:
+    return {
+        "name": name,
+        "id": ident,
+        "p": keys.limit_scope(name, ident),
+        "rpm": limits.rpm or 0,
+        "tpm": limits.tpm or 0,
+        "conc": limits.concurrent or 0,
+        "quota": limits.token_quota or 0,
+        "spend": to_micros(limits.spend_cap),
+        "alert": limits.alert_percent,
+    }
+
+
+def _scopes(grant: KeyGrant) -> list[dict[str, Any]]:
+    return [
+        _scope_spec("key", grant.key_id, grant.key_limits),
+        _scope_spec("org", grant.organization_id, grant.org_limits),
+    ]
+
+
+def inflight_entry(draft: UsageEvent) -> dict[str, str]:
+    """What the sweeper needs to settle a request whose gateway died: the event so far."""
+    return draft.to_fields() | {"gateway": GATEWAY_ID}
+
+
+# A lost reply is retried this many times; admission is idempotent, so it charges once.
+ADMIT_ATTEMPTS = 3
+
+
+async def admit(*, grant: KeyGrant, draft: UsageEvent, tokens: int, model_limit: int) -> RateLimitHeaders:
+    """Check and charge everything for one request and record it in flight, atomically.
+
+    ``draft`` is the usage event as known at admission (status 0); ``tokens`` the
+    reservation (prompt + the most it may generate). Raises ``Refused`` (nothing charged)
+    or ``LedgerUnavailable``; in the latter case the admission may have landed, so the
+    caller settles the request anyway (a no-op when it did not).
+    """
+    presence.ensure_started()
+    spec = {
+        "scopes": _scopes(grant),
+        "tokens": tokens,
+        "spend": spend_micros(tokens),
+        "ttl": int(settings.ENGINE_REQUEST_TIMEOUT) + 60,
+        "org": grant.organization_id,
+        "model_key": keys.model_queue(draft.model),
+        "model_limit": model_limit,
+    }
+    argv: list[str | bytes] = [
+        "admit",
+        str(draft.request_id),
+        orjson.dumps(spec),
+        orjson.dumps(inflight_entry(draft)),
+        _clock(),
+    ]
+    client = async_redis()
+    for attempt in range(ADMIT_ATTEMPTS):
+        try:
+            raw = await _script(client)(keys=[keys.inflight_requests(), keys.budget_alerts()], args=argv)
+            break
+        except RedisError as exc:
+            if attempt == ADMIT_ATTEMPTS - 1:
+                raise LedgerUnavailable(str(exc)) from exc
+            await asyncio.sleep(0.05 * 2**attempt)
+    result = orjson.loads(raw)
+    if not result["ok"]:
+        raise Refused(_refusal(result, grant, await peek(grant)))
+    return RateLimitHeaders.from_report(result["scopes"])
+
+
+async def peek(grant: KeyGrant) -> RateLimitHeaders:
+    """The key's buckets as they stand, without charging anything."""
+    client = async_redis()
+    raw = await _script(client)(keys=[], args=["peek", orjson.dumps({"scopes": _scopes(grant)}), _clock()])
+    return RateLimitHeaders.from_report(orjson.loads(raw)["scopes"])
+
+
+# --- Settlement ----------------------------------------------------------------------------
+
+
+def _settle_args(event: UsageEvent) -> list[str | int]:
+    used = event.total_tokens
+    argv: list[str | int] = ["settle", str(event.request_id), used, spend_micros(used), _clock()]
+    for name, value in event.to_fields().items():
+        argv += [name, value]
+    return argv
+
+
+async def settle(event: UsageEvent) -> bool:
+    """Refund, release and write the usage event; False if the request was already settled
+    (or never admitted). Raises RedisError: callers that must not lose it use ``Settlements``."""
+    client = async_redis()
+    return bool(await _script(client)(keys=[keys.inflight_requests(), keys.usage_stream()], args=_settle_args(event)))
+
+
+class Settlements:
+    """Settlements this process could not write yet, retried until Redis takes them.
+
+    Memory is bounded by what was in flight when Redis went away: admission needs Redis,
+    so no new request can join while it is down. Settling is idempotent (the in-flight
+    entry is removed once), so a retry after an unknown outcome cannot count twice.
+    """
+
+    def __init__(self) -> None:
+        self._pending: deque[UsageEvent] = deque()
+        self._worker: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, event: UsageEvent) -> None:
+        self._pending.append(event)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        delay = 0.2
+        while self._pending:
+            event = self._pending[0]
+            try:
+                await settle(event)
+            except ResponseError:
+                # Redis answered but refused the script: retrying cannot help. Keep the event.
+                await _park(event, "settlement refused by Redis")
+            except RedisError as exc:
+                logger.warning("settlement of %s still waiting for Redis (%d pending): %s",
+                               event.request_id, len(self._pending), exc)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self._pending.popleft()
+            delay = 0.2
+
+
+settlements = Settlements()
+
+
+async def settle_or_defer(event: UsageEvent) -> bool:
+    """Settle now if Redis answers; otherwise leave it to ``settlements``. True if written now."""
+    try:
+        await settle(event)
+        return True
+    except ResponseError:
+        await _park(event, "settlement refused by Redis")
+        return False
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        logger.warning("usage settlement deferred until Redis is back: %s", exc)
+        settlements.add(event)
+        return False
+
+
+async def _park(event: UsageEvent, reason: str) -> None:
+    """A settlement Redis refuses (a bug, not an outage): keep the event where people look."""
+    logger.error("%s: %s", reason, event)
+    entry: dict[Any, Any] = {**event.to_fields(), "reason": reason}
+    try:
+        await async_redis().xadd(keys.usage_dead_letters(), entry)
+    except RedisError:
+        logger.error("could not park usage event %s: %s", event.request_id, event.to_fields())
+
+
+# --- Gateway presence and the sweeper -------------------------------------------------------
+
+
+class Presence:
+    """A gateway's heartbeat key, refreshed by a thread of its own.
+
+    A busy event loop (or one blocked by a slow call) cannot stop the beat, so the sweeper
+    never mistakes a live gateway for a dead one because its loop was late.
+    """
+
+    def __init__(self, gateway_id: str, *, interval: float | None = None, ttl: float | None = None) -> None:
+        self.gateway_id = gateway_id
+        self._interval = interval
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def interval(self) -> float:
+        return self._interval if self._interval is not None else settings.GATEWAY_HEARTBEAT_SECONDS
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl if self._ttl is not None else settings.GATEWAY_LOST_AFTER
+
+    def ensure_started(self) -> None:
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gateway-heartbeat", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self) -> None:
+        sync_redis().set(keys.gateway_heartbeat(self.gateway_id), "1", px=max(1000, int(self.ttl * 1000)))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception:  # a heartbeat failure must never end the thread
+                logger.warning("gateway heartbeat to Redis failed", exc_info=True)
+            self._stop.wait(self.interval)
+
+
+presence = Presence(GATEWAY_ID)
+
+
+def sweep_lost_requests() -> int:
+    """Settle in-flight entries whose gateway is gone, or that outlived any request.
+
+    Runs in Celery (sync). Ages and absences are measured on Redis's clock, never this
+    host's. A gateway whose heartbeat is missing is only *suspected* at first; it is
+    judged dead once the sweeper has seen it missing for GATEWAY_LOST_AFTER (a Redis
+    restart or a slow beat does not close live requests). Settles with the same Lua code
+    as gateways, so a request a gateway settles at the same moment is still written once.
+    """
+    client = sync_redis()
+    script = client.register_script(lua_source())
+    now = float(script(keys=[], args=["now"]))
+    stored: dict[bytes, bytes] = client.hgetall(keys.gateway_suspects())  # type: ignore[assignment]
+    suspects = {k.decode(): float(v) for k, v in stored.items()}
+    verdicts: dict[str, bool] = {}  # gateway id → dead
+    seen: set[str] = set()
+    closed = 0
+
+    def dead(gateway: str) -> bool:
+        if gateway in verdicts:
+            return verdicts[gateway]
+        if client.exists(keys.gateway_heartbeat(gateway)):
+            if gateway in suspects:
+                client.hdel(keys.gateway_suspects(), gateway)
+            verdicts[gateway] = False
+        elif gateway not in suspects:
+            client.hset(keys.gateway_suspects(), gateway, f"{now:.6f}")
+            verdicts[gateway] = False
+        else:
+            verdicts[gateway] = now - suspects[gateway] >= settings.GATEWAY_LOST_AFTER
+        return verdicts[gateway]
+
+    for request_id, raw in client.hscan_iter(keys.inflight_requests(), count=500):
+        try:
+            entry = orjson.loads(raw)
+            draft = UsageEvent.from_fields({k: str(v) for k, v in entry.items() if k not in ("gateway", "settle", "t")})
+            admitted = float(entry["t"])
+        except (orjson.JSONDecodeError, KeyError, ValueError, TypeError):
+            logger.error("unreadable in-flight entry %r", request_id)
+            continue
+        gateway = str(entry.get("gateway", ""))
+        seen.add(gateway)
+        age = now - admitted
+        overdue = age > settings.ENGINE_REQUEST_TIMEOUT + 60
+        if not overdue and not dead(gateway):
+            continue
+        event = replace(draft, status_code=GATEWAY_LOST, latency_ms=max(0, int(age * 1000)))
+        if script(keys=[keys.inflight_requests(), keys.usage_stream()], args=_settle_args(event)):
+            closed += 1
+            logger.warning("closed request %s left in flight by gateway %s (age %.0f s)", draft.request_id,
+                           gateway, age)  # fmt: skip
+    forgotten = [g for g in suspects if g not in seen]
+    if forgotten:
+        client.hdel(keys.gateway_suspects(), *forgotten)
+    return closed

@@ -1,0 +1,489 @@
+"""One inference request from body to usage event: prepare → admit → run → settle.
+
+The REST/SSE views and the WebSocket consumer drive the same ``InferenceCall``, so a fix
+to the request's life lands once. ``prepare`` does everything that can refuse a request
+before it is admitted (nothing is dispatched or metered for a refused request); ``admit``
+charges the limits through the ledger (``billing.ledger``). From then on the request is
+settled exactly once, by ``close``, whatever ends it:
+
+- the answer is complete: settled before the last bytes (the usage chunk, ``[DONE]``);
+- the engine fails or times out: settled with the tokens produced and the error status;
+- the client goes away or cancels, at any point, even while the admission call is still
+  in flight: the owner (``serving.asgi``, the consumer) calls ``close`` in a ``finally``;
+  ``close`` waits for an admission in flight, then settles it as 499 with what was used;
+- Redis is unreachable when settling: the ledger keeps retrying until it is back.
+
+The router's in-flight counts change only through ``router.acquire``/``release`` (the
+engine client acquires; ``close`` releases), so no path leaves a replica counted busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from billing import ledger
+from billing.grants import KeyGrant
+from billing.ledger import RateLimitHeaders, UsageEvent
+from serving import engine, metrics
+from serving.errors import (
+    APIError,
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelNotAllowed,
+    ModelNotFound,
+    RateLimited,
+)
+from serving.routing import ModelRoute, ReplicaRoute, RoutingTable, RoutingUnavailable, VersionRoute, router
+from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
+from serving.tokens import PromptCount, PromptCounter, prompt_counter
+
+logger = logging.getLogger(__name__)
+
+# Status recorded for a request whose client went away before it finished (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    path: str  # on the engine
+    schema: type[ChatCompletionRequest | CompletionRequest | EmbeddingRequest]
+    tasks: frozenset[str]
+    id_prefix: str
+
+
+CHAT = Endpoint("chat", "/v1/chat/completions", ChatCompletionRequest, frozenset({"chat"}), "chatcmpl-")
+COMPLETIONS = Endpoint("completions", "/v1/completions", CompletionRequest, frozenset({"chat", "completion"}), "cmpl-")
+EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", EmbeddingRequest, frozenset({"embedding"}), "embd-")
+
+
+def status_of(exc: BaseException) -> int:
+    if isinstance(exc, APIError):
+        return exc.status
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return CLIENT_CLOSED
+    return 500
+
+
+_loaded_counters: set[str | None] = set()
+
+
+async def _counter(version: VersionRoute) -> PromptCounter:
+    directory = version.tokenizer_dir
+    if directory in _loaded_counters:
+        return prompt_counter(directory)
+    # First use in this process: loading a tokenizer takes ~100 ms, keep it off the loop.
+    counter = await sync_to_async(prompt_counter, thread_sensitive=False)(directory)
+    _loaded_counters.add(directory)
+    return counter
+
+
+async def routing_table(*, fresh: bool = False) -> RoutingTable:
+    try:
+        return await (router.fresh_snapshot() if fresh else router.snapshot())
+    except RoutingUnavailable as exc:
+        logger.error("routing unavailable: %s", exc)
+        raise EngineUnavailable(
+            "The model registry cannot be read right now; try again shortly.", code="routing_unavailable"
+        ) from exc
+
+
+async def find_model(name: str) -> ModelRoute:
+    model = (await routing_table()).models.get(name)
+    if model is None:  # deployed a moment ago? one fresh read before saying no
+        model = (await routing_table(fresh=True)).models.get(name)
+    if model is None:
+        raise ModelNotFound(name)
+    return model
+
+
+class InferenceCall:
+    """One request's life. Drive it as prepare → admit → complete() or start_stream()/chunks(),
+    and always ``close(status)`` in a ``finally`` (idempotent; a no-op once settled)."""
+
+    def __init__(self, endpoint: Endpoint, grant: KeyGrant, request_id: uuid.UUID) -> None:
+        self.endpoint = endpoint
+        self.grant = grant
+        self.request_id = request_id
+        self.rate_limits: RateLimitHeaders | None = None
+        self.status: int | None = None  # set when settled
+        self.failed = False  # a stream ended with an error event
+        self.prompt_tokens = 0
+        self.prompt_exact = True
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.ttft_ms: int | None = None
+        self._reported_prompt: int | None = None
+        self._reserved = 0
+        self._admission: asyncio.Task[RateLimitHeaders] | None = None
+        self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
+        self._admitted = False
+        self._dispatched = False
+        self._closing: asyncio.Task[None] | None = None
+        self._replica: ReplicaRoute | None = None
+        self._upstream: engine.EngineStream | None = None
+        self._first: Any = None
+        self._final_usage_chunk: dict[str, Any] | None = None
+        self._started = time.perf_counter()
+        self._admitted_at = datetime.now(UTC)
+
+    # --- before admission ---------------------------------------------------------------
+
+    async def prepare(self, raw_body: bytes) -> None:
+        """Validate, route and count; raises an APIError (4xx/503) and nothing is charged."""
+        body, data = parse_body(raw_body, self.endpoint.schema)
+        model = await find_model(body.model)
+        if not self.grant.may_use(body.model):
+            raise ModelNotAllowed(body.model)
+        if model.task not in self.endpoint.tasks:
+            raise InvalidRequest(
+                f"The model `{model.name}` is a {model.task} model and does not support /v1/{self.endpoint.name}.",
+                param="model",
+                code="model_not_supported",
+            )
+        sticky = getattr(body, "user", None) or f"key:{self.grant.key_id}"
+        version = router.choose_version(model, sticky)
+        if version is None:
+            raise EngineUnavailable(f"No replica of `{model.name}` is ready. Try again shortly.")
+        counter = await _counter(version)
+        max_len = version.max_model_len
+        if isinstance(body, ChatCompletionRequest):
+            count = counter.count_chat(
+                data["messages"],
+                tools=data.get("tools"),
+                documents=data.get("documents"),
+                add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message),
+                template_kwargs=body.chat_template_kwargs,
+            )
+            per_prompt, prompts = [count], 1
+        elif isinstance(body, CompletionRequest):
+            if body.prompt_count > 1:
+                items = cast(list[str] | list[list[int]], body.prompt)
+                per_prompt = [PromptCount(counter.count_prompt(item), counter.exact) for item in items]
+            else:
+                per_prompt = [PromptCount(counter.count_prompt(body.prompt), counter.exact)]
+            prompts = len(per_prompt)
+        else:
+            per_prompt = [PromptCount(counter.count_prompt(body.input), counter.exact)]
+            prompts = 1
+        # An engine-side truncation makes our count an upper bound, not the truth.
+        exact = all(c.exact for c in per_prompt) and getattr(body, "truncate_prompt_tokens", None) is None
+        prompt_tokens = sum(c.tokens for c in per_prompt)
+        if isinstance(body, EmbeddingRequest):
+            if exact and isinstance(body.input, str) and prompt_tokens > max_len:
+                raise InvalidRequest(
+                    f"This model's maximum context length is {max_len} tokens, "
+                    f"but the input has {prompt_tokens} tokens.",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            reserved = prompt_tokens
+        else:
+            limit = body.completion_limit
+            if exact:
+                _check_context(body, max(c.tokens for c in per_prompt), limit, max_len)
+            # Reserved against TPM and budgets: every prompt plus the most every choice may
+            # generate. An estimated prompt is capped by the context the engine allows.
+            prompt_bound = prompt_tokens if exact else min(prompt_tokens, max_len * prompts)
+            longest = max(c.tokens for c in per_prompt) if exact else 0
+            per_choice = limit if limit is not None else max(1, max_len - longest)
+            reserved = prompt_bound + prompts * body.n * per_choice
+
+        payload = engine_payload(data)
+        payload["model"] = model.name
+        if isinstance(body, ChatCompletionRequest | CompletionRequest) and body.stream:
+            # Always ask for usage, cumulative on every chunk: a stream cut short is still
+            # metered with the tokens actually produced.
+            payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        self.body = body
+        self.payload = payload
+        self.model = model
+        self.version = version
+        self.prompt_tokens = prompt_tokens
+        self.prompt_exact = exact
+        self._reserved = reserved
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.body, "stream", False))
+
+    @property
+    def wants_usage(self) -> bool:
+        return isinstance(self.body, ChatCompletionRequest | CompletionRequest) and self.body.wants_usage
+
+    @property
+    def public_id(self) -> str:
+        return self.endpoint.id_prefix + self.request_id.hex
+
+    @property
+    def admitted(self) -> bool:
+        """Charged and metered (known for sure once ``close`` has returned)."""
+        return self._admitted
+
+    # --- admission ------------------------------------------------------------------------
+
+    async def admit(self) -> RateLimitHeaders:
+        """Charge the limits and register the request in flight, in one atomic step.
+
+        Runs as a task of its own: a caller cancelled while it is in flight (a client that
+        disconnects, a WebSocket cancel) leaves it to finish, and ``close`` settles it.
+        Raises RateLimited (429) when a limit, budget or the model's queue refuses it.
+        """
+        self._admission = asyncio.ensure_future(self._admit())
+        return await asyncio.shield(self._admission)
+
+    async def _admit(self) -> RateLimitHeaders:
+        replicas = sum(len(router.routable(v)) for v in self.model.versions)
+        if self.grant.tier == "paid":
+            per_replica = settings.BACKPRESSURE_PAID_PER_REPLICA
+        else:
+            per_replica = settings.BACKPRESSURE_FREE_PER_REPLICA
+        self._maybe_admitted = True
+        try:
+            headers = await ledger.admit(
+                grant=self.grant,
+                draft=self._event(0),
+                tokens=self._reserved,
+                model_limit=max(1, replicas) * per_replica,
+            )
+        except ledger.Refused as refused:
+            self._maybe_admitted = False
+            r = refused.refusal
+            raise RateLimited(
+                r.message,
+                code=r.code,
+                type="insufficient_quota" if r.code == "insufficient_quota" else "rate_limit_exceeded",
+                headers={**r.headers.values, "Retry-After": str(r.retry_after)},
+            ) from None
+        except ledger.LedgerUnavailable as exc:
+            # The admission may have landed before the connection failed: close() settles it
+            # (a no-op in the ledger when it did not), so nothing is left charged.
+            logger.error("ledger unavailable: %s", exc)
+            raise EngineUnavailable(
+                "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",
+                code="limiter_unavailable",
+            ) from exc
+        self._admitted = True
+        metrics.IN_FLIGHT.labels(self.model.name).inc()
+        self.rate_limits = headers
+        return headers
+
+    # --- running ---------------------------------------------------------------------------
+
+    async def complete(self) -> dict[str, Any]:
+        """A non-streaming request: the engine's JSON answer, with our id and model name; settled."""
+        try:
+            replicas = router.replica_order(self.version)
+            try:
+                async with asyncio.timeout(settings.ENGINE_REQUEST_TIMEOUT):
+                    self._dispatched = True
+                    self._replica, response = await engine.dispatch(
+                        router, replicas, self.endpoint.path, self.payload, stream=False
+                    )
+            except TimeoutError:
+                raise EngineTimeout("The engine did not answer in time.") from None
+            data = engine.parse_json(router, self._replica, response.content)
+            self._record_usage(data.get("usage"))
+            if self.endpoint is not EMBEDDINGS:
+                data["id"] = self.public_id
+            data["model"] = self.model.name
+        except BaseException as exc:
+            await self.close(status_of(exc))
+            raise
+        await self.close(200)
+        return data
+
+    async def start_stream(self) -> None:
+        """Dispatch and wait for the first event; errors before it are ordinary HTTP errors."""
+        try:
+            replicas = router.replica_order(self.version)
+            self._dispatched = True
+            self._upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
+            self._replica = self._upstream.replica
+            try:
+                async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
+                    self._first = await anext(self._upstream)
+            except TimeoutError:
+                router.record_failure(self._replica.id)
+                raise EngineTimeout(
+                    f"The engine sent no token within {settings.ENGINE_FIRST_TOKEN_TIMEOUT:g} s."
+                ) from None
+            except StopAsyncIteration:
+                raise EngineFailed("The engine closed the stream without answering.") from None
+        except BaseException as exc:
+            await self.close(status_of(exc))
+            raise
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """Chunks for the client; an ``{"error": ...}`` chunk last if the engine fails, else the
+        usage chunk (when asked for) after the request is settled."""
+        assert self._upstream is not None, "start_stream() first"
+        upstream = self._upstream
+        status = 200
+        loop = asyncio.get_running_loop()
+        deadline = self._started + settings.ENGINE_REQUEST_TIMEOUT
+        try:
+            event = self._first
+            while event is not engine.DONE:
+                if isinstance(event, dict) and "error" in event:
+                    raise engine.engine_error(500, orjson.dumps(event))
+                chunk = self._rewrite(event)
+                if chunk is not None:
+                    yield chunk
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise EngineTimeout("The request took longer than the time limit.")
+                try:
+                    async with asyncio.timeout_at(loop.time() + remaining):
+                        event = await anext(upstream)
+                except TimeoutError:
+                    raise EngineTimeout("The request took longer than the time limit.") from None
+                except StopAsyncIteration:
+                    raise EngineFailed("The engine closed the stream before it finished.") from None
+        except (APIError, Exception) as exc:
+            if not isinstance(exc, APIError):  # a bug, or an engine answer we cannot read
+                logger.exception("stream of request %s failed", self.request_id)
+                exc = APIError("The server had an error while streaming the answer.")
+            status = exc.status
+            self.failed = True
+            await self.close(status)
+            yield exc.body()
+            return
+        except BaseException as exc:  # cancelled, or the client closed the stream
+            status = status_of(exc)
+            raise
+        finally:
+            await self.close(status)
+        if self.wants_usage and self._final_usage_chunk is not None:
+            yield self._final_usage_chunk
+
+    def _rewrite(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Our id and model name; usage taken for metering, shown only as the client asked."""
+        usage = event.get("usage")
+        if usage:
+            self._record_usage(usage)
+            if self.ttft_ms is None and self.completion_tokens > 0:
+                self.ttft_ms = int((time.perf_counter() - self._started) * 1000)
+        event["id"] = self.public_id
+        event["model"] = self.model.name
+        if not event.get("choices") and usage is not None:
+            # The engine's final usage-only chunk: held back until the request is settled.
+            self._final_usage_chunk = event
+            return None
+        if self.wants_usage:
+            event["usage"] = None
+        else:
+            event.pop("usage", None)
+        return event
+
+    def _record_usage(self, usage: dict[str, Any] | None) -> None:
+        """Take the engine's (cumulative) usage as the truth."""
+        if not isinstance(usage, dict):
+            return
+        if usage.get("prompt_tokens") is not None:
+            self._reported_prompt = int(usage["prompt_tokens"])
+        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        self.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+
+    # --- the end ---------------------------------------------------------------------------
+
+    @property
+    def prompt_tokens_metered(self) -> int:
+        """The prompt tokens the usage event records."""
+        if self._reported_prompt is not None:
+            return self._reported_prompt
+        if self._dispatched and self.prompt_exact:
+            return self.prompt_tokens
+        return 0  # never reached an engine, or only an estimate: nothing to bill for the prompt
+
+    def _event(self, status: int) -> UsageEvent:
+        return UsageEvent(
+            request_id=self.request_id,
+            api_key_id=self.grant.key_id,
+            organization_id=self.grant.organization_id,
+            model=self.model.name,
+            model_version=self.version.version,
+            endpoint=self.endpoint.name,
+            prompt_tokens=self.prompt_tokens_metered,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            latency_ms=int((time.perf_counter() - self._started) * 1000),
+            ttft_ms=self.ttft_ms,
+            status_code=status,
+            created_at=self._admitted_at,
+        )
+
+    async def close(self, status: int) -> None:
+        """Release the replica, close the engine stream and settle the request, once.
+
+        Runs as a task of its own and is shielded: an owner cancelled again while closing
+        cannot interrupt the settlement. Later calls wait for the first and change nothing.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._finish(status))
+        await asyncio.shield(self._closing)
+
+    async def _finish(self, status: int) -> None:
+        if self._admission is not None and not self._admission.done():
+            with contextlib.suppress(Exception):  # refused or failed: its owner handled that already
+                await self._admission
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            try:
+                await upstream.aclose()  # closing the connection makes vLLM abort the sequence
+            except Exception:
+                logger.debug("closing the engine stream failed", exc_info=True)
+        if self._replica is not None:
+            router.release(self._replica.id)
+        if not self._maybe_admitted:
+            return
+        event = self._event(status)
+        self.status = status
+        written = await ledger.settle_or_defer(event)
+        metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
+        if not self._admitted:
+            return  # admission outcome unknown: the ledger settles it if it landed
+        labels = (event.model, event.model_version)
+        metrics.IN_FLIGHT.labels(event.model).dec()
+        metrics.REQUESTS.labels(*labels, self.endpoint.name, str(status)).inc()
+        metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
+        if event.ttft_ms is not None:
+            metrics.TTFT.labels(*labels).observe(event.ttft_ms / 1000)
+        metrics.TOKENS.labels(*labels, "prompt").inc(event.prompt_tokens)
+        metrics.TOKENS.labels(*labels, "completion").inc(event.completion_tokens)
+
+
+def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:
+    if limit is not None and limit > max_len:
+        param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+        raise InvalidRequest(
+            f"'{param}' is too large: {limit}. This model's maximum context length is {max_len} tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    requested = prompt_tokens + (limit or 0)
+    if prompt_tokens >= max_len or requested > max_len:
+        where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_len} tokens. However, you requested {requested} "
+            f"tokens ({prompt_tokens} in the {where}, {limit or 0} in the completion). "
+            "Please reduce the length of the prompt or the completion.",
+            param=where,
+            code="context_length_exceeded",
+        )

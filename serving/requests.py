@@ -1,0 +1,28 @@
+"""The request object of the data plane's views (serving.asgi builds it; no Django handler involved)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Closer = Callable[[int], Awaitable[None]]
+
+
+class ApiRequest:
+    """What a data-plane view needs of an HTTP request, and the closers it registers."""
+
+    def __init__(self, scope: dict[str, Any], body: bytes, request_id: uuid.UUID) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.body = body
+        self.request_id = request_id
+        self._headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
+        self.closers: list[Closer] = []
+
+    def header(self, name: str) -> str | None:
+        return self._headers.get(name.lower())
+
+    def on_close(self, closer: Closer) -> None:
+        """Run ``closer(status)`` when the request is over, however it ended (499: client gone)."""
+        self.closers.append(closer)

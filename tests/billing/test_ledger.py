@@ -1,0 +1,162 @@
+"""The ledger on the real Redis: idempotent admission, and a sweeper that never closes live requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import orjson
+import pytest
+
+from billing import ledger
+from billing.grants import KeyGrant, ScopeLimits
+from billing.ledger import Presence, UsageEvent
+from core import keys
+from core.redis import sync_redis
+
+
+def _grant(*, rpm: int = 10, tpm: int = 1000, concurrent: int | None = 2) -> KeyGrant:
+    # Ids far above the test database's: the limiter keys of these grants are theirs alone.
+    ident = 10**9 + uuid.uuid4().int % 10**8
+    limits = ScopeLimits(rpm=rpm, tpm=tpm, concurrent=concurrent, token_quota=None, spend_cap=None, alert_percent=80)
+    unlimited = ScopeLimits(None, None, None, None, None, 80)
+    return KeyGrant(
+        key_id=ident, organization_id=ident, prefix="sk-test", allowed_models=frozenset(), tier="paid",
+        key_limits=limits, org_limits=unlimited, expires_at=None,
+    )  # fmt: skip
+
+
+def _draft(grant: KeyGrant, *, created_at: datetime | None = None) -> UsageEvent:
+    return UsageEvent(
+        request_id=uuid.uuid4(), api_key_id=grant.key_id, organization_id=grant.organization_id,
+        model=f"ledger-{grant.key_id}", model_version="1", endpoint="chat", prompt_tokens=10, completion_tokens=0,
+        cached_tokens=0, latency_ms=0, ttft_ms=None, status_code=0, created_at=created_at or datetime.now(UTC),
+    )  # fmt: skip
+
+
+def _events_for(request_id: uuid.UUID) -> list[dict[bytes, bytes]]:
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = sync_redis().xrange(keys.usage_stream())  # type: ignore[assignment]
+    return [f for _, f in entries if f[b"request_id"] == str(request_id).encode()]
+
+
+def _remaining(headers: ledger.RateLimitHeaders) -> tuple[int, int]:
+    return int(headers.values["x-ratelimit-remaining-requests"]), int(headers.values["x-ratelimit-remaining-tokens"])
+
+
+class TestAdmission:
+    async def test_a_retried_admission_is_charged_once(self):
+        grant = _grant()
+        draft = _draft(grant)
+        first = await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        # The same call again, as after a lost reply: answered the same, charged nothing more.
+        again = await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        assert again == first
+        assert _remaining(first) == (9, 900)
+        assert _remaining(await ledger.peek(grant)) == (9, 900)
+        client = sync_redis()
+        assert client.zcard(keys.limit_scope("key", grant.key_id) + ":conc") == 1
+        assert client.zcard(keys.model_queue(draft.model)) == 1
+
+        assert await ledger.settle(replace(draft, status_code=200, completion_tokens=5))
+        assert not await ledger.settle(replace(draft, status_code=200, completion_tokens=5))  # once
+        assert _remaining(await ledger.peek(grant)) == (9, 1000 - 15)  # refunded to what was used
+        assert client.zcard(keys.limit_scope("key", grant.key_id) + ":conc") == 0
+        assert client.zcard(keys.model_queue(draft.model)) == 0
+        [event] = _events_for(draft.request_id)
+        assert UsageEvent.from_fields(event) == replace(draft, status_code=200, completion_tokens=5)
+
+    async def test_a_refusal_charges_nothing(self):
+        grant = _grant(concurrent=1)
+        await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, model_limit=10)
+        with pytest.raises(ledger.Refused) as refused:
+            await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, model_limit=10)
+        assert refused.value.refusal.code == "rate_limit_exceeded"
+        assert "concurrent" in refused.value.refusal.message
+        assert _remaining(await ledger.peek(grant)) == (9, 900)
+
+    def test_the_event_schema_round_trips(self):
+        draft = _draft(_grant())
+        event = replace(draft, ttft_ms=12, cached_tokens=3, status_code=499)
+        fields = {k.encode(): v.encode() for k, v in event.to_fields().items()}
+        assert UsageEvent.from_fields(fields) == event
+        assert event.to_fields()["ttft_ms"] == "12"
+        assert replace(event, ttft_ms=None).to_fields()["ttft_ms"] == ""
+        with pytest.raises(ValueError, match="negative"):
+            UsageEvent.from_fields({**fields, b"prompt_tokens": b"-1"})
+
+
+def _entry(request_id: uuid.UUID) -> dict[str, object] | None:
+    raw = sync_redis().hget(keys.inflight_requests(), str(request_id))
+    return orjson.loads(raw) if raw else None
+
+
+def _set_gateway(request_id: uuid.UUID, gateway: str) -> None:
+    entry = _entry(request_id)
+    assert entry is not None
+    sync_redis().hset(keys.inflight_requests(), str(request_id), orjson.dumps({**entry, "gateway": gateway}))
+
+
+class TestSweeper:
+    async def test_a_missing_heartbeat_is_suspected_before_it_is_judged(self, settings):
+        """A Redis restart or a late beat must not close live requests: dead means missing
+        for GATEWAY_LOST_AFTER as the sweeper sees it, on Redis's clock."""
+        settings.GATEWAY_LOST_AFTER = 1.5
+        grant = _grant()
+        draft = _draft(grant)
+        await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        gateway = f"gw-{uuid.uuid4().hex}"
+        _set_gateway(draft.request_id, gateway)
+        heartbeat = keys.gateway_heartbeat(gateway)
+
+        # Other tests' entries may be swept too: look at this request's entry, not the count.
+        ledger.sweep_lost_requests()
+        assert _entry(draft.request_id) is not None  # missing once: only suspected
+        sync_redis().set(heartbeat, "1")  # it beats again (Redis was back)
+        await asyncio.sleep(1.6)
+        ledger.sweep_lost_requests()
+        assert _entry(draft.request_id) is not None
+        assert sync_redis().hget(keys.gateway_suspects(), gateway) is None  # suspicion lifted
+        sync_redis().delete(heartbeat)  # now it is really gone
+        ledger.sweep_lost_requests()
+        assert _entry(draft.request_id) is not None
+        await asyncio.sleep(1.6)
+        assert ledger.sweep_lost_requests() >= 1
+        assert _entry(draft.request_id) is None
+        [event] = _events_for(draft.request_id)
+        closed = UsageEvent.from_fields(event)
+        assert (closed.status_code, closed.prompt_tokens) == (ledger.GATEWAY_LOST, 10)
+        ledger.sweep_lost_requests()
+        assert len(_events_for(draft.request_id)) == 1  # settled once
+        assert sync_redis().hget(keys.gateway_suspects(), gateway) is None  # forgotten with its last entry
+
+    async def test_a_gateway_whose_clock_is_wrong_is_not_overdue(self):
+        """Ages come from Redis's clock: a gateway host two hours behind is still live."""
+        grant = _grant()
+        draft = _draft(grant, created_at=datetime.now(UTC) - timedelta(hours=2))
+        await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)  # this process: alive
+        ledger.presence.beat()
+        entry = _entry(draft.request_id)
+        assert entry is not None
+        assert abs(float(str(entry["t"])) - float(sync_redis().time()[0])) < 5
+        ledger.sweep_lost_requests()
+        assert _entry(draft.request_id) is not None
+        await ledger.settle(replace(draft, status_code=200))
+
+    async def test_the_heartbeat_survives_a_blocked_event_loop(self):
+        presence = Presence(f"gw-{uuid.uuid4().hex}", interval=0.2, ttl=1)
+        presence.ensure_started()
+        try:
+            await asyncio.sleep(0.3)
+            time.sleep(3)  # noqa: ASYNC251 - the point: the loop blocked 3x longer than the heartbeat lives
+            assert sync_redis().exists(keys.gateway_heartbeat(presence.gateway_id))
+        finally:
+            presence.stop()
+
+
+def test_spend_is_counted_in_micro_units():
+    assert ledger.spend_micros(3) == 3_000_000
+    assert Decimal(ledger.spend_micros(1)) / 1_000_000 == 1
