@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from django.conf import settings
@@ -47,6 +47,7 @@ _OUTAGES = (OperationalError, InterfaceError, redis.RedisError)
 Entry = tuple[bytes, dict[bytes, bytes]]
 # An entry that failed, and why.
 Failure = tuple[bytes, dict[bytes, bytes], str]
+_T = TypeVar("_T")
 
 
 def stream_key() -> str:
@@ -176,6 +177,25 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
     )
 
 
+def _store_each(
+    entries: list[tuple[bytes, dict[bytes, bytes], _T]], store: Callable[[_T], object]
+) -> tuple[list[bytes], list[Failure]]:
+    """Store entries one at a time: (ids stored, failures to retry or park). An outage of
+    PostgreSQL or Redis stops the run instead: nothing is parked for it."""
+    stored: list[bytes] = []
+    failures: list[Failure] = []
+    for entry_id, fields, item in entries:
+        try:
+            store(item)
+        except _OUTAGES:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this entry's own failure: retried, then parked
+            failures.append((entry_id, fields, f"not stored: {exc!r}"))
+        else:
+            stored.append(entry_id)
+    return stored, failures
+
+
 def _insert(records: list[UsageRecord]) -> None:
     with transaction.atomic():
         UsageRecord.objects.bulk_create(records, ignore_conflicts=True, batch_size=500)
@@ -213,15 +233,8 @@ def _persist_batch(client: redis.Redis, entries: list[Entry]) -> int:
     except Exception:
         # One bad row fails the whole insert: store the rows one by one to find it.
         logger.warning("a usage batch failed; storing its %d events one by one", len(candidates), exc_info=True)
-        for entry_id, fields, record in candidates:
-            try:
-                _insert([record])
-            except _OUTAGES:
-                raise
-            except Exception as exc:  # noqa: BLE001 - this entry's own failure: retried, then parked
-                failures.append((entry_id, fields, f"not stored: {exc!r}"))
-            else:
-                stored.append(entry_id)
+        stored, one_by_one = _store_each(candidates, lambda record: _insert([record]))
+        failures += one_by_one
     # Acknowledge only after the insert committed: a crash before this line replays the
     # batch, and the unique request id makes the replay a no-op.
     _acknowledge(client, stream_key(), stored)
@@ -273,17 +286,7 @@ def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> in
     _ensure_group(client, stream)
     handled = 0
     for entries in _batches(client, stream, batch_size=batch_size, max_batches=max_batches):
-        stored: list[bytes] = []
-        failures: list[Failure] = []
-        for entry_id, fields in entries:
-            try:
-                _store_alert(fields)
-            except _OUTAGES:
-                raise
-            except Exception as exc:  # noqa: BLE001 - this entry's own failure: retried, then parked
-                failures.append((entry_id, fields, f"not stored: {exc!r}"))
-            else:
-                stored.append(entry_id)
+        stored, failures = _store_each([(entry_id, fields, fields) for entry_id, fields in entries], _store_alert)
         _acknowledge(client, stream, stored)
         _retry_or_park(client, stream, dead_letters, failures)
         handled += len(stored)

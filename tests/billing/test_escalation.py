@@ -5,9 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from rest_framework.test import APIClient
 
 from billing.models import ApiKey, Invitation, Membership, Role, Tier
 from billing.services import (
@@ -18,16 +16,14 @@ from billing.services import (
     organization_create,
     organization_update,
 )
+from tests.billing.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world():
-    users = get_user_model().objects
-    alice, bob, carol, ml = (
-        users.create_user(username=n, password="pw-1234567890") for n in ("alice", "bob", "carol", "ml")
-    )
+def world(people):
+    alice, bob, carol, ml = (people[n] for n in ("alice", "bob", "carol", "ml"))
     free = organization_create(name="Alice Corp", tier=Tier.FREE)
     paid = organization_create(name="Bob Ltd", tier=Tier.PAID)
     membership_set(user=alice, organization=free, role=Role.ORG_ADMIN)
@@ -35,12 +31,6 @@ def world():
     platform = organization_create(name="Platform")
     membership_set(user=ml, organization=platform, role=Role.PLATFORM_ADMIN)
     return {"alice": alice, "bob": bob, "carol": carol, "ml": ml, "free": free, "paid": paid}
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def keys_url(org) -> str:

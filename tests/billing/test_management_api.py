@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from billing.models import ApiKey, Membership, Role
 from billing.services import api_key_create, membership_set, organization_create
+from tests.billing.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world():
-    users = get_user_model().objects
-    alice, bob, carol, ml = (
-        users.create_user(username=n, password="pw-1234567890") for n in ("alice", "bob", "carol", "ml")
-    )
+def world(people):
+    alice, bob, carol, ml = (people[n] for n in ("alice", "bob", "carol", "ml"))
     org_a = organization_create(name="Alice Corp")
     org_b = organization_create(name="Bob Ltd")
     membership_set(user=alice, organization=org_a, role=Role.ORG_ADMIN)
@@ -37,12 +34,6 @@ def world():
         "key_a": key_a,
         "key_b": key_b,
     }
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 class TestTenantIsolation:
