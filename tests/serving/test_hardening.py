@@ -16,7 +16,7 @@ from websockets.sync.client import connect
 
 from core import keys
 from core.redis import sync_redis
-from tests.processes import test_database_url
+from tests import processes
 from tests.serving.conftest import persisted
 from tests.tcp_proxy import TcpProxy
 
@@ -122,7 +122,7 @@ class TestDatabaseDown:
     def test_beyond_the_routing_tables_staleness_it_is_a_503(
         self, api_key, fake_model, db_proxy, spawn_gateway, django_db_blocker
     ):
-        url = test_database_url().replace(f":{db_proxy.target[1]}/", f":{db_proxy.port}/")
+        url = processes.test_database_url().replace(f":{db_proxy.target[1]}/", f":{db_proxy.port}/")
         gateway = spawn_gateway(
             DATABASE_URL=url, REPLICA_STALE_AFTER="86400", ROUTING_REFRESH_SECONDS="0.2", ROUTING_MAX_STALENESS="2",
             API_KEY_CACHE_SECONDS="1",
