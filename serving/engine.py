@@ -154,7 +154,7 @@ async def dispatch(
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             router.release(replica.id)
             router.record_failure(replica.id)
-            logger.warning("replica %s refused the connection: %s", replica.id, exc)
+            logger.warning("replica %s could not be reached: %s %s", replica.id, type(exc).__name__, exc)
             last_error = exc
             continue
         except httpx.TimeoutException as exc:
