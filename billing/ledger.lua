@@ -9,8 +9,12 @@
 --                        us/rs (used/reserved spend, micro-units), at/as (alert sent)
 -- and the model has <model>:inflight, a sorted set like <p>:conc.
 
--- Integers go to Redis as plain digits (Lua would write large numbers as 1e+15).
+-- Integers go to Redis as plain digits (Lua would write large numbers as 1e+15; and
+-- never "-0", which Redis refuses as an integer).
 local function int(x)
+  if x == 0 then
+    return "0"
+  end
   return string.format("%.0f", x)
 end
 
@@ -86,6 +90,12 @@ end
 local function budget_totals(key)
   local v = redis.call("HMGET", key, "ut", "rt", "us", "rs")
   return (tonumber(v[1]) or 0), (tonumber(v[2]) or 0), (tonumber(v[3]) or 0), (tonumber(v[4]) or 0)
+end
+
+-- The thresholds (percent) at which a scope's budgets raise alerts.
+local function spec_alerts(s)
+  if s.alerts then return s.alerts end
+  return {s.alert}
 end
 
 -- ADMIT
@@ -175,16 +185,19 @@ local function admit()
     redis.call("HINCRBY", bkey, "rt", int(tokens))
     redis.call("HINCRBY", bkey, "rs", int(spend))
     redis.call("EXPIRE", bkey, int(month_left + 40 * 86400))
-    -- Soft alerts: once per scope, budget and month, the moment used + reserved crosses the line.
-    if s.quota > 0 and (level.ut + level.rt + tokens) * 100 >= s.quota * s.alert
-        and redis.call("HSETNX", bkey, "at", now) == 1 then
-      redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "tokens",
-        "month", month, "threshold", s.alert, "limit", int(s.quota), "used", int(level.ut + level.rt + tokens))
-    end
-    if s.spend > 0 and (level.us + level.rs + spend) * 100 >= s.spend * s.alert
-        and redis.call("HSETNX", bkey, "as", now) == 1 then
-      redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "spend",
-        "month", month, "threshold", s.alert, "limit", int(s.spend), "used", int(level.us + level.rs + spend))
+    -- Soft alerts: once per scope, budget, month and threshold, the moment used + reserved
+    -- crosses it (flags a<pct> for tokens, s<pct> for spend in the month's hash).
+    for _, pct in ipairs(spec_alerts(s)) do
+      if s.quota > 0 and (level.ut + level.rt + tokens) * 100 >= s.quota * pct
+          and redis.call("HSETNX", bkey, "a" .. pct, now) == 1 then
+        redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "tokens",
+          "month", month, "threshold", pct, "limit", int(s.quota), "used", int(level.ut + level.rt + tokens))
+      end
+      if s.spend > 0 and (level.us + level.rs + spend) * 100 >= s.spend * pct
+          and redis.call("HSETNX", bkey, "s" .. pct, now) == 1 then
+        redis.call("XADD", KEYS[2], "*", "scope", s.name, "id", s.id, "org", spec.org, "budget", "spend",
+          "month", month, "threshold", pct, "limit", int(s.spend), "used", int(level.us + level.rs + spend))
+      end
     end
     report[#report + 1] = r
   end
@@ -207,8 +220,8 @@ local function admit()
 end
 
 -- SETTLE: the request is over. Return what it reserved beyond what it used, release its
--- places, and write its one usage event.
--- KEYS[1] in-flight hash, KEYS[2] usage stream
+-- places, and write its one usage event (and count it for its admission hour).
+-- KEYS[1] in-flight hash, KEYS[2] usage stream, KEYS[3] the admission hour's counters
 -- ARGV[1] request id, ARGV[2] tokens used, ARGV[3] spend used (micro-units),
 -- ARGV[4] test clock key or "", ARGV[5..] the usage event's field/value pairs
 local function settle()
@@ -242,7 +255,12 @@ local function settle()
       redis.call("ZREM", s.model_key, rid)
     end
   end
-  return redis.call("XADD", KEYS[2], "*", unpack(ARGV, 5))
+  local id = redis.call("XADD", KEYS[2], "*", unpack(ARGV, 5))
+  if KEYS[3] then
+    redis.call("HINCRBY", KEYS[3], "events", 1)
+    redis.call("EXPIRE", KEYS[3], 40 * 86400)
+  end
+  return id
 end
 
 -- PEEK: the buckets' levels without charging (headers on answers that were not admitted).

@@ -32,7 +32,8 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from billing.grants import KeyGrant, ScopeLimits
-from billing.pricing import cost_micros, to_micros
+from billing.pricing import micros_up, to_micros
 from core import keys
 from core.redis import async_redis, sync_redis
 
@@ -83,10 +84,17 @@ class UsageEvent:
     ttft_ms: int | None
     status_code: int
     created_at: datetime
+    price_id: int | None = None  # the price it was charged at (None: the model had none)
+    cost: Decimal = Decimal(0)  # exact, in the billing currency
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def hour(self) -> str:
+        """The UTC hour it was admitted in, as the ledger's per-hour counters name it."""
+        return self.created_at.astimezone(UTC).strftime("%Y%m%d%H")
 
     def to_fields(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -115,6 +123,12 @@ class UsageEvent:
         created_at = datetime.fromisoformat(text["created_at"])
         if created_at.tzinfo is None:
             raise ValueError("created_at has no time zone")
+        try:
+            cost = Decimal(text.get("cost") or "0")
+        except InvalidOperation:
+            raise ValueError("cost is not a decimal") from None
+        if not cost.is_finite() or cost < 0:
+            raise ValueError("cost is not a finite amount of at least 0")
         return cls(
             request_id=uuid.UUID(text["request_id"]),
             api_key_id=count("api_key_id"),
@@ -129,11 +143,9 @@ class UsageEvent:
             ttft_ms=count("ttft_ms") if text.get("ttft_ms") else None,
             status_code=count("status_code"),
             created_at=created_at,
+            price_id=count("price_id") if text.get("price_id") else None,
+            cost=cost,
         )
-
-
-def spend_micros(tokens: int) -> int:
-    return cost_micros(tokens=tokens)
 
 
 # --- Admission -----------------------------------------------------------------------------
@@ -250,7 +262,7 @@ def _scope_spec(name: str, ident: int, limits: ScopeLimits) -> dict[str, Any]:
         "conc": limits.concurrent or 0,
         "quota": limits.token_quota or 0,
         "spend": to_micros(limits.spend_cap),
-        "alert": limits.alert_percent,
+        "alerts": sorted({*ALERT_THRESHOLDS, limits.alert_percent}),
     }
 
 
@@ -268,21 +280,27 @@ def inflight_entry(draft: UsageEvent) -> dict[str, str]:
 
 # A lost reply is retried this many times; admission is idempotent, so it charges once.
 ADMIT_ATTEMPTS = 3
+# Budget alerts go out when used + reserved crosses each of these (and the scope's own
+# budget_alert_percent), once per scope, budget, month and threshold.
+ALERT_THRESHOLDS = (50, 80, 100)
 
 
-async def admit(*, grant: KeyGrant, draft: UsageEvent, tokens: int, model_limit: int) -> RateLimitHeaders:
+async def admit(
+    *, grant: KeyGrant, draft: UsageEvent, tokens: int, spend: Decimal, model_limit: int
+) -> RateLimitHeaders:
     """Check and charge everything for one request and record it in flight, atomically.
 
-    ``draft`` is the usage event as known at admission (status 0); ``tokens`` the
-    reservation (prompt + the most it may generate). Raises ``Refused`` (nothing charged)
-    or ``LedgerUnavailable``; in the latter case the admission may have landed, so the
-    caller settles the request anyway (a no-op when it did not).
+    ``draft`` is the usage event as known at admission (status 0); ``tokens`` and
+    ``spend`` the reservation (the prompt plus the most it may generate, in tokens and at
+    the request's price). Raises ``Refused`` (nothing charged) or ``LedgerUnavailable``;
+    in the latter case the admission may have landed, so the caller settles the request
+    anyway (a no-op when it did not).
     """
     presence.ensure_started()
     spec = {
         "scopes": _scopes(grant),
         "tokens": tokens,
-        "spend": spend_micros(tokens),
+        "spend": micros_up(spend),
         "ttl": int(settings.ENGINE_REQUEST_TIMEOUT) + 60,
         "org": grant.organization_id,
         "model_key": keys.model_queue(draft.model),
@@ -320,9 +338,12 @@ async def peek(grant: KeyGrant) -> RateLimitHeaders:
 # --- Settlement ----------------------------------------------------------------------------
 
 
+def _settle_keys(event: UsageEvent) -> list[str]:
+    return [keys.inflight_requests(), keys.usage_stream(), keys.usage_counts(event.hour)]
+
+
 def _settle_args(event: UsageEvent) -> list[str | int]:
-    used = event.total_tokens
-    argv: list[str | int] = ["settle", str(event.request_id), used, spend_micros(used), _clock()]
+    argv: list[str | int] = ["settle", str(event.request_id), event.total_tokens, micros_up(event.cost), _clock()]
     for name, value in event.to_fields().items():
         argv += [name, value]
     return argv
@@ -332,7 +353,7 @@ async def settle(event: UsageEvent) -> bool:
     """Refund, release and write the usage event; False if the request was already settled
     (or never admitted). Raises RedisError: callers that must not lose it use ``Settlements``."""
     client = async_redis()
-    return bool(await _script(client)(keys=[keys.inflight_requests(), keys.usage_stream()], args=_settle_args(event)))
+    return bool(await _script(client)(keys=_settle_keys(event), args=_settle_args(event)))
 
 
 class Settlements:
@@ -500,7 +521,7 @@ def sweep_lost_requests() -> int:
         if not overdue and not dead(gateway):
             continue
         event = replace(draft, status_code=GATEWAY_LOST, latency_ms=max(0, int(age * 1000)))
-        if script(keys=[keys.inflight_requests(), keys.usage_stream()], args=_settle_args(event)):
+        if script(keys=_settle_keys(event), args=_settle_args(event)):
             closed += 1
             logger.warning("closed request %s left in flight by gateway %s (age %.0f s)", draft.request_id,
                            gateway, age)  # fmt: skip

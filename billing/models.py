@@ -1,4 +1,5 @@
-"""Organisations, members and their roles, API keys, and usage records."""
+"""Organisations, members and their roles, API keys, usage records, and the money: plans,
+prices, rollups, invoices and reconciliation."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ SPEND_CAP_MAX_DIGITS = 14
 SPEND_CAP_DECIMAL_PLACES = 6
 SPEND_CAP_MIN = Decimal("0.000001")
 
+
+# Money is Decimal: prices per million tokens with 6 decimals, a request's cost exact,
+# invoice amounts in cents (billing.invoicing rounds once per line).
+PRICE_MAX_DIGITS, PRICE_DECIMAL_PLACES = 18, 6  # per million tokens
+MONEY_MAX_DIGITS, MONEY_DECIMAL_PLACES = 16, 2  # invoice amounts: cents
+EXACT_MAX_DIGITS, EXACT_DECIMAL_PLACES = 28, 12  # a request's cost, and sums of them
 
 # Every count limit is at least 1 (empty means no limit) and at most LIMIT_MAX.
 COUNT_LIMIT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(LIMIT_MAX)]
@@ -58,7 +65,7 @@ class Limits(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(SPEND_CAP_MIN)],
-        help_text="spend per UTC month (counted in tokens until model prices exist)",
+        help_text="spend per UTC month, in the billing currency (each request at its model's price)",
     )
     budget_alert_percent = models.PositiveSmallIntegerField(
         default=80,
@@ -74,6 +81,12 @@ class Organization(Limits):
     name = models.CharField(max_length=255, unique=True)
     slug = models.SlugField(max_length=255, unique=True)
     tier = models.CharField(max_length=8, choices=Tier.choices, default=Tier.PAID)
+    billing_email = models.EmailField(blank=True, help_text="where invoices and budget alerts are sent")
+    tax_rate = models.DecimalField(
+        max_digits=5, decimal_places=4, default=Decimal(0),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
+        help_text="applied to invoice subtotals, e.g. 0.2000 for 20 %",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -160,21 +173,38 @@ class UsageRecord(models.Model):
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     status_code = models.PositiveSmallIntegerField()
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField(help_text="when the request was admitted (UTC)")
+    # What it cost: at the price in effect when it was admitted, exact (no rounding here;
+    # invoices round once per line). Null price: the model had no price (cost 0).
+    price = models.ForeignKey("Price", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records")
+    cost = models.DecimalField(max_digits=24, decimal_places=EXACT_DECIMAL_PLACES, default=Decimal(0))
+    # The invoice that bills it; records of a finalized period that arrive later keep this
+    # empty until the next invoice takes them as an adjustment.
+    invoice = models.ForeignKey(
+        "Invoice", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records"
+    )
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["api_key", "created_at"], name="usage_key_time"),
             models.Index(fields=["model", "created_at"], name="usage_model_time"),
+            models.Index(fields=["organization", "created_at"], name="usage_org_time"),
+            models.Index(fields=["organization", "invoice", "created_at"], name="usage_org_uninvoiced"),
         ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model} {self.total_tokens} tokens"
 
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens that were not served from a cache (priced as input)."""
+        return self.prompt_tokens - self.cached_tokens
+
 
 class BudgetAlert(models.Model):
-    """A budget crossed its alert threshold (once per scope, budget and UTC month)."""
+    """A budget crossed one of its alert thresholds (50, 80, 100 % and the scope's own
+    ``budget_alert_percent``): once per scope, budget, UTC month and threshold."""
 
     class Budget(models.TextChoices):
         TOKENS = "tokens", "Token quota"
@@ -190,13 +220,14 @@ class BudgetAlert(models.Model):
     limit = models.DecimalField(max_digits=32, decimal_places=6)
     used = models.DecimalField(max_digits=32, decimal_places=6, help_text="used + reserved when crossed")
     created_at = models.DateTimeField(auto_now_add=True)
+    notified_at = models.DateTimeField(null=True, blank=True, help_text="when the email went out")
 
     class Meta:
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["organization", "api_key", "budget", "month"],
-                name="uniq_budget_alert",
+                fields=["organization", "api_key", "budget", "month", "threshold_percent"],
+                name="uniq_budget_alert_threshold",
                 nulls_distinct=False,
             )
         ]
@@ -244,3 +275,307 @@ class Invitation(models.Model):
     def __str__(self) -> str:
         state = "accepted" if self.accepted_at else "pending"
         return f"{self.username} to {self.organization} as {self.role} ({state})"
+
+
+# --- Money ------------------------------------------------------------------------------
+# Amounts are Decimal end to end. Prices are per million tokens with 6 decimals; a
+# request's cost is exact (12 decimals); an invoice line is rounded once, half up, to the
+# currency's cents (billing.invoicing documents the rule).
+
+
+class Plan(models.Model):
+    """What a tier includes and allows, set by platform admins.
+
+    Key ceilings bound what an org admin may give a key where the organisation has no
+    limit of its own (empty: no ceiling); ``included_credit`` is taken off every monthly
+    invoice of an organisation on this plan.
+    """
+
+    tier = models.CharField(max_length=8, choices=Tier.choices, unique=True)
+    name = models.CharField(max_length=100)
+    included_credit = models.DecimalField(
+        max_digits=MONEY_MAX_DIGITS,
+        decimal_places=MONEY_DECIMAL_PLACES,
+        default=Decimal(0),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="usage included each month, in the billing currency",
+    )
+    rate_limit_rpm = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
+    rate_limit_tpm = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
+    max_concurrent = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
+    monthly_token_quota = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
+    monthly_spend_cap = models.DecimalField(
+        max_digits=SPEND_CAP_MAX_DIGITS,
+        decimal_places=SPEND_CAP_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(SPEND_CAP_MIN)],
+    )
+
+    class Meta:
+        ordering = ["tier"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tier})"
+
+
+class Price(models.Model):
+    """A model's (or one version's) price per million tokens, effective over a period.
+
+    Periods of one model and version never overlap (``billing.services.price_set`` closes
+    the current one); the price of a request is the one in effect when it was admitted:
+    a version's own price first, else the model's.
+    """
+
+    model = models.ForeignKey("registry.Model", on_delete=models.PROTECT, related_name="prices")
+    version = models.ForeignKey(
+        "registry.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="prices",
+        help_text="empty: every version of the model without a price of its own",
+    )
+    input_per_million = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_DECIMAL_PLACES, validators=[MinValueValidator(Decimal(0))]
+    )
+    output_per_million = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_DECIMAL_PLACES, validators=[MinValueValidator(Decimal(0))]
+    )
+    cached_input_per_million = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_DECIMAL_PLACES, validators=[MinValueValidator(Decimal(0))]
+    )
+    currency = models.CharField(max_length=3, help_text="ISO 4217, the platform's billing currency")
+    effective_from = models.DateTimeField()
+    effective_to = models.DateTimeField(null=True, blank=True, help_text="empty: until further notice")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model_id", "version_id", "-effective_from"]
+        indexes = [models.Index(fields=["model", "version", "effective_from"], name="price_lookup")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(effective_to__isnull=True) | models.Q(effective_to__gt=models.F("effective_from")),
+                name="price_period_not_empty",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    input_per_million__gte=0, output_per_million__gte=0, cached_input_per_million__gte=0
+                ),
+                name="price_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = f"{self.model}:{self.version.version}" if self.version is not None else str(self.model)
+        return f"{scope} {self.input_per_million}/{self.output_per_million} {self.currency} per 1M"
+
+
+class UsageRollup(models.Model):
+    """Usage aggregated per hour or per UTC day and per key, model, version and price.
+
+    Built by ``billing.tasks`` from UsageRecord rows, safe to rebuild (a period's rows are
+    recomputed whole); pages and the usage APIs read these, never raw records.
+    """
+
+    class Period(models.TextChoices):
+        HOUR = "hour", "Hour"
+        DAY = "day", "Day"
+
+    period = models.CharField(max_length=4, choices=Period.choices)
+    start = models.DateTimeField(help_text="UTC start of the hour or day")
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="rollups")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="rollups")
+    model = models.CharField(max_length=255)
+    model_version = models.CharField(max_length=50)
+    price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="rollups")
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0, help_text="requests whose status was not 2xx")
+    input_tokens = models.PositiveBigIntegerField(default=0, help_text="prompt tokens not served from a cache")
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES, default=Decimal(0))
+    latency_p50_ms = models.PositiveIntegerField(null=True, blank=True)
+    latency_p95_ms = models.PositiveIntegerField(null=True, blank=True)
+    latency_p99_ms = models.PositiveIntegerField(null=True, blank=True)
+    ttft_p50_ms = models.PositiveIntegerField(null=True, blank=True)
+    ttft_p95_ms = models.PositiveIntegerField(null=True, blank=True)
+    ttft_p99_ms = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-start"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["period", "start", "api_key", "model", "model_version", "price"],
+                name="uniq_rollup_bucket",
+                nulls_distinct=False,
+            )
+        ]
+        indexes = [
+            models.Index(fields=["organization", "period", "start"], name="rollup_org_time"),
+            models.Index(fields=["api_key", "period", "start"], name="rollup_key_time"),
+            models.Index(fields=["period", "start"], name="rollup_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.period} {self.start:%Y-%m-%d %H:00} key {self.api_key_id} {self.model}:{self.model_version}"
+
+
+class RollupProgress(models.Model):
+    """How far the rollup job has read UsageRecord ids, so each run rebuilds only the
+    periods that received records since (late records included)."""
+
+    name = models.CharField(max_length=50, unique=True)
+    last_record_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}: up to record {self.last_record_id}"
+
+
+class Invoice(models.Model):
+    """An organisation's invoice for one UTC calendar month.
+
+    Moves only through ``billing.services`` (guarded transitions, row locked): draft →
+    finalized → paid, and draft or finalized → void. A finalized invoice never changes;
+    a correction is a void and a reissue. Numbers are sequential without gaps: taken
+    from ``InvoiceSequence`` under a row lock when the invoice is drafted.
+    """
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        FINALIZED = "finalized", "Finalized"
+        PAID = "paid", "Paid"
+        VOID = "void", "Void"
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        Status.DRAFT: frozenset({Status.FINALIZED, Status.VOID}),
+        Status.FINALIZED: frozenset({Status.PAID, Status.VOID}),
+        Status.PAID: frozenset(),
+        Status.VOID: frozenset(),
+    }
+
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="invoices")
+    period = models.DateField(help_text="the first day of the billed UTC month")
+    number = models.PositiveBigIntegerField(unique=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    currency = models.CharField(max_length=3)
+    subtotal = models.DecimalField(max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES, default=Decimal(0))
+    credit = models.DecimalField(
+        max_digits=MONEY_MAX_DIGITS,
+        decimal_places=MONEY_DECIMAL_PLACES,
+        default=Decimal(0),
+        help_text="the plan's included usage, taken off",
+    )
+    tax_rate = models.DecimalField(max_digits=5, decimal_places=4, default=Decimal(0))
+    tax = models.DecimalField(max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES, default=Decimal(0))
+    total = models.DecimalField(max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES, default=Decimal(0))
+    reissue_of = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reissued_as"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+    void_reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-period", "-number"]
+        constraints = [
+            # One live invoice per organisation and month; void ones stay beside their reissue.
+            models.UniqueConstraint(
+                fields=["organization", "period"], condition=~models.Q(status="void"), name="one_live_invoice_per_month"
+            ),
+            models.CheckConstraint(condition=models.Q(period__day=1), name="invoice_period_is_a_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.number} {self.organization} {self.period:%Y-%m} ({self.status})"
+
+
+class InvoiceLine(models.Model):
+    """One line: a model's tokens of one kind at one price for the month (or, for
+    ``adjustment``, usage of an earlier month that arrived after it was invoiced)."""
+
+    class Kind(models.TextChoices):
+        USAGE = "usage", "Usage"
+        ADJUSTMENT = "adjustment", "Late usage of an earlier month"
+        CREDIT = "credit", "Included credit"
+
+    class TokenKind(models.TextChoices):
+        INPUT = "input", "Input tokens"
+        OUTPUT = "output", "Output tokens"
+        CACHED = "cached", "Cached input tokens"
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.USAGE)
+    model = models.CharField(max_length=255, blank=True)
+    token_kind = models.CharField(max_length=6, choices=TokenKind.choices, blank=True)
+    usage_period = models.DateField(null=True, blank=True, help_text="the month the usage belongs to")
+    price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    quantity = models.PositiveBigIntegerField(default=0, help_text="tokens")
+    unit_price = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS,
+        decimal_places=PRICE_DECIMAL_PLACES,
+        default=Decimal(0),
+        help_text="per million tokens",
+    )
+    amount = models.DecimalField(
+        max_digits=MONEY_MAX_DIGITS, decimal_places=MONEY_DECIMAL_PLACES, help_text="rounded once, half up, to cents"
+    )
+    description = models.CharField(max_length=255)
+
+    class Meta:
+        ordering = ["invoice_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.description}: {self.amount}"
+
+
+class InvoiceSequence(models.Model):
+    """The next invoice number, taken under a row lock so numbers have no gaps."""
+
+    name = models.CharField(max_length=20, unique=True, default="invoices")
+    next_number = models.PositiveBigIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"{self.name}: next #{self.next_number}"
+
+
+class Reconciliation(models.Model):
+    """One check of a period: metered events (Redis counters) = usage records = rollups, and
+    invoice totals = priced rollups. Every delta must be zero; anything else is flagged."""
+
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    stream_events = models.PositiveBigIntegerField(help_text="usage events the ledger wrote")
+    records = models.PositiveBigIntegerField(help_text="UsageRecord rows")
+    rollup_requests = models.PositiveBigIntegerField(help_text="requests in the hourly rollups")
+    records_cost = models.DecimalField(max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES)
+    rollup_cost = models.DecimalField(max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES)
+    invoiced = models.DecimalField(
+        max_digits=MONEY_MAX_DIGITS,
+        decimal_places=MONEY_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="usage lines of the invoices",
+    )
+    priced = models.DecimalField(
+        max_digits=MONEY_MAX_DIGITS,
+        decimal_places=MONEY_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="the same, priced from rollups",
+    )
+    ok = models.BooleanField()
+    details = models.JSONField(default=dict, blank=True, help_text="each difference, by key and model")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "MISMATCH"
+        return f"{self.period_start:%Y-%m-%d %H:%M} to {self.period_end:%Y-%m-%d %H:%M} {verdict}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db.models import QuerySet
+from django.utils import timezone
 
-from billing.models import ApiKey, Invitation, Membership, Organization, Role, Tier
+from billing.models import ApiKey, Invitation, Membership, Organization, Plan, Price, Role, Tier
 
 
 def api_key_by_hash(*, key_hash: str) -> ApiKey | None:
@@ -46,14 +46,20 @@ def plan_key_ceilings(*, organization: Organization) -> dict[str, int | Decimal 
     """The most a key of ``organization`` may have of each limit, unless a platform admin sets it.
 
     The plan is the organisation's own limit where a platform admin set one, else the
-    ceiling of its tier in ``settings.PLAN_KEY_LIMITS``; None means no ceiling.
+    ceiling of its tier's ``Plan``; None means no ceiling.
     """
-    tier_ceilings: dict[str, Any] = settings.PLAN_KEY_LIMITS.get(organization.tier, {})
+    plan = Plan.objects.filter(tier=organization.tier).first()
     ceilings: dict[str, int | Decimal | None] = {}
     for field in KEY_CEILING_FIELDS:
         own = getattr(organization, field)
-        ceilings[field] = own if own is not None else tier_ceilings.get(field)
+        ceilings[field] = own if own is not None else (getattr(plan, field) if plan is not None else None)
     return ceilings
+
+
+def prices_in_effect_or_later(*, model_ids: list[int]) -> QuerySet[Price]:
+    """Prices of these models that apply now or will (the routing table keeps them all)."""
+    now = timezone.now()
+    return Price.objects.filter(model_id__in=model_ids).exclude(effective_to__lte=now).order_by("-effective_from")
 
 
 def invitations_pending_for(user: Any) -> QuerySet[Invitation]:

@@ -174,6 +174,8 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         ttft_ms=event.ttft_ms,
         status_code=event.status_code,
         created_at=event.created_at,
+        price_id=event.price_id,
+        cost=event.cost,
     )
 
 

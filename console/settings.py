@@ -318,15 +318,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"RoleEnum": "billing.models.Role", "InvitedRoleEnum": "billing.models.INVITABLE_ROLES"},
 }
 
-# --- Accounts ---------------------------------------------------------------------------
-# The most an org admin may give a key, per organisation tier, for each limit the
-# organisation itself leaves empty (its own limits, set by platform admins, come first).
-# A field not listed has no ceiling (None). Platform admins, `create_api_key` and
-# `bootstrap` are not bound by these.
-PLAN_KEY_LIMITS: dict[str, dict[str, int | None]] = {
-    "free": {"rate_limit_rpm": 60, "rate_limit_tpm": 100_000, "max_concurrent": 4},
-    "paid": {"rate_limit_rpm": 10_000, "rate_limit_tpm": 10_000_000, "max_concurrent": 256},
-}
+# --- Money ------------------------------------------------------------------------------
+# Every price, spend cap and invoice is in this currency (ISO 4217).
+BILLING_CURRENCY = os.environ.get("BILLING_CURRENCY", "USD")
 
 LOGGING = {
     "version": 1,

@@ -33,6 +33,12 @@ def usage_dead_letters() -> str:
     return namespaced("usage", "dead")
 
 
+def usage_counts(hour: str) -> str:
+    """Hash of what the ledger wrote for requests admitted in one UTC hour (``YYYYMMDDHH``):
+    ``events``; read by billing's reconciliation. Kept 40 days."""
+    return namespaced("usage", "count", hour)
+
+
 def budget_alerts() -> str:
     """Stream of soft budget alerts raised at admission; read by billing.usage."""
     return namespaced("budget", "alerts")
@@ -69,6 +75,11 @@ def gateway_suspects() -> str:
 
 
 # --- Keys and caches --------------------------------------------------------------------
+
+
+def routing_invalidation_channel() -> str:
+    """Pub/sub: deployments, weights or prices changed; every gateway reloads its routing table."""
+    return namespaced("routing", "invalidate")
 
 
 def key_invalidation_channel() -> str:

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, cast
 
 import orjson
@@ -36,6 +37,7 @@ from django.conf import settings
 from billing import ledger
 from billing.grants import KeyGrant
 from billing.ledger import RateLimitHeaders, UsageEvent
+from billing.pricing import PriceQuote
 from serving import engine, metrics
 from serving.errors import (
     APIError,
@@ -129,6 +131,8 @@ class InferenceCall:
         self.ttft_ms: int | None = None
         self._reported_prompt: int | None = None
         self._reserved = 0
+        self._reserved_spend = Decimal(0)
+        self.price: PriceQuote | None = None
         self._admission: asyncio.Task[RateLimitHeaders] | None = None
         self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
         self._admitted = False
@@ -204,6 +208,12 @@ class InferenceCall:
             per_choice = limit if limit is not None else max(1, max_len - longest)
             reserved = prompt_bound + prompts * body.n * per_choice
 
+        # Charged at the price in effect now, for the whole request, whatever happens later.
+        price = version.price_at(time.time())
+        if price is not None:
+            completion_bound = reserved - prompt_bound if not isinstance(body, EmbeddingRequest) else 0
+            self._reserved_spend = price.cost(input_tokens=prompt_bound, output_tokens=completion_bound)
+
         payload = engine_payload(data)
         payload["model"] = model.name
         if isinstance(body, ChatCompletionRequest | CompletionRequest) and body.stream:
@@ -217,6 +227,7 @@ class InferenceCall:
         self.prompt_tokens = prompt_tokens
         self.prompt_exact = exact
         self._reserved = reserved
+        self.price = price
 
     @property
     def stream(self) -> bool:
@@ -257,8 +268,9 @@ class InferenceCall:
         try:
             headers = await ledger.admit(
                 grant=self.grant,
-                draft=self._event(0),
+                draft=self._event(0, draft=True),
                 tokens=self._reserved,
+                spend=self._reserved_spend,
                 model_limit=max(1, replicas) * per_replica,
             )
         except ledger.Refused as refused:
@@ -412,7 +424,17 @@ class InferenceCall:
             return self.prompt_tokens
         return 0  # never reached an engine, or only an estimate: nothing to bill for the prompt
 
-    def _event(self, status: int) -> UsageEvent:
+    def _event(self, status: int, *, draft: bool = False) -> UsageEvent:
+        """The usage event: as settled, or (``draft``) as the sweeper would settle it if this
+        gateway died after admission: the counted prompt, nothing generated."""
+        prompt = self.prompt_tokens if draft and self.prompt_exact else self.prompt_tokens_metered
+        cost = Decimal(0)
+        if self.price is not None:
+            cost = self.price.cost(
+                input_tokens=max(0, prompt - self.cached_tokens),
+                output_tokens=self.completion_tokens,
+                cached_tokens=min(prompt, self.cached_tokens),
+            )
         return UsageEvent(
             request_id=self.request_id,
             api_key_id=self.grant.key_id,
@@ -420,13 +442,15 @@ class InferenceCall:
             model=self.model.name,
             model_version=self.version.version,
             endpoint=self.endpoint.name,
-            prompt_tokens=self.prompt_tokens_metered,
+            prompt_tokens=prompt,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
             latency_ms=int((time.perf_counter() - self._started) * 1000),
             ttft_ms=self.ttft_ms,
             status_code=status,
             created_at=self._admitted_at,
+            price_id=self.price.price_id if self.price is not None else None,
+            cost=cost,
         )
 
     async def close(self, status: int) -> None:

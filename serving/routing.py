@@ -1,9 +1,10 @@
 """The router: public model name → version (weighted, sticky) → replica (least busy, healthy).
 
-Gateways route from an in-process snapshot of the registry, reloaded at most every
-ROUTING_REFRESH_SECONDS, so the hot path makes no database query. A replica is eligible
-only while it is ready, its heartbeat is fresher than REPLICA_STALE_AFTER and its circuit
-is closed.
+Gateways route from an in-process snapshot of the registry (and of the prices of what it
+serves), reloaded every ROUTING_REFRESH_SECONDS and at once when a change is published on
+the routing channel, so the hot path makes no database query. A replica is eligible only
+while it is ready, its heartbeat is fresher than REPLICA_STALE_AFTER and its circuit is
+closed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from datetime import datetime
 from django.conf import settings
 from django.db import DatabaseError
 
+from billing.pricing import PriceQuote, price_in_effect
+from billing.selectors import prices_in_effect_or_later
+from core import keys
 from core.db import run_db
+from core.redis import async_redis
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
 from serving import metrics
@@ -49,6 +54,11 @@ class VersionRoute:
     artifact_uri: str
     replicas: tuple[ReplicaRoute, ...]
     tokenizer_dir: str | None = None  # where the gateway finds tokenizer.json, if local
+    prices: tuple[PriceQuote, ...] = ()  # this version's and its model's, current and scheduled
+
+    def price_at(self, when: float) -> PriceQuote | None:
+        """The price a request admitted at ``when`` pays (None: the model is not priced)."""
+        return price_in_effect(self.prices, version_id=self.id, when=when)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,9 @@ def load_routing_table() -> RoutingTable:
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat))
         )
+    prices_by_model: dict[int, list[PriceQuote]] = defaultdict(list)
+    for price in prices_in_effect_or_later(model_ids=list({d.version.model_id for d in deployments})):
+        prices_by_model[price.model_id].append(PriceQuote.of(price))
     versions_by_model: dict[str, list[VersionRoute]] = defaultdict(list)
     models: dict[str, ModelRoute] = {}
     for deployment in deployments:
@@ -93,6 +106,7 @@ def load_routing_table() -> RoutingTable:
                 artifact_uri=version.artifact_uri,
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
                 tokenizer_dir=_tokenizer_dir(version.artifact_uri),
+                prices=tuple(q for q in prices_by_model[model.id] if q.version_id in (None, version.id)),
             )
         )
         models[model.name] = ModelRoute(
@@ -164,6 +178,7 @@ class Router:
     _loading: asyncio.Future[RoutingTable] | None = None
     _refresher_loop: asyncio.AbstractEventLoop | None = None
     _refresher: asyncio.Task[None] | None = None
+    _listener: asyncio.Task[None] | None = None
 
     def in_flight(self, replica_id: int) -> int:
         return self._in_flight.get(replica_id, 0)
@@ -231,7 +246,21 @@ class Router:
                 except Exception:
                     logger.warning("routing table reload failed", exc_info=True)
 
+        async def reload_when_told() -> None:
+            # A published change (prices, weights) is applied at once, not at the next refresh.
+            while True:
+                try:
+                    pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
+                    await pubsub.subscribe(keys.routing_invalidation_channel())
+                    async for message in pubsub.listen():
+                        if message["type"] == "message":
+                            await self.fresh_snapshot()
+                except Exception:
+                    logger.warning("routing invalidation subscription lost; reconnecting", exc_info=True)
+                    await asyncio.sleep(1)
+
         self._refresher = loop.create_task(refresh_forever())
+        self._listener = loop.create_task(reload_when_told())
 
     def _reload(self) -> asyncio.Future[RoutingTable]:
         if self._loading is not None and not self._loading.done():

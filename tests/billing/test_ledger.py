@@ -51,9 +51,9 @@ class TestAdmission:
     async def test_a_retried_admission_is_charged_once(self):
         grant = _grant()
         draft = _draft(grant)
-        first = await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        first = await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
         # The same call again, as after a lost reply: answered the same, charged nothing more.
-        again = await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        again = await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
         assert again == first
         assert _remaining(first) == (9, 900)
         assert _remaining(await ledger.peek(grant)) == (9, 900)
@@ -71,9 +71,9 @@ class TestAdmission:
 
     async def test_a_refusal_charges_nothing(self):
         grant = _grant(concurrent=1)
-        await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, model_limit=10)
+        await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, spend=Decimal(0), model_limit=10)
         with pytest.raises(ledger.Refused) as refused:
-            await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, model_limit=10)
+            await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, spend=Decimal(0), model_limit=10)
         assert refused.value.refusal.code == "rate_limit_exceeded"
         assert "concurrent" in refused.value.refusal.message
         assert _remaining(await ledger.peek(grant)) == (9, 900)
@@ -107,7 +107,7 @@ class TestSweeper:
         settings.GATEWAY_LOST_AFTER = 1.5
         grant = _grant()
         draft = _draft(grant)
-        await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)
+        await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
         gateway = f"gw-{uuid.uuid4().hex}"
         _set_gateway(draft.request_id, gateway)
         heartbeat = keys.gateway_heartbeat(gateway)
@@ -137,7 +137,9 @@ class TestSweeper:
         """Ages come from Redis's clock: a gateway host two hours behind is still live."""
         grant = _grant()
         draft = _draft(grant, created_at=datetime.now(UTC) - timedelta(hours=2))
-        await ledger.admit(grant=grant, draft=draft, tokens=100, model_limit=10)  # this process: alive
+        await ledger.admit(
+            grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10
+        )  # this process: alive
         ledger.presence.beat()
         entry = _entry(draft.request_id)
         assert entry is not None
@@ -157,6 +159,9 @@ class TestSweeper:
             presence.stop()
 
 
-def test_spend_is_counted_in_micro_units():
-    assert ledger.spend_micros(3) == 3_000_000
-    assert Decimal(ledger.spend_micros(1)) / 1_000_000 == 1
+def test_spend_is_counted_in_micro_units_rounded_up():
+    from billing.pricing import micros_up
+
+    assert micros_up(Decimal("0.000003")) == 3
+    assert micros_up(Decimal("0.0000030001")) == 4  # never below the exact cost
+    assert micros_up(Decimal(0)) == 0

@@ -248,6 +248,19 @@ def register_fake_replica(name: str, endpoint: str, *, task: str = "chat", max_s
     return replica.pk
 
 
+def price_model(name: str, *, input_per_million: str, output_per_million: str, **more: Any) -> Any:
+    """Price a registered model from now on (call through ``committed`` so gateways see it)."""
+    from billing.services import price_set
+    from registry.models import Model
+
+    return price_set(
+        model=Model.objects.get(name=name),
+        input_per_million=input_per_million,
+        output_per_million=output_per_million,
+        **more,
+    )
+
+
 @pytest.fixture
 def fake_model(django_db_setup, django_db_blocker) -> Iterator[FakeModel]:
     process, endpoint = start_fake_engine()

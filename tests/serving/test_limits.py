@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.processes import start_gateway
-from tests.serving.conftest import committed, persisted
+from tests.serving.conftest import committed, persisted, price_model
 
 pytestmark = pytest.mark.django_db
 
@@ -210,13 +210,15 @@ class TestBudgets:
         def second_key_and_budget():
             from billing.services import api_key_create
 
-            Organization.objects.filter(pk=org_id).update(monthly_spend_cap=200)
+            # One token costs 0.001 in and out: an answer of 3 + 140 tokens costs 0.143 of the 0.2.
+            price_model(fake_model.name, input_per_million="1000", output_per_million="1000")
+            Organization.objects.filter(pk=org_id).update(monthly_spend_cap=Decimal("0.2"))
             issued = api_key_create(organization=Organization.objects.get(pk=org_id), name="b", rate_limit_tpm=10**6)
             return issued.secret, ApiKey.objects.get(pk=first.key_id)
 
         second_secret, _ = committed(django_db_blocker, second_key_and_budget)
         time.sleep(1.1)  # the first key's cached grant (without the org cap) ages out
-        fake_model.control(mode="normal", tokens=140, delay=0)  # one answer uses 143 of the 200
+        fake_model.control(mode="normal", tokens=140, delay=0)
         assert chat(gateways[0], first.secret, fake_model.name, max_tokens=150).status_code == 200
         refused = chat(gateways[1], second_secret, fake_model.name, max_tokens=150)
         assert refused.status_code == 429

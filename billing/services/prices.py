@@ -1,0 +1,93 @@
+"""Writes for prices: a model's (or version's) price per million tokens, from a moment on."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Price
+from billing.services.accounts import InvalidInput
+from core import keys
+from core.redis import sync_redis
+from registry.models import Model, ModelVersion
+
+_PRICE_LIMIT = Decimal(10) ** (PRICE_MAX_DIGITS - PRICE_DECIMAL_PLACES)
+_PRICE_QUANTUM = Decimal(1).scaleb(-PRICE_DECIMAL_PLACES)
+
+
+def _price_value(field: str, value: Any) -> Decimal:
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        raise InvalidInput(field, "must be a decimal amount per million tokens") from None
+    if not amount.is_finite() or amount < 0:
+        raise InvalidInput(field, "must be zero or more")
+    if amount >= _PRICE_LIMIT:
+        raise InvalidInput(field, f"must be below {_PRICE_LIMIT}")
+    if amount != amount.quantize(_PRICE_QUANTUM):
+        raise InvalidInput(field, f"has at most {PRICE_DECIMAL_PLACES} decimal places")
+    return amount
+
+
+def publish_routing_change() -> None:
+    """Tell every gateway to reload its routing table (prices included) after this commits."""
+
+    def publish() -> None:
+        # Best effort: gateways reload every ROUTING_REFRESH_SECONDS anyway.
+        with contextlib.suppress(Exception):
+            sync_redis().publish(keys.routing_invalidation_channel(), "prices")
+
+    transaction.on_commit(publish)
+
+
+def price_set(
+    *,
+    model: Model,
+    input_per_million: Decimal | str,
+    output_per_million: Decimal | str,
+    cached_input_per_million: Decimal | str | None = None,
+    version: ModelVersion | None = None,
+    effective_from: datetime | None = None,
+    currency: str | None = None,
+) -> Price:
+    """Price ``model`` (or one ``version`` of it) from ``effective_from`` (default: now) on.
+
+    The price in effect at that moment ends there, so periods never overlap; a price
+    scheduled to start later must be changed first (refused). Requests admitted from then
+    on are charged the new price on every gateway (each reloads its prices at once).
+    Cached input tokens cost ``cached_input_per_million`` (default: the input price).
+    """
+    if version is not None and version.model_id != model.pk:
+        raise InvalidInput("version", f"{version} is not a version of {model}")
+    currency = (currency or settings.BILLING_CURRENCY).upper()
+    if currency != settings.BILLING_CURRENCY:
+        raise InvalidInput("currency", f"prices are in the billing currency, {settings.BILLING_CURRENCY}")
+    start = effective_from or timezone.now()
+    if timezone.is_naive(start):
+        raise InvalidInput("effective_from", "must include a time zone")
+    values = {
+        "input_per_million": _price_value("input_per_million", input_per_million),
+        "output_per_million": _price_value("output_per_million", output_per_million),
+        "cached_input_per_million": _price_value(
+            "cached_input_per_million",
+            input_per_million if cached_input_per_million is None else cached_input_per_million,
+        ),
+    }
+    with transaction.atomic():
+        Model.objects.select_for_update().get(pk=model.pk)  # one price change of a model at a time
+        same_scope = Price.objects.filter(model=model, version=version)
+        if same_scope.filter(effective_from__gte=start).exists():
+            raise InvalidInput("effective_from", "a price starting at or after this moment exists; change that one")
+        current = same_scope.filter(effective_from__lt=start).exclude(effective_to__lte=start).first()
+        if current is not None:
+            current.effective_to = start
+            current.save(update_fields=["effective_to"])
+        price = Price.objects.create(model=model, version=version, currency=currency, effective_from=start, **values)
+        publish_routing_change()
+    return price
