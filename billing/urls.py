@@ -6,7 +6,7 @@ from typing import Any
 
 from django.urls import path
 
-from billing import api
+from billing import api, api_prices
 
 app_name = "billing"
 
@@ -26,6 +26,7 @@ urlpatterns = [
     path("orgs/<int:org_pk>/keys/<int:pk>/", api.ApiKeyViewSet.as_view(_item), name="key"),
     path("orgs/<int:org_pk>/keys/<int:pk>/revoke/", api.ApiKeyViewSet.as_view({"post": "revoke"}), name="key-revoke"),
     path("orgs/<int:org_pk>/keys/<int:pk>/rotate/", api.ApiKeyViewSet.as_view({"post": "rotate"}), name="key-rotate"),
+    path("prices/", api_prices.PriceViewSet.as_view(_collection), name="prices"),
     path("invitations/", api.InvitationViewSet.as_view({"get": "list"}), name="invitations"),
     path(
         "invitations/<int:pk>/accept/",

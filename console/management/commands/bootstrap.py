@@ -18,20 +18,27 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from billing.models import ApiKey, Role, Tier
+from billing.models import ApiKey, Price, Role, Tier
 from billing.services import (
     api_key_create,
     api_key_hash,
     api_key_update,
     membership_set,
     organization_get_or_create,
+    price_set,
 )
 from core.embedded import VAR_DIR
 from registry.bundled import BUNDLED_MODELS
-from registry.models import Deployment, ModelVersion
+from registry.models import Deployment, Model, ModelVersion
 from registry.services import deployment_create
 
 PLATFORM_ORG = "Platform"
+# What the bundled models cost in the demo (billing currency per million tokens: input,
+# output, cached input). Change them with the prices API; bootstrap never overwrites one.
+DEMO_PRICES = {
+    "smollm2-135m-instruct": ("0.10", "0.30", "0.05"),
+    "all-minilm-l6-v2": ("0.02", "0", "0.01"),
+}
 DEMO_ORG = "Demo"
 DEMO_KEY_NAME = "demo"
 
@@ -67,6 +74,7 @@ class Command(BaseCommand):
             self.stdout.write("== importing bundled models")
             call_command("import_bundled_models", stdout=self.stdout)
             self._ensure_default_deployments()
+            self._ensure_default_prices()
         credentials = _load_credentials()
         self.stdout.write("== accounts")
         username = options["admin_username"]
@@ -86,6 +94,20 @@ class Command(BaseCommand):
                 continue
             deployment_create(version=version, replicas=1, min_replicas=1, max_replicas=1)
             self.stdout.write(f"  deployment created: {version} x1")
+
+    def _ensure_default_prices(self) -> None:
+        """Demo prices for the bundled models (per million tokens), unless they have a price."""
+        for name, (input_price, output_price, cached_price) in DEMO_PRICES.items():
+            model = Model.objects.filter(name=name).first()
+            if model is None or Price.objects.filter(model=model).exists():
+                continue
+            price_set(
+                model=model,
+                input_per_million=input_price,
+                output_per_million=output_price,
+                cached_input_per_million=cached_price,
+            )
+            self.stdout.write(f"  price set: {name} {input_price} in / {output_price} out per 1M tokens")
 
     def _ensure_admin(self, username: str, credentials: dict[str, str]) -> str | None:
         user_model = get_user_model()
