@@ -105,3 +105,19 @@ class TestPricesApi:
         assert (unknown.status_code, list(unknown.json())) == (400, ["model"])
         negative = client_for(people["ml"]).post("/api/prices/", {**body, "input_per_million": "-1"}, format="json")
         assert negative.status_code == 400
+
+
+class TestSetPriceCommand:
+    def test_it_prices_a_model_and_names_a_bad_option(self, model):
+        from io import StringIO
+
+        from django.core.management import call_command
+        from django.core.management.base import CommandError
+
+        out = StringIO()
+        call_command("set_price", "--model", model.name, "--input", "0.1", "--output", "0.3", stdout=out)
+        assert Price.objects.get(model=model).output_per_million == Decimal("0.3")
+        with pytest.raises(CommandError, match="--output: must be zero or more"):
+            call_command("set_price", "--model", model.name, "--input", "0.1", "--output", "-3")
+        with pytest.raises(CommandError, match="no model named"):
+            call_command("set_price", "--model", "nope", "--input", "1", "--output", "1")
