@@ -190,6 +190,8 @@ class UsageRecord(models.Model):
             models.Index(fields=["api_key", "created_at"], name="usage_key_time"),
             models.Index(fields=["model", "created_at"], name="usage_model_time"),
             models.Index(fields=["organization", "created_at"], name="usage_org_time"),
+            # Rollups and reconciliation read a time range across every key.
+            models.Index(fields=["created_at"], name="usage_time"),
             models.Index(fields=["organization", "invoice", "created_at"], name="usage_org_uninvoiced"),
         ]
 

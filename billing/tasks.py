@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+import logging
+from datetime import datetime, timedelta
+from smtplib import SMTPException
 
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from billing import invoicing
+from billing.models import Invoice
+from billing.reconciliation import reconcile, reconcile_due_hours, reconcile_month
+from billing.rollups import HOUR, rollups_build
+from billing.services import budget_alerts_notify, invoice_email_send, invoices_draft_month
 from billing.usage import persist_budget_alerts, persist_usage_stream
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -18,5 +31,73 @@ def usage_persist() -> int:
 
 @shared_task(ignore_result=True)
 def budget_alerts_persist() -> int:
-    """Budget alerts from Redis into BudgetAlert rows (every second, idempotent)."""
+    """Budget alerts from Redis into BudgetAlert rows (every second, idempotent), each
+    emailed once; mail failures are left to ``budget_alerts_notify_pending``."""
     return persist_budget_alerts()
+
+
+@shared_task(ignore_result=True)
+def budget_alerts_notify_pending() -> int:
+    """Email recent alerts that are not sent yet (the mail server failed when they were
+    stored). Idempotent: an alert is sent once, whoever sends it."""
+    return budget_alerts_notify()
+
+
+@shared_task(ignore_result=True, autoretry_for=(OSError, SMTPException), retry_backoff=60, max_retries=12)
+def invoice_email(invoice_id: int) -> bool:
+    """Email a finalized invoice with its PDF (queued on commit by ``invoice_finalize``);
+    retried with backoff while the mail server fails."""
+    invoice = Invoice.objects.select_related("organization", "reissue_of").filter(pk=invoice_id).first()
+    if invoice is None:
+        return False
+    return invoice_email_send(invoice=invoice)
+
+
+def invoice_grace() -> timedelta:
+    return timedelta(hours=float(settings.INVOICE_GRACE_HOURS))
+
+
+@shared_task(ignore_result=True)
+def invoices_draft_due(now: str | None = None) -> int:
+    """Draft last month's invoices once its late usage has had ``INVOICE_GRACE_HOURS`` to
+    arrive (beat: hourly; ``now``, ISO 8601, for tests). Safe to re-run: an organisation
+    that already has an invoice for the month (draft, finalized, paid or void) is left
+    alone; returns how many were drafted."""
+    moment = datetime.fromisoformat(now) if now else timezone.now()
+    if timezone.is_naive(moment):
+        raise ValueError("now must include a time zone")
+    period = invoicing.previous_month(invoicing.month_start(moment))
+    _, end = invoicing.month_bounds(period)
+    if moment < end + invoice_grace():
+        return 0
+    drafted = invoices_draft_month(period=period, new_only=True, progress=logger.info)
+    if drafted:
+        logger.info("drafted %d invoices for %s", len(drafted), invoicing.period_label(period))
+    return len(drafted)
+
+
+@shared_task(ignore_result=True)
+def usage_rollups_build() -> int:
+    """Hourly and daily usage rollups from the records added since the last run (beat:
+    every minute). Idempotent: a bucket is recomputed whole; returns the rows changed."""
+    return rollups_build().rows_written
+
+
+@shared_task(ignore_result=True)
+def usage_reconcile(hour: str | None = None) -> int:
+    """Reconcile ledger counts, usage records and hourly rollups: the one-hour period
+    starting at ``hour`` (ISO 8601) when given, else every hour not yet checked up to the
+    hour before last (beat: every 10 minutes; each hour is checked once). Returns the
+    number of mismatches found."""
+    if hour is not None:
+        start = datetime.fromisoformat(hour)
+        return int(not reconcile(start=start, end=start + HOUR).ok)
+    return sum(not result.ok for result in reconcile_due_hours())
+
+
+@shared_task(ignore_result=True)
+def usage_reconcile_month(period: str | None = None) -> int:
+    """Reconcile a whole month, invoices included: ``period`` (YYYY-MM) or last month (beat:
+    on the 2nd, after the month's invoices were drafted). Returns 1 on a mismatch, else 0."""
+    month = invoicing.parse_period(period) if period else invoicing.previous_month(timezone.now().date())
+    return int(not reconcile_month(period=month).ok)

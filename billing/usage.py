@@ -35,6 +35,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from billing.ledger import UsageEvent
 from billing.models import ApiKey, BudgetAlert, Organization, UsageRecord
 from billing.pricing import from_micros
+from billing.services.alerts import budget_alerts_notify
 from core import keys
 from core.redis import sync_redis
 
@@ -254,7 +255,8 @@ def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int
     return handled
 
 
-def _store_alert(fields: dict[bytes, bytes]) -> None:
+def _store_alert(fields: dict[bytes, bytes]) -> BudgetAlert | None:
+    """Store one alert; returns it if it is new (None: this threshold was stored already)."""
     text = {k.decode(): v.decode() for k, v in fields.items()}
     is_key = text["scope"] == "key"
     organization_id = int(text["org"])
@@ -265,31 +267,46 @@ def _store_alert(fields: dict[bytes, bytes]) -> None:
     if api_key_id is not None and not ApiKey.objects.filter(pk=api_key_id).exists():
         raise ValueError(f"unknown api key {api_key_id}")
     with transaction.atomic():
-        BudgetAlert.objects.get_or_create(
+        # One row per threshold (50, 80, 100 % and the scope's own): each is its own alert.
+        alert, created = BudgetAlert.objects.get_or_create(
             organization_id=organization_id,
             api_key_id=api_key_id,
             budget=text["budget"],
             month=text["month"],
-            defaults={"threshold_percent": int(text["threshold"]), "limit": limit, "used": used},
+            threshold_percent=int(text["threshold"]),
+            defaults={"limit": limit, "used": used},
         )
         _check_foreign_keys()
     logger.warning("budget alert: %s %s %s %s at %s%%", text["scope"], text["id"], text["budget"], text["month"],
                    text["threshold"])  # fmt: skip
+    return alert if created else None
 
 
 def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> int:
-    """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, once each.
+    """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, one per
+    scope, budget, month and threshold, each then emailed once to the organisation.
 
     Each alert is stored on its own: one that fails is retried, then parked
-    (see the module docstring), and never stops the rest of its batch.
+    (see the module docstring), and never stops the rest of its batch. Emailing comes
+    after the rows are stored and acknowledged: a failing mail server leaves the alerts
+    unsent (``notified_at`` empty) for ``billing.tasks.budget_alerts_notify`` to retry.
     """
     client = sync_redis()
     stream, dead_letters = alerts_stream_key(), alerts_dead_letter_key()
     _ensure_group(client, stream)
     handled = 0
+    new_alerts: list[int] = []
+
+    def store(fields: dict[bytes, bytes]) -> None:
+        alert = _store_alert(fields)
+        if alert is not None:
+            new_alerts.append(alert.pk)
+
     for entries in _batches(client, stream, batch_size=batch_size, max_batches=max_batches):
-        stored, failures = _store_each([(entry_id, fields, fields) for entry_id, fields in entries], _store_alert)
+        stored, failures = _store_each([(entry_id, fields, fields) for entry_id, fields in entries], store)
         _acknowledge(client, stream, stored)
         _retry_or_park(client, stream, dead_letters, failures)
         handled += len(stored)
+    if new_alerts:
+        budget_alerts_notify(alert_ids=new_alerts)
     return handled

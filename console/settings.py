@@ -11,6 +11,7 @@ from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from core import embedded
@@ -258,6 +259,22 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0),
     },
     "usage-sweep-lost-gateways": {"task": "serving.tasks.usage_sweep_lost", "schedule": 10.0},
+    # Hourly and daily rollups of the records added since the last run (billing.rollups).
+    "usage-rollups-build": {"task": "billing.tasks.usage_rollups_build", "schedule": 60.0},
+    # Each hour, once it is the hour before last: ledger counts = records = rollups.
+    "usage-reconcile": {"task": "billing.tasks.usage_reconcile", "schedule": 600.0},
+    # Last month as a whole, invoices included, once they were drafted (the 1st + grace).
+    "usage-reconcile-month": {
+        "task": "billing.tasks.usage_reconcile_month",
+        "schedule": crontab(minute="30", hour="6", day_of_month="2"),
+    },
+    # Alerts whose email failed when they were stored are retried this often.
+    "budget-alerts-notify": {
+        "task": "billing.tasks.budget_alerts_notify_pending",
+        "schedule": envfloat("BUDGET_ALERT_RETRY_SECONDS", 60.0),
+    },
+    # Hourly; it drafts last month's invoices once INVOICE_GRACE_HOURS have passed, each once.
+    "invoices-draft-due": {"task": "billing.tasks.invoices_draft_due", "schedule": crontab(minute="5")},
 }
 
 # --- Engine workers (manage.py runworkers) ---------------------------------------------
@@ -321,6 +338,26 @@ SPECTACULAR_SETTINGS = {
 # --- Money ------------------------------------------------------------------------------
 # Every price, spend cap and invoice is in this currency (ISO 4217).
 BILLING_CURRENCY = os.environ.get("BILLING_CURRENCY", "USD")
+# Last month's invoices are drafted this long after it ends, so late usage (settlements
+# retried after an outage) lands on them; anything later becomes an adjustment next month.
+INVOICE_GRACE_HOURS = envfloat("INVOICE_GRACE_HOURS", 12.0)
+
+# --- Email ------------------------------------------------------------------------------
+# Invoices and budget alerts go to each organisation's billing_email. The default writes
+# every message as a file under $PLATFORM_VAR_DIR/mail/ (nothing leaves the machine);
+# EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend with EMAIL_HOST etc. sends them.
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(embedded.VAR_DIR / "mail"))
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "false")
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "false")
+# A mail server that hangs must not hold a worker (alerts are retried, invoices too).
+EMAIL_TIMEOUT = envfloat("EMAIL_TIMEOUT", 10.0)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "billing@localhost")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
 LOGGING = {
     "version": 1,

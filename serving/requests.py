@@ -15,6 +15,7 @@ class ApiRequest:
     def __init__(self, scope: dict[str, Any], body: bytes, request_id: uuid.UUID) -> None:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
+        self.query_string: str = scope.get("query_string", b"").decode("latin1")
         self.body = body
         self.request_id = request_id
         self._headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}

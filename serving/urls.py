@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import api
+from serving import api, usage_api
 
 app_name = "dataplane"
 
@@ -14,10 +14,12 @@ urlpatterns = [
     path("v1/chat/completions", api.chat_completions, name="chat-completions"),
     path("v1/completions", api.completions, name="completions"),
     path("v1/embeddings", api.embeddings, name="embeddings"),
+    path("v1/usage", usage_api.usage, name="usage"),
     path("api/v1/chat/completions", api.chat_completions, name="api-chat-completions"),
     path("api/v1/completions", api.completions, name="api-completions"),
     path("api/v1/embeddings", api.embeddings, name="api-embeddings"),
+    path("api/v1/usage", usage_api.usage, name="api-usage"),
 ]
 
 # Paths served by serving.middleware.DataPlaneMiddleware (and answered in OpenAI's error shape).
-DATA_PLANE_PREFIXES = ("/v1/", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings")
+DATA_PLANE_PREFIXES = ("/v1/", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage")

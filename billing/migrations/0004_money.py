@@ -536,5 +536,9 @@ class Migration(migrations.Migration):
                 nulls_distinct=False,
             ),
         ),
+        migrations.AddIndex(
+            model_name="usagerecord",
+            index=models.Index(fields=["created_at"], name="usage_time"),
+        ),
         migrations.RunPython(seed, migrations.RunPython.noop),
     ]

@@ -1,5 +1,5 @@
 """Writes of the accounts-and-money app, one module per domain: ``accounts`` (organisations,
-members, invitations, API keys), ``prices``, ``invoices``. Import them from here."""
+members, invitations, API keys), ``prices``, ``invoices``, ``alerts``. Import them from here."""
 
 from billing.services.accounts import (
     KEY_DEFAULTS,
@@ -23,6 +23,19 @@ from billing.services.accounts import (
     organization_get_or_create,
     organization_update,
 )
+from billing.services.alerts import budget_alert_notify, budget_alerts_notify
+from billing.services.invoices import (
+    IllegalTransition,
+    InvoiceFrozen,
+    invoice_draft,
+    invoice_email_send,
+    invoice_finalize,
+    invoice_mark_paid,
+    invoice_refresh,
+    invoice_reissue,
+    invoice_void,
+    invoices_draft_month,
+)
 from billing.services.prices import price_set
 
 __all__ = [
@@ -30,7 +43,9 @@ __all__ = [
     "LIMIT_FIELDS",
     "OMITTED",
     "Actor",
+    "IllegalTransition",
     "InvalidInput",
+    "InvoiceFrozen",
     "IssuedApiKey",
     "api_key_create",
     "api_key_hash",
@@ -38,8 +53,18 @@ __all__ = [
     "api_key_rotate",
     "api_key_update",
     "api_keys_touch",
+    "budget_alert_notify",
+    "budget_alerts_notify",
     "invitation_accept",
     "invitation_create",
+    "invoice_draft",
+    "invoice_email_send",
+    "invoice_finalize",
+    "invoice_mark_paid",
+    "invoice_refresh",
+    "invoice_reissue",
+    "invoice_void",
+    "invoices_draft_month",
     "key_invalidation_channel",
     "membership_remove",
     "membership_set",

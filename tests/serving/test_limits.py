@@ -192,14 +192,18 @@ class TestBudgets:
         from billing.models import BudgetAlert
         from billing.usage import persist_budget_alerts
 
-        key = make_api_key(monthly_token_quota=1000, budget_alert_percent=50, rate_limit_tpm=1_000_000)
-        fake_model.control(mode="normal", tokens=200, delay=0)  # 203 used a request: 50 % is crossed on the 3rd
+        key = make_api_key(monthly_token_quota=1000, budget_alert_percent=30, rate_limit_tpm=1_000_000)
+        fake_model.control(mode="normal", tokens=200, delay=0)  # 203 used a request, plus the next one reserved
         for _ in range(4):
             assert chat(gateways[0], key.secret, fake_model.name, max_tokens=200).status_code == 200
         persist_budget_alerts()
-        alert = BudgetAlert.objects.get(api_key_id=key.key_id)
-        assert (alert.budget, alert.threshold_percent, alert.limit) == ("tokens", 50, Decimal(1000))
-        assert alert.month == datetime.now(UTC).strftime("%Y-%m")
+        persist_budget_alerts()  # nothing twice
+        alerts = BudgetAlert.objects.filter(api_key_id=key.key_id).order_by("threshold_percent")
+        # Its own 30 %, then 50 % and 80 % (used + reserved crosses them); never 100 % here.
+        assert [a.threshold_percent for a in alerts] == [30, 50, 80]
+        assert {(a.budget, a.limit, a.month) for a in alerts} == {
+            ("tokens", Decimal(1000), datetime.now(UTC).strftime("%Y-%m"))
+        }
 
     def test_an_org_budget_binds_all_its_keys(self, gateways, fake_model, make_api_key, django_db_blocker):
         from billing.models import ApiKey, Organization

@@ -1,0 +1,320 @@
+"""Invoice arithmetic and reads: which usage a month's invoice bills, its lines and totals,
+and the invoice side of reconciliation.
+
+The rounding rule (docs/architecture.md, "The money path"):
+
+- a line is one model's tokens of one kind (input = prompt - cached, output, cached) at
+  one price, for one month; its amount = quantity * unit price per million / 10^6,
+  computed exactly in Decimal and rounded **once, half up, to cents**;
+- subtotal = the sum of the rounded usage and adjustment lines (no further rounding);
+- credit = min(subtotal, the plan's ``included_credit``), shown as a ``credit`` line of
+  -credit;
+- tax = (subtotal - credit) * the organisation's tax rate, rounded half up to cents;
+- total = subtotal - credit + tax.
+
+A request's cost is never rounded (``billing.pricing``); only these lines are. Unpriced
+usage (no price when it was admitted) is a line at 0, so it is still visible.
+
+Which usage: the organisation's UsageRecord rows that no invoice holds yet, created
+before the end of the month (UTC). Those inside the month are ``usage`` lines; older ones
+arrived after their own month was invoiced and become ``adjustment`` lines of that month
+(``usage_period``), so late usage is never lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
+
+from django.db.models import Count, F, QuerySet, Sum, Value
+from django.db.models.functions import Greatest, TruncMonth
+
+from billing.models import Invoice, InvoiceLine, Organization, Plan, Price, UsageRecord
+
+CENT = Decimal("0.01")
+ZERO = Decimal("0.00")
+PER_MILLION_EXPONENT = -6
+# Wide enough for any quantity (a 64-bit count) times any price (18 digits): the product
+# is exact, so the only rounding is the one to cents.
+_EXACT = Context(prec=80)
+# Token kinds in the order their lines are listed, with the price field of each.
+TOKEN_KIND_PRICE_FIELDS = (
+    (InvoiceLine.TokenKind.INPUT, "input_per_million"),
+    (InvoiceLine.TokenKind.OUTPUT, "output_per_million"),
+    (InvoiceLine.TokenKind.CACHED, "cached_input_per_million"),
+)
+BILLED_KINDS = (InvoiceLine.Kind.USAGE, InvoiceLine.Kind.ADJUSTMENT)
+
+
+def round_cents(amount: Decimal) -> Decimal:
+    """``amount`` rounded half up to cents (0.005 → 0.01, -0.005 → -0.01)."""
+    with localcontext(_EXACT):
+        return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def line_amount(*, quantity: int, unit_price: Decimal) -> Decimal:
+    """A line's amount: quantity * price per million / 10^6, exact, then rounded once to cents."""
+    with localcontext(_EXACT):
+        exact = (Decimal(quantity) * unit_price).scaleb(PER_MILLION_EXPONENT)
+        return exact.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+# --- Months (UTC) ----------------------------------------------------------------------
+
+
+def month_start(when: dt.date | dt.datetime) -> dt.date:
+    """The first day of the UTC month of ``when`` (an aware datetime is taken in UTC)."""
+    if isinstance(when, dt.datetime):
+        if when.tzinfo is None:
+            raise ValueError("a datetime must be aware")
+        when = when.astimezone(dt.UTC).date()
+    return when.replace(day=1)
+
+
+def next_month(period: dt.date) -> dt.date:
+    return dt.date(period.year + period.month // 12, period.month % 12 + 1, 1)
+
+
+def previous_month(period: dt.date) -> dt.date:
+    return dt.date(period.year - (period.month == 1), (period.month - 2) % 12 + 1, 1)
+
+
+def month_bounds(period: dt.date) -> tuple[dt.datetime, dt.datetime]:
+    """[start, end) of the UTC month that starts on ``period``."""
+    start = dt.datetime(period.year, period.month, 1, tzinfo=dt.UTC)
+    following = next_month(period)
+    return start, dt.datetime(following.year, following.month, 1, tzinfo=dt.UTC)
+
+
+def parse_period(text: str) -> dt.date:
+    """'YYYY-MM' as the first day of that month (ValueError otherwise)."""
+    try:
+        parsed = dt.datetime.strptime(text.strip(), "%Y-%m")  # noqa: DTZ007 - a calendar month, not a moment
+    except ValueError:
+        raise ValueError(f"{text!r} is not a month: use YYYY-MM") from None
+    return parsed.date()
+
+
+def period_label(period: dt.date) -> str:
+    return f"{period:%Y-%m}"
+
+
+def display_number(invoice: Invoice) -> str:
+    """How an invoice number is printed on documents and emails."""
+    return f"INV-{invoice.number:06d}"
+
+
+# --- Lines and totals -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineDraft:
+    """One computed invoice line (saved as an InvoiceLine by ``billing.services``)."""
+
+    kind: str
+    model: str
+    token_kind: str
+    usage_period: dt.date | None
+    price_id: int | None
+    quantity: int
+    unit_price: Decimal
+    amount: Decimal
+    description: str
+
+    def as_line(self, invoice: Invoice) -> InvoiceLine:
+        return InvoiceLine(
+            invoice=invoice,
+            kind=self.kind,
+            model=self.model,
+            token_kind=self.token_kind,
+            usage_period=self.usage_period,
+            price_id=self.price_id,
+            quantity=self.quantity,
+            unit_price=self.unit_price,
+            amount=self.amount,
+            description=self.description,
+        )
+
+
+@dataclass(frozen=True)
+class Totals:
+    subtotal: Decimal
+    credit: Decimal
+    tax_rate: Decimal
+    tax: Decimal
+    total: Decimal
+
+
+def _description(*, model: str, token_kind: str, period: dt.date, kind: str, price: Price | None) -> str:
+    # The unit price has its own column; lines of one model at two prices differ there.
+    what = f"{model}, {InvoiceLine.TokenKind(token_kind).label.lower()}"
+    late = f", late usage of {period_label(period)}" if kind == InvoiceLine.Kind.ADJUSTMENT else ""
+    unpriced = ", unpriced" if price is None else ""
+    return f"{what}{late}{unpriced}"[:255]
+
+
+def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[LineDraft]:
+    """The usage and adjustment lines of ``records`` on the invoice of ``period``.
+
+    One line per usage month, model, price and token kind with tokens in it, unit price
+    from the record's price (the one in effect when it was admitted), rounded once.
+    """
+    groups = (
+        records.annotate(month=TruncMonth("created_at", tzinfo=dt.UTC))
+        .values("month", "model", "price_id")
+        .annotate(
+            # As the rollups count them: a record never has fewer than 0 input tokens.
+            input=Sum(Greatest(F("prompt_tokens") - F("cached_tokens"), Value(0))),
+            output=Sum("completion_tokens"),
+            cached=Sum("cached_tokens"),
+        )
+        .order_by()
+    )
+    rows = list(groups)
+    prices = Price.objects.in_bulk({row["price_id"] for row in rows if row["price_id"] is not None})
+    lines: list[LineDraft] = []
+    for row in rows:
+        usage_period = month_start(row["month"])
+        kind = InvoiceLine.Kind.USAGE if usage_period == period else InvoiceLine.Kind.ADJUSTMENT
+        price = prices.get(row["price_id"]) if row["price_id"] is not None else None
+        quantities = {
+            InvoiceLine.TokenKind.INPUT: row["input"],
+            InvoiceLine.TokenKind.OUTPUT: row["output"],
+            InvoiceLine.TokenKind.CACHED: row["cached"],
+        }
+        for token_kind, price_field in TOKEN_KIND_PRICE_FIELDS:
+            quantity = int(quantities[token_kind] or 0)
+            if quantity == 0:
+                continue
+            unit_price: Decimal = getattr(price, price_field) if price is not None else Decimal(0)
+            lines.append(
+                LineDraft(
+                    kind=kind,
+                    model=row["model"],
+                    token_kind=token_kind,
+                    usage_period=usage_period,
+                    price_id=price.pk if price is not None else None,
+                    quantity=quantity,
+                    unit_price=unit_price,
+                    amount=line_amount(quantity=quantity, unit_price=unit_price),
+                    description=_description(
+                        model=row["model"], token_kind=token_kind, period=usage_period, kind=kind, price=price
+                    ),
+                )
+            )
+    kind_order = {InvoiceLine.Kind.USAGE: 0, InvoiceLine.Kind.ADJUSTMENT: 1}
+    token_order = {kind: i for i, (kind, _) in enumerate(TOKEN_KIND_PRICE_FIELDS)}
+    effective = {pk: price.effective_from for pk, price in prices.items()}
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    lines.sort(
+        key=lambda line: (
+            kind_order[InvoiceLine.Kind(line.kind)],
+            line.usage_period or period,
+            line.model,
+            effective.get(line.price_id, epoch) if line.price_id is not None else epoch,
+            line.price_id or 0,
+            token_order[InvoiceLine.TokenKind(line.token_kind)],
+        )
+    )
+    return lines
+
+
+def included_credit(organization: Organization) -> Decimal:
+    """The monthly credit of the organisation's plan (0 without a plan row)."""
+    plan = Plan.objects.filter(tier=organization.tier).first()
+    return plan.included_credit if plan is not None else ZERO
+
+
+def totals(amounts: Iterable[Decimal], *, credit_available: Decimal, tax_rate: Decimal) -> Totals:
+    """Subtotal, credit, tax and total from the rounded usage and adjustment line amounts."""
+    subtotal = sum(amounts, ZERO)
+    credit = min(subtotal, credit_available) if subtotal > 0 else ZERO
+    tax = round_cents((subtotal - credit) * tax_rate)
+    return Totals(subtotal=subtotal, credit=credit, tax_rate=tax_rate, tax=tax, total=subtotal - credit + tax)
+
+
+def credit_line(*, credit: Decimal, plan_name: str) -> LineDraft:
+    return LineDraft(
+        kind=InvoiceLine.Kind.CREDIT,
+        model="",
+        token_kind="",
+        usage_period=None,
+        price_id=None,
+        quantity=0,
+        unit_price=Decimal(0),
+        amount=-credit,
+        description=f"Included credit ({plan_name})"[:255],
+    )
+
+
+# --- Reads ------------------------------------------------------------------------------
+
+
+def invoices_of(*, organization: Organization) -> QuerySet[Invoice]:
+    return Invoice.objects.filter(organization=organization).select_related("organization", "reissue_of", "reissued_as")
+
+
+def uninvoiced_usage(*, organization_id: int, period: dt.date) -> QuerySet[UsageRecord]:
+    """Records an invoice of ``period`` would take: held by none, created before the month ends."""
+    _, end = month_bounds(period)
+    return UsageRecord.objects.filter(organization_id=organization_id, invoice__isnull=True, created_at__lt=end)
+
+
+def organizations_to_invoice(*, period: dt.date) -> QuerySet[Organization]:
+    """Organisations with usage an invoice of ``period`` would bill, or a draft for it."""
+    _, end = month_bounds(period)
+    with_usage = UsageRecord.objects.filter(invoice__isnull=True, created_at__lt=end).values("organization_id")
+    with_draft = Invoice.objects.filter(period=period, status=Invoice.Status.DRAFT).values("organization_id")
+    return Organization.objects.filter(pk__in=with_usage.union(with_draft)).order_by("name")
+
+
+# --- Reconciliation ---------------------------------------------------------------------
+
+
+@dataclass
+class InvoicedUsage:
+    """The invoice side of a month's reconciliation.
+
+    ``invoiced``: the usage and adjustment lines of the live (not void) invoices of the
+    month, as stored. ``priced``: the same usage re-priced now, line by line with the same
+    rounding, from the UsageRecord rows those invoices hold and each record's price. They
+    are equal unless a line no longer matches its records. ``records_cost``: the exact
+    (unrounded) sum of those records' stored costs, for a bound on rounding.
+    """
+
+    invoiced: Decimal = ZERO
+    priced: Decimal = ZERO
+    records: int = 0
+    records_cost: Decimal = Decimal(0)
+    invoices: int = 0
+    # invoice number → (invoiced, priced), for each invoice whose two differ.
+    mismatches: dict[int, tuple[Decimal, Decimal]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.invoiced == self.priced
+
+
+def invoiced_usage(*, period: dt.date, organization: Organization | None = None) -> InvoicedUsage:
+    """Invoiced usage of the month ``period`` against the same usage re-priced from its records,
+    for one organisation or (None) all of them. Reads only."""
+    live = Invoice.objects.filter(period=month_start(period)).exclude(status=Invoice.Status.VOID)
+    if organization is not None:
+        live = live.filter(organization=organization)
+    result = InvoicedUsage()
+    for invoice in live.order_by("number"):
+        stored = InvoiceLine.objects.filter(invoice=invoice, kind__in=BILLED_KINDS).aggregate(s=Sum("amount"))["s"]
+        held = UsageRecord.objects.filter(invoice=invoice)
+        repriced = sum((line.amount for line in usage_lines(held, period=invoice.period)), ZERO)
+        aggregate = held.aggregate(n=Count("pk"), cost=Sum("cost"))
+        invoiced = stored if stored is not None else ZERO
+        result.invoices += 1
+        result.invoiced += invoiced
+        result.priced += repriced
+        result.records += int(aggregate["n"] or 0)
+        result.records_cost += aggregate["cost"] or Decimal(0)
+        if invoiced != repriced:
+            result.mismatches[invoice.number] = (invoiced, repriced)
+    return result

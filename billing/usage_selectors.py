@@ -1,0 +1,159 @@
+"""Reads of usage for people and keys: daily usage by model (and key), from the daily rollups only.
+
+Raw UsageRecord rows are never read here: pages and APIs answer from ``UsageRollup``
+(built by ``billing.rollups`` every minute), so a request for a year costs a year of
+daily rows, not a year of requests. Pages are keyset-paginated on (day, model, key)
+with an opaque cursor; every read is scoped to one key or one organisation.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+
+import orjson
+from django.db.models import Q, QuerySet, Sum
+
+from billing.models import UsageRollup
+
+USAGE_DEFAULT_DAYS = 30
+USAGE_PAGE_DEFAULT = 30
+USAGE_PAGE_MAX = 100
+_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost")
+
+
+class InvalidCursor(ValueError):
+    """A page cursor this API did not hand out."""
+
+
+@dataclass(frozen=True)
+class UsageCursor:
+    """The last row of a page. Clients see it as an opaque string (base64url of JSON), which
+    only says where the next page starts: the scope is always the caller's own."""
+
+    date: date
+    model: str
+    api_key_id: int | None = None
+
+    def encode(self) -> str:
+        raw = orjson.dumps([self.date.isoformat(), self.model, self.api_key_id])
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> UsageCursor:
+        try:
+            day, model, key = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            if not isinstance(day, str) or not isinstance(model, str):
+                raise InvalidCursor(text)
+            if key is not None and (type(key) is not int or key < 0):
+                raise InvalidCursor(text)
+            return cls(date.fromisoformat(day), model, key)
+        except (ValueError, TypeError, binascii.Error):
+            raise InvalidCursor(text) from None
+
+
+@dataclass(frozen=True)
+class DailyUsage:
+    """One UTC day of one model (and one key, when grouped by key), over every version and price."""
+
+    date: date
+    model: str
+    requests: int
+    errors: int
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost: Decimal  # exact, in the billing currency
+    api_key_id: int | None = None
+    api_key_name: str = ""
+    api_key_prefix: str = ""
+
+    def cursor(self) -> UsageCursor:
+        return UsageCursor(self.date, self.model, self.api_key_id)
+
+
+@dataclass(frozen=True)
+class UsagePage:
+    rows: list[DailyUsage]
+    has_more: bool
+
+    @property
+    def next_page(self) -> UsageCursor | None:
+        return self.rows[-1].cursor() if self.has_more else None
+
+
+def usage_window(*, start: date | None, end: date | None, today: date) -> tuple[date, date]:
+    """The days asked for, both inclusive: ``end`` defaults to today (UTC) and ``start`` to
+    USAGE_DEFAULT_DAYS days up to ``end``. ValueError when ``start`` is after ``end``."""
+    end = end or today
+    start = start or end - timedelta(days=USAGE_DEFAULT_DAYS - 1)
+    if start > end:
+        raise ValueError("start_date is after end_date")
+    return start, end
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time.min, UTC)
+
+
+def _daily(
+    rollups: QuerySet[UsageRollup], *, start: date, end: date, by_key: bool, limit: int, after: UsageCursor | None
+) -> UsagePage:
+    rows = rollups.filter(
+        period=UsageRollup.Period.DAY, start__gte=_midnight(start), start__lt=_midnight(end + timedelta(days=1))
+    )
+    if after is not None:
+        at = _midnight(after.date)
+        position = Q(start__gt=at) | Q(start=at, model__gt=after.model)
+        if by_key:
+            position |= Q(start=at, model=after.model, api_key_id__gt=after.api_key_id or 0)
+        rows = rows.filter(position)
+    order = ["start", "model", *(["api_key_id"] if by_key else [])]
+    group = [*order, *(["api_key__name", "api_key__prefix"] if by_key else [])]
+    found = list(rows.values(*group).annotate(**{name: Sum(name) for name in _SUMS}).order_by(*order)[: limit + 1])
+    page = [
+        DailyUsage(
+            date=row["start"].astimezone(UTC).date(),
+            model=row["model"],
+            requests=int(row["requests"]),
+            errors=int(row["errors"]),
+            input_tokens=int(row["input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+            cached_tokens=int(row["cached_tokens"]),
+            cost=Decimal(row["cost"]),
+            api_key_id=row.get("api_key_id"),
+            api_key_name=row.get("api_key__name", ""),
+            api_key_prefix=row.get("api_key__prefix", ""),
+        )
+        for row in found[:limit]
+    ]
+    return UsagePage(rows=page, has_more=len(found) > limit)
+
+
+def usage_daily_for_key(
+    *, api_key_id: int, start: date, end: date, limit: int = USAGE_PAGE_DEFAULT, after: UsageCursor | None = None
+) -> UsagePage:
+    """One key's usage by UTC day and model, days ``start`` to ``end`` inclusive, oldest first."""
+    rollups = UsageRollup.objects.filter(api_key_id=api_key_id)
+    return _daily(rollups, start=start, end=end, by_key=False, limit=limit, after=after)
+
+
+def usage_daily_for_organization(
+    *,
+    organization_id: int,
+    start: date,
+    end: date,
+    api_key_id: int | None = None,
+    by_key: bool = True,
+    limit: int = USAGE_PAGE_DEFAULT,
+    after: UsageCursor | None = None,
+) -> UsagePage:
+    """An organisation's usage by UTC day, model and (``by_key``) key, oldest first; only
+    ``api_key_id``'s when given (a key of another organisation matches nothing)."""
+    rollups = UsageRollup.objects.filter(organization_id=organization_id)
+    if api_key_id is not None:
+        rollups = rollups.filter(api_key_id=api_key_id)
+    return _daily(rollups, start=start, end=end, by_key=by_key, limit=limit, after=after)

@@ -1,0 +1,144 @@
+"""Budget alerts: one row and one email per threshold, never twice; a failing mail server
+delays the email, never the alert."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core import mail
+from django.core.mail.backends.base import BaseEmailBackend
+
+from billing import usage
+from billing.models import ApiKey, BudgetAlert
+from billing.services import api_key_create, budget_alert_notify
+from billing.tasks import budget_alerts_notify_pending, budget_alerts_persist
+from billing.usage import persist_budget_alerts
+from core import keys
+from core.redis import sync_redis
+
+pytestmark = pytest.mark.django_db
+
+MONTH = datetime.now(UTC).strftime("%Y-%m")
+LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
+
+
+class FailingBackend(BaseEmailBackend):
+    """A mail server that is down."""
+
+    attempts = 0
+
+    def send_messages(self, email_messages: Any) -> int:
+        FailingBackend.attempts += 1
+        raise ConnectionRefusedError("mail server down")
+
+
+@pytest.fixture(autouse=True)
+def streams(settings):
+    settings.PERSIST_RETRY_AFTER_SECONDS = 0
+    settings.EMAIL_BACKEND = LOCMEM
+    client = sync_redis()
+    names = [keys.budget_alerts(), keys.budget_alert_dead_letters()]
+    client.delete(*names)
+    yield client
+    client.delete(*names)
+
+
+@pytest.fixture
+def key(alice_org) -> ApiKey:
+    alice_org.billing_email = "ap@alice.example"
+    alice_org.save()
+    return api_key_create(organization=alice_org, name="batch jobs").api_key
+
+
+def raise_alert(client, key: ApiKey, threshold: int, *, scope: str = "key", budget: str = "tokens",
+                limit: int = 1000) -> None:  # fmt: skip
+    """An alert as the limiter raises it (billing/ledger.lua): one stream entry per threshold."""
+    ident = key.pk if scope == "key" else key.organization_id
+    client.xadd(
+        keys.budget_alerts(),
+        {"scope": scope, "id": str(ident), "org": str(key.organization_id), "budget": budget, "month": MONTH,
+         "threshold": str(threshold), "limit": str(limit), "used": str(limit * threshold // 100)},
+    )  # fmt: skip
+
+
+class TestOnePerThreshold:
+    def test_each_threshold_is_its_own_row_and_email(self, streams, key):
+        for threshold in (50, 80, 90, 100):  # 90: the key's own budget_alert_percent
+            raise_alert(streams, key, threshold)
+        raise_alert(streams, key, 50, scope="org", budget="spend", limit=25_000_000)  # 25.00 in micro-units
+        assert persist_budget_alerts() == 5
+        rows = BudgetAlert.objects.order_by("api_key_id", "threshold_percent")
+        assert [(r.api_key_id, r.budget, r.threshold_percent) for r in rows] == [
+            (key.pk, "tokens", 50), (key.pk, "tokens", 80), (key.pk, "tokens", 90), (key.pk, "tokens", 100),
+            (None, "spend", 50),
+        ]  # fmt: skip
+        assert all(r.notified_at is not None for r in rows)
+        assert len(mail.outbox) == 5
+        assert {tuple(m.to) for m in mail.outbox} == {("ap@alice.example",)}
+        subjects = sorted(m.subject for m in mail.outbox)
+        assert any("'batch jobs'" in s and "at 90 %" in s for s in subjects)
+        spend = next(m for m in mail.outbox if "spend cap" in m.subject)
+        assert "the organisation" in spend.subject
+        assert "Limit: 25.000000 USD" in spend.body
+        assert "Used (including requests in flight): 12.500000 USD" in spend.body
+
+    def test_an_alert_is_stored_and_sent_once(self, streams, key):
+        raise_alert(streams, key, 80)
+        raise_alert(streams, key, 80)  # the same threshold again (a replayed entry)
+        assert persist_budget_alerts() == 2
+        raise_alert(streams, key, 80)
+        assert budget_alerts_persist() == 1
+        assert budget_alerts_notify_pending() == 0
+        assert BudgetAlert.objects.count() == 1
+        assert len(mail.outbox) == 1
+        alert = BudgetAlert.objects.get()
+        assert budget_alert_notify(alert_id=alert.pk) is False
+        assert len(mail.outbox) == 1
+
+    def test_the_scope_makes_separate_alerts(self, streams, key):
+        other = api_key_create(organization=key.organization, name="other").api_key
+        raise_alert(streams, key, 80)
+        raise_alert(streams, other, 80)
+        raise_alert(streams, key, 80, scope="org")
+        assert persist_budget_alerts() == 3
+        assert BudgetAlert.objects.count() == 3
+        assert len(mail.outbox) == 3
+
+
+class TestMailFailures:
+    def test_a_failing_mail_server_never_blocks_persistence(self, streams, key, settings):
+        settings.EMAIL_BACKEND = "tests.billing.test_alerts.FailingBackend"
+        FailingBackend.attempts = 0
+        for threshold in (50, 80, 100):
+            raise_alert(streams, key, threshold)
+        assert persist_budget_alerts() == 3
+        assert BudgetAlert.objects.filter(notified_at__isnull=True).count() == 3
+        assert int(streams.xpending(keys.budget_alerts(), usage.GROUP)["pending"]) == 0  # acknowledged
+        assert FailingBackend.attempts == 1  # the server is down: the rest wait for the retry
+        assert budget_alerts_notify_pending() == 0  # still down
+        settings.EMAIL_BACKEND = LOCMEM
+        assert budget_alerts_notify_pending() == 3
+        assert len(mail.outbox) == 3
+        assert not BudgetAlert.objects.filter(notified_at__isnull=True).exists()
+        assert budget_alerts_notify_pending() == 0
+        assert len(mail.outbox) == 3
+
+    def test_no_billing_email_stores_the_alert_and_sends_nothing(self, streams, key):
+        key.organization.billing_email = ""
+        key.organization.save()
+        raise_alert(streams, key, 80)
+        assert persist_budget_alerts() == 1
+        assert BudgetAlert.objects.get().notified_at is None
+        assert budget_alerts_notify_pending() == 0
+        assert mail.outbox == []
+
+    def test_old_unsent_alerts_are_not_retried(self, streams, key, settings):
+        settings.EMAIL_BACKEND = "tests.billing.test_alerts.FailingBackend"
+        raise_alert(streams, key, 80)
+        persist_budget_alerts()
+        BudgetAlert.objects.update(created_at=datetime.now(UTC) - timedelta(days=4))
+        settings.EMAIL_BACKEND = LOCMEM
+        assert budget_alerts_notify_pending() == 0
+        assert mail.outbox == []
