@@ -196,7 +196,7 @@ class InferenceCall:
                     param="input",
                     code="context_length_exceeded",
                 )
-            reserved = prompt_tokens
+            prompt_bound = reserved = prompt_tokens
         else:
             limit = body.completion_limit
             if exact:
@@ -211,8 +211,7 @@ class InferenceCall:
         # Charged at the price in effect now, for the whole request, whatever happens later.
         price = version.price_at(time.time())
         if price is not None:
-            completion_bound = reserved - prompt_bound if not isinstance(body, EmbeddingRequest) else 0
-            self._reserved_spend = price.cost(input_tokens=prompt_bound, output_tokens=completion_bound)
+            self._reserved_spend = price.cost(input_tokens=prompt_bound, output_tokens=reserved - prompt_bound)
 
         payload = engine_payload(data)
         payload["model"] = model.name

@@ -68,6 +68,26 @@ class TestCharges:
         assert record.price_id == price.pk
         assert record.cost == exact(3, 7, "0.37", "1.13")  # 0.00000902: never rounded per request
 
+    def test_an_embedding_is_charged_for_its_input(self, gateways, make_api_key, django_db_blocker):
+        from tests.serving.conftest import register_fake_replica, start_fake_engine
+
+        process, endpoint = start_fake_engine()
+        try:
+            name = f"fake-embed-{int(time.time() * 1000)}"
+            committed(django_db_blocker, lambda: register_fake_replica(name, endpoint, task="embedding"))
+            price = priced(django_db_blocker, name, "0.02", "0")
+            key = make_api_key()
+            response = httpx.post(
+                f"{gateways[0].base_url}/v1/embeddings", json={"model": name, "input": ["a", "b"]}, timeout=30,
+                headers={"Authorization": f"Bearer {key.secret}"},
+            )  # fmt: skip
+            assert response.status_code == 200, response.text
+            record = record_of(response)
+            assert (record.price_id, record.prompt_tokens, record.completion_tokens) == (price.pk, 3, 0)
+            assert record.cost == exact(3, 0, "0.02", "0")
+        finally:
+            process.kill()
+
     def test_an_unpriced_model_costs_nothing(self, gateways, fake_model, make_api_key):
         key = make_api_key()
         fake_model.control(mode="normal", tokens=2, delay=0)
