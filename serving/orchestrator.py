@@ -208,8 +208,9 @@ class InferenceCall:
             per_choice = limit if limit is not None else max(1, max_len - longest)
             reserved = prompt_bound + prompts * body.n * per_choice
 
-        # Charged at the price in effect now, for the whole request, whatever happens later.
-        price = version.price_at(time.time())
+        # Charged at the price in effect when the request arrived (its record's created_at),
+        # for the whole request, whatever happens later.
+        price = version.price_at(self._admitted_at.timestamp())
         if price is not None:
             self._reserved_spend = price.cost(input_tokens=prompt_bound, output_tokens=reserved - prompt_bound)
 
