@@ -158,8 +158,20 @@ class ApiKey(Limits):
         return f"{self.prefix}… ({self.name})"
 
 
+class CacheOutcome(models.TextChoices):
+    """How a request was answered: by an engine, or from the cache (exact or semantic)."""
+
+    MISS = "miss", "Engine"
+    HIT = "hit", "Exact cache hit"
+    SEMANTIC_HIT = "semantic-hit", "Semantic cache hit"
+
+
 class UsageRecord(models.Model):
-    """What one admitted request consumed. ``request_id`` is unique: one record per request."""
+    """What one admitted request consumed. ``request_id`` is unique: one record per request.
+
+    A request answered from the cache has ``cache`` set: its prompt tokens are all cached
+    tokens, and all of its tokens are priced at the cached input price.
+    """
 
     request_id = models.UUIDField(unique=True, default=uuid.uuid4)
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="usage_records")
@@ -174,6 +186,7 @@ class UsageRecord(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     status_code = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(help_text="when the request was admitted (UTC)")
+    cache = models.CharField(max_length=12, choices=CacheOutcome.choices, default=CacheOutcome.MISS)
     # What it cost: at the price in effect when it was admitted, exact (no rounding here;
     # invoices round once per line). Null price: the model had no price (cost 0).
     price = models.ForeignKey("Price", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records")
@@ -397,6 +410,13 @@ class UsageRollup(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES, default=Decimal(0))
+    cache_hits = models.PositiveBigIntegerField(default=0, help_text="requests answered from the cache")
+    saved = models.DecimalField(
+        max_digits=EXACT_MAX_DIGITS,
+        decimal_places=EXACT_DECIMAL_PLACES,
+        default=Decimal(0),
+        help_text="what the cache hits would have cost from an engine, less what they cost",
+    )
     latency_p50_ms = models.PositiveIntegerField(null=True, blank=True)
     latency_p95_ms = models.PositiveIntegerField(null=True, blank=True)
     latency_p99_ms = models.PositiveIntegerField(null=True, blank=True)

@@ -277,6 +277,23 @@ CELERY_BEAT_SCHEDULE = {
     "invoices-draft-due": {"task": "billing.tasks.invoices_draft_due", "schedule": crontab(minute="5")},
 }
 
+# --- Semantic cache (serving/semcache) ---------------------------------------------------
+SEMANTIC_CACHE_ENABLED = envbool("SEMANTIC_CACHE_ENABLED", "true")
+# The model that embeds prompts for the cache (384 dimensions: serving.models.CacheEntry).
+SEMANTIC_CACHE_EMBEDDING_MODEL = os.environ.get("SEMANTIC_CACHE_EMBEDDING_MODEL", "all-minilm-l6-v2")
+# Embedding + search + verification must finish within this, or the request is a miss.
+SEMANTIC_CACHE_LOOKUP_TIMEOUT = envfloat("SEMANTIC_CACHE_LOOKUP_TIMEOUT", 0.5)
+# Candidates below this cosine similarity are never verified (calibrated: docs/performance.md).
+SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.90)
+# The share of wrong hits the verifier is calibrated to stay under.
+SEMANTIC_CACHE_WRONG_HIT_BUDGET = envfloat("SEMANTIC_CACHE_WRONG_HIT_BUDGET", 0.01)
+# Defaults for models without a CachePolicy row.
+SEMANTIC_CACHE_MAX_TEMPERATURE = envfloat("SEMANTIC_CACHE_MAX_TEMPERATURE", 0.5)
+SEMANTIC_CACHE_MAX_PROMPT_TOKENS = envint("SEMANTIC_CACHE_MAX_PROMPT_TOKENS", 2000)
+SEMANTIC_CACHE_TTL_SECONDS = envint("SEMANTIC_CACHE_TTL_SECONDS", 3600)
+# Embeddings requests get an exact-match cache (Redis) for this long.
+EMBEDDINGS_CACHE_TTL_SECONDS = envint("EMBEDDINGS_CACHE_TTL_SECONDS", 3600)
+
 # --- Engine workers (manage.py runworkers) ---------------------------------------------
 WORKER_HOST = os.environ.get("WORKER_HOST") or socket.gethostname()
 # "cpu": one replica per listed core (VLLM_CPU_OMP_THREADS_BIND); "gpu": one per GPU index.
