@@ -28,10 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
-from django.db.models import Count, F, QuerySet, Sum, Value
-from django.db.models.functions import Greatest, TruncMonth
+from django.db.models import Count, F, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, TruncMonth
 
-from billing.models import Invoice, InvoiceLine, Organization, Plan, Price, UsageRecord
+from billing.models import CacheOutcome, Invoice, InvoiceLine, Organization, Plan, Price, UsageRecord
 
 CENT = Decimal("0.01")
 ZERO = Decimal("0.00")
@@ -167,8 +167,10 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
         .annotate(
             # As the rollups count them: a record never has fewer than 0 input tokens.
             input=Sum(Greatest(F("prompt_tokens") - F("cached_tokens"), Value(0))),
-            output=Sum("completion_tokens"),
-            cached=Sum("cached_tokens"),
+            output=Sum("completion_tokens", filter=Q(cache=CacheOutcome.MISS)),
+            # A request answered from the cache is charged whole at the cached input price
+            # (billing.pricing), so its completion tokens are cached tokens here too.
+            cached=Sum("cached_tokens") + Coalesce(Sum("completion_tokens", filter=~Q(cache=CacheOutcome.MISS)), 0),
         )
         .order_by()
     )

@@ -86,6 +86,7 @@ class UsageEvent:
     created_at: datetime
     price_id: int | None = None  # the price it was charged at (None: the model had none)
     cost: Decimal = Decimal(0)  # exact, in the billing currency
+    cache: str = "miss"  # "hit" or "semantic-hit" when answered from the cache
 
     @property
     def total_tokens(self) -> int:
@@ -145,6 +146,7 @@ class UsageEvent:
             created_at=created_at,
             price_id=count("price_id") if text.get("price_id") else None,
             cost=cost,
+            cache=_cache_outcome(text.get("cache") or "miss"),
         )
 
 
@@ -214,6 +216,12 @@ _REFUSALS = {
     "model_overloaded": "The model is at capacity; {tier}-tier requests are refused first while it is busy. "
     "Retry shortly.",
 }
+
+
+def _cache_outcome(value: str) -> str:
+    if value not in ("miss", "hit", "semantic-hit"):
+        raise ValueError(f"cache is not miss, hit or semantic-hit: {value!r}")
+    return value
 
 
 def _refusal(result: dict[str, Any], grant: KeyGrant, headers: RateLimitHeaders) -> Refusal:

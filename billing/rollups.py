@@ -41,7 +41,7 @@ from django.db.models import Count, Max
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from billing.models import RollupProgress, UsageRecord, UsageRollup
+from billing.models import Price, RollupProgress, UsageRecord, UsageRollup
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,10 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 
 _RECORDS = UsageRecord._meta.db_table
+_PRICES = Price._meta.db_table
 _ROLLUPS = UsageRollup._meta.db_table
 _BUCKET_CONSTRAINT = "uniq_rollup_bucket"
-_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost")
+_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost", "cache_hits", "saved")
 _PERCENTILES = (
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
 )  # fmt: skip
@@ -66,11 +67,12 @@ _VALUES = ("organization_id", *_SUMS, *_PERCENTILES)
 # included). Input tokens are the prompt tokens not served from a cache (never below
 # zero, whatever an engine reported). Percentiles are over every request of the bucket;
 # TTFT ignores requests that produced no token (null). One sort per column: the three
-# percentiles come from one ``percentile_disc(array)``.
+# percentiles come from one ``percentile_disc(array)``. Cache hits are counted, with what
+# they saved: their tokens at the input and output prices, less what they were charged.
 _REBUILD_SQL = f"""
 WITH fresh AS (
     SELECT organization_id, api_key_id, model, model_version, price_id,
-           requests, errors, input_tokens, output_tokens, cached_tokens, cost,
+           requests, errors, input_tokens, output_tokens, cached_tokens, cost, cache_hits, saved,
            latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
            ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms
     FROM (
@@ -81,10 +83,13 @@ WITH fresh AS (
                sum(completion_tokens) AS output_tokens,
                sum(cached_tokens) AS cached_tokens,
                sum(cost) AS cost,
+               count(*) FILTER (WHERE cache <> 'miss') AS cache_hits,
+               coalesce(sum((prompt_tokens * p.input_per_million + completion_tokens * p.output_per_million)
+                            / 1000000 - cost) FILTER (WHERE cache <> 'miss'), 0) AS saved,
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY latency_ms) AS latency,
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms) AS ttft
-        FROM {_RECORDS}
-        WHERE created_at >= %(start)s AND created_at < %(end)s
+        FROM {_RECORDS} u LEFT JOIN {_PRICES} p ON p.id = u.price_id
+        WHERE u.created_at >= %(start)s AND u.created_at < %(end)s
         GROUP BY organization_id, api_key_id, model, model_version, price_id
     ) grouped
 ), written AS (

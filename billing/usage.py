@@ -177,6 +177,7 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         created_at=event.created_at,
         price_id=event.price_id,
         cost=event.cost,
+        cache=event.cache,
     )
 
 

@@ -275,6 +275,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Hourly; it drafts last month's invoices once INVOICE_GRACE_HOURS have passed, each once.
     "invoices-draft-due": {"task": "billing.tasks.invoices_draft_due", "schedule": crontab(minute="5")},
+    # Expired semantic-cache entries, deleted in batches, then each scope's size recounted.
+    "semantic-cache-purge-expired": {
+        "task": "serving.tasks.cache_purge_expired",
+        "schedule": envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0),
+    },
 }
 
 # --- Semantic cache (serving/semcache) ---------------------------------------------------
@@ -284,13 +289,26 @@ SEMANTIC_CACHE_EMBEDDING_MODEL = os.environ.get("SEMANTIC_CACHE_EMBEDDING_MODEL"
 # Embedding + search + verification must finish within this, or the request is a miss.
 SEMANTIC_CACHE_LOOKUP_TIMEOUT = envfloat("SEMANTIC_CACHE_LOOKUP_TIMEOUT", 0.5)
 # Candidates below this cosine similarity are never verified (calibrated: docs/performance.md).
-SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.90)
+SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.70)
 # The share of wrong hits the verifier is calibrated to stay under.
 SEMANTIC_CACHE_WRONG_HIT_BUDGET = envfloat("SEMANTIC_CACHE_WRONG_HIT_BUDGET", 0.01)
 # Defaults for models without a CachePolicy row.
 SEMANTIC_CACHE_MAX_TEMPERATURE = envfloat("SEMANTIC_CACHE_MAX_TEMPERATURE", 0.5)
 SEMANTIC_CACHE_MAX_PROMPT_TOKENS = envint("SEMANTIC_CACHE_MAX_PROMPT_TOKENS", 2000)
 SEMANTIC_CACHE_TTL_SECONDS = envint("SEMANTIC_CACHE_TTL_SECONDS", 3600)
+# The store's search (serving/semcache/store.py; figures in docs/performance.md): scopes of up
+# to this many entries are searched exactly, larger ones through the HNSW index with
+# pgvector's iterative scan (this many candidates per step, this order, at most this many
+# tuples visited).
+SEMANTIC_CACHE_EXACT_MAX_ENTRIES = envint("SEMANTIC_CACHE_EXACT_MAX_ENTRIES", 5000)
+SEMANTIC_CACHE_HNSW_EF_SEARCH = envint("SEMANTIC_CACHE_HNSW_EF_SEARCH", 40)
+SEMANTIC_CACHE_HNSW_ITERATIVE_SCAN = os.environ.get("SEMANTIC_CACHE_HNSW_ITERATIVE_SCAN", "relaxed_order")
+SEMANTIC_CACHE_HNSW_MAX_SCAN_TUPLES = envint("SEMANTIC_CACHE_HNSW_MAX_SCAN_TUPLES", 20_000)
+# A search statement is cancelled after this long (a miss); at most this many cache calls per
+# process wait on the database at once, and after a failure none is tried for this long.
+SEMANTIC_CACHE_SEARCH_TIMEOUT_MS = envint("SEMANTIC_CACHE_SEARCH_TIMEOUT_MS", 250)
+SEMANTIC_CACHE_MAX_DB_CALLS = envint("SEMANTIC_CACHE_MAX_DB_CALLS", 4)
+SEMANTIC_CACHE_RETRY_AFTER = envfloat("SEMANTIC_CACHE_RETRY_AFTER", 5.0)
 # Embeddings requests get an exact-match cache (Redis) for this long.
 EMBEDDINGS_CACHE_TTL_SECONDS = envint("EMBEDDINGS_CACHE_TTL_SECONDS", 3600)
 

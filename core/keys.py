@@ -77,6 +77,11 @@ def gateway_suspects() -> str:
 # --- Keys and caches --------------------------------------------------------------------
 
 
+def embeddings_cache(digest: str) -> str:
+    """An embeddings answer, by the SHA-256 of its model version, tenant and request (TTL'd)."""
+    return namespaced("embcache", digest)
+
+
 def routing_invalidation_channel() -> str:
     """Pub/sub: deployments, weights or prices changed; every gateway reloads its routing table."""
     return namespaced("routing", "invalidate")

@@ -14,10 +14,10 @@ from billing import ledger
 from billing.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import APIError, ModelNotAllowed, RateLimited
-from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall, find_model, routing_table
+from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
 from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
-from serving.routing import ModelRoute
+from serving.routing import ModelRoute, find_model, routing_table
 
 
 def _json(data: Any, *, status: int = 200) -> HttpResponse:
@@ -80,6 +80,8 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     try:
         await call.prepare(request.body)
         prepared_at = time.perf_counter()
+        await call.consult_cache(cache_control=request.header("cache-control"))
+        looked_up_at = time.perf_counter()
         rate_limits = await call.admit()
         admitted_at = time.perf_counter()
         response: HttpResponseBase
@@ -95,9 +97,14 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
         raise
     for name, value in rate_limits.values.items():
         response[name] = value
+    if endpoint is not COMPLETIONS:
+        response["x-cache"] = call.cache_outcome
+        if call.cache_hit is not None:
+            response["x-cache-similarity"] = f"{call.cache_hit.similarity:.4f}"
     # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
     response["Server-Timing"] = (
-        f"prepare;dur={(prepared_at - started) * 1000:.2f}, admit;dur={(admitted_at - prepared_at) * 1000:.2f}, "
+        f"prepare;dur={(prepared_at - started) * 1000:.2f}, cache;dur={(looked_up_at - prepared_at) * 1000:.2f}, "
+        f"admit;dur={(admitted_at - looked_up_at) * 1000:.2f}, "
         f"engine;dur={(time.perf_counter() - admitted_at) * 1000:.2f}"
     )
     return response

@@ -138,6 +138,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             grant = await authenticate(self.authorization)
             call = InferenceCall(CHAT, grant, uuid.uuid4())
             await call.prepare(orjson.dumps(body))
+            await call.consult_cache(cache_control=None)
             await call.admit()
             await call.start_stream()
             async for chunk in call.chunks():
@@ -176,6 +177,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 "request_id": str(call.request_id),
                 "status": outcome,
                 "status_code": call.status or status,
+                "cache": call.cache_outcome,
                 "usage": {
                     "prompt_tokens": call.prompt_tokens_metered,
                     "completion_tokens": call.completion_tokens,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,6 +36,29 @@ REPLICA_IN_FLIGHT = Gauge(
     "inference_replica_in_flight", "Requests this gateway has running on a replica.", ["replica"],
     multiprocess_mode="livesum",
 )  # fmt: skip
+# The semantic cache (serving.semcache) and the embeddings cache.
+CACHE_LOOKUPS = Counter(
+    "inference_cache_lookups", "Cache lookups by outcome (hit, semantic-hit, miss, error, timeout).",
+    ["model", "outcome"],
+)  # fmt: skip
+CACHE_LOOKUP_SECONDS = Histogram(
+    "inference_cache_lookup_seconds", "Semantic cache lookup time: embedding, search and verification.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+)  # fmt: skip
+CACHE_REJECTIONS = Counter(
+    "inference_cache_rejections", "Similar entries the verifier refused to serve, by why.", ["category"]
+)
+CACHE_STORED = Counter("inference_cache_stored", "Answers stored in the semantic cache.", ["model"])
+CACHE_TOKENS_SAVED = Counter("inference_cache_tokens_saved", "Tokens answered from the cache.", ["model"])
+CACHE_MONEY_SAVED = Counter(
+    "inference_cache_money_saved", "What cache hits would have cost from an engine, less what they cost.",
+    ["model", "currency"],
+)  # fmt: skip
+CACHE_WRONG_HIT_BUDGET = Gauge(
+    "inference_cache_wrong_hit_budget", "The share of wrong hits the verifier is calibrated to stay under.",
+    multiprocess_mode="max",
+)  # fmt: skip
+CACHE_WRONG_HIT_BUDGET.set(settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET)
 USAGE_EVENTS = Counter("inference_usage_events", "Usage events handed to the stream.", ["outcome"])
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -46,11 +47,21 @@ from serving.errors import (
     EngineUnavailable,
     InvalidRequest,
     ModelNotAllowed,
-    ModelNotFound,
     RateLimited,
 )
-from serving.routing import ModelRoute, ReplicaRoute, RoutingTable, RoutingUnavailable, VersionRoute, router
+from serving.routing import ReplicaRoute, VersionRoute, find_model, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
+from serving.semcache.lookup import (
+    MISS,
+    CacheHit,
+    CacheProbe,
+    embeddings_get,
+    embeddings_key,
+    embeddings_put,
+    lookup,
+    remember,
+)
+from serving.semcache.policy import intent_of, last_user_text, scope_of
 from serving.tokens import PromptCount, PromptCounter, prompt_counter
 
 logger = logging.getLogger(__name__)
@@ -94,25 +105,6 @@ async def _counter(version: VersionRoute) -> PromptCounter:
     return counter
 
 
-async def routing_table(*, fresh: bool = False) -> RoutingTable:
-    try:
-        return await (router.fresh_snapshot() if fresh else router.snapshot())
-    except RoutingUnavailable as exc:
-        logger.error("routing unavailable: %s", exc)
-        raise EngineUnavailable(
-            "The model registry cannot be read right now; try again shortly.", code="routing_unavailable"
-        ) from exc
-
-
-async def find_model(name: str) -> ModelRoute:
-    model = (await routing_table()).models.get(name)
-    if model is None:  # deployed a moment ago? one fresh read before saying no
-        model = (await routing_table(fresh=True)).models.get(name)
-    if model is None:
-        raise ModelNotFound(name)
-    return model
-
-
 class InferenceCall:
     """One request's life. Drive it as prepare → admit → complete() or start_stream()/chunks(),
     and always ``close(status)`` in a ``finally`` (idempotent; a no-op once settled)."""
@@ -139,8 +131,14 @@ class InferenceCall:
         self._dispatched = False
         self._closing: asyncio.Task[None] | None = None
         self._replica: ReplicaRoute | None = None
-        self._upstream: engine.EngineStream | None = None
+        self._upstream: engine.EngineStream | ReplayStream | None = None
         self._first: Any = None
+        self.cache_probe: CacheProbe | None = None
+        self.cache_hit: CacheHit | None = None
+        self._embeddings_key: str | None = None
+        self._may_store = False
+        self._answer_parts: list[str] = []
+        self._finish_reason: str | None = None
         self._final_usage_chunk: dict[str, Any] | None = None
         self._started = time.perf_counter()
         self._admitted_at = datetime.now(UTC)
@@ -246,6 +244,102 @@ class InferenceCall:
         """Charged and metered (known for sure once ``close`` has returned)."""
         return self._admitted
 
+    @property
+    def cache_outcome(self) -> str:
+        """How it was answered: ``hit``, ``semantic-hit`` or ``miss`` (the x-cache header)."""
+        return self.cache_hit.outcome if self.cache_hit is not None else MISS
+
+    # --- the cache ------------------------------------------------------------------------
+
+    async def consult_cache(self, *, cache_control: str | None) -> None:
+        """Look for this request's answer in the cache (between prepare and admit).
+
+        A hit is admitted and charged like any request, but for the tokens it replays, all at
+        the cached input price. The lookup never fails the request (any trouble is a miss).
+        """
+        rules = self.model.cache_rules
+        if self.endpoint is CHAT:
+            assert isinstance(self.body, ChatCompletionRequest)
+            intent = intent_of(
+                body=self.body,
+                payload=self.payload,
+                rules=rules,
+                default_temperature=self.version.default_temperature,
+                prompt_tokens=self.prompt_tokens,
+                prompt_exact=self.prompt_exact,
+                cache_control=cache_control,
+            )
+            query = last_user_text(self.payload["messages"])
+            if query is None or not (intent.read or intent.write):
+                return
+            scope = scope_of(
+                payload=self.payload,
+                version_id=self.version.id,
+                organization_id=self.grant.organization_id,
+                rules=rules,
+                default_temperature=self.version.default_temperature,
+            )
+            self.cache_probe = CacheProbe(intent=intent, scope=scope, query=query, model=self.model.name)
+            self._may_store = intent.write
+            if intent.read:
+                self.cache_hit = await lookup(self.cache_probe)
+        elif self.endpoint is EMBEDDINGS:
+            directives = {d.strip().lower() for d in (cache_control or "").split(",")}
+            if not settings.SEMANTIC_CACHE_ENABLED or not rules.enabled or getattr(self.body, "cache", None) is False:
+                return
+            tenant = "shared" if rules.shared_scope else f"org:{self.grant.organization_id}"
+            self._embeddings_key = embeddings_key(payload=self.payload, version_id=self.version.id, tenant=tenant)
+            self._may_store = "no-store" not in directives
+            if "no-cache" not in directives and "no-store" not in directives:
+                self.cache_hit = await embeddings_get(self._embeddings_key, model=self.model.name)
+        if self.cache_hit is not None:
+            tokens = self._hit_prompt_tokens + self.cache_hit.completion_tokens
+            self._reserved = tokens
+            self._reserved_spend = self.price.cost(input_tokens=0, output_tokens=0, cached_tokens=tokens) if (
+                self.price is not None
+            ) else Decimal(0)  # fmt: skip
+
+    @property
+    def _hit_prompt_tokens(self) -> int:
+        """A chat hit's prompt is this request's own (counted exactly); an embeddings hit's is
+        the stored answer's (the same input)."""
+        assert self.cache_hit is not None
+        return self.prompt_tokens if self.endpoint is CHAT else self.cache_hit.prompt_tokens
+
+    def _hit_usage(self) -> dict[str, Any]:
+        """The usage a hit reports and is metered with: every prompt token marked cached."""
+        assert self.cache_hit is not None
+        prompt, completion = self._hit_prompt_tokens, self.cache_hit.completion_tokens
+        self._reported_prompt, self.completion_tokens, self.cached_tokens = prompt, completion, prompt
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion}
+        if self.endpoint is not EMBEDDINGS:
+            usage["completion_tokens"] = completion
+        usage["prompt_tokens_details"] = {"cached_tokens": prompt}
+        return usage
+
+    def _remember(self, answer: dict[str, Any]) -> None:
+        """Keep a completed engine answer for later requests (off the request path)."""
+        if not self._may_store or self.cache_hit is not None:
+            return
+        if self.endpoint is EMBEDDINGS and self._embeddings_key is not None:
+            embeddings_put(self._embeddings_key, answer, ttl_seconds=settings.EMBEDDINGS_CACHE_TTL_SECONDS)
+            return
+        message, finish_reason = answer.get("message"), answer.get("finish_reason")
+        if self.cache_probe is None or not isinstance(message, dict) or finish_reason not in ("stop", "length"):
+            return
+        if not isinstance(message.get("content"), str) or not message["content"] or message.get("tool_calls"):
+            return  # only plain text answers are replayed
+        kept = {"role": "assistant", "content": message["content"]}
+        remember(
+            self.cache_probe,
+            organization_id=self.grant.organization_id,
+            model_version=self.version.version,
+            answer={"message": kept, "finish_reason": finish_reason},
+            prompt_tokens=self.prompt_tokens_metered,
+            completion_tokens=self.completion_tokens,
+            ttl_seconds=self.model.cache_rules.ttl_seconds,
+        )
+
     # --- admission ------------------------------------------------------------------------
 
     async def admit(self) -> RateLimitHeaders:
@@ -299,6 +393,10 @@ class InferenceCall:
 
     async def complete(self) -> dict[str, Any]:
         """A non-streaming request: the engine's JSON answer, with our id and model name; settled."""
+        if self.cache_hit is not None:
+            data = self._replayed_json()
+            await self.close(200)
+            return data
         try:
             replicas = router.replica_order(self.version)
             try:
@@ -318,20 +416,47 @@ class InferenceCall:
             await self.close(status_of(exc))
             raise
         await self.close(200)
+        if self.endpoint is EMBEDDINGS:
+            self._remember(data)
+        elif data.get("choices"):
+            self._remember(data["choices"][0])
         return data
+
+    def _replayed_json(self) -> dict[str, Any]:
+        """A hit's answer, shaped exactly like the engine's, with this request's id and usage."""
+        assert self.cache_hit is not None
+        answer = self.cache_hit.answer
+        usage = self._hit_usage()
+        if self.endpoint is EMBEDDINGS:
+            return {**answer, "model": self.model.name, "usage": usage}
+        return {
+            "id": self.public_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model.name,
+            "choices": [
+                {"index": 0, "message": answer["message"], "logprobs": None, "finish_reason": answer["finish_reason"]}
+            ],
+            "usage": usage,
+            "system_fingerprint": None,
+        }
 
     async def start_stream(self) -> None:
         """Dispatch and wait for the first event; errors before it are ordinary HTTP errors."""
+        if self.cache_hit is not None:
+            self._upstream = ReplayStream(self._replay_events())
+            self._first = await anext(self._upstream)
+            return
         try:
             replicas = router.replica_order(self.version)
             self._dispatched = True
-            self._upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
-            self._replica = self._upstream.replica
+            upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
+            self._upstream, self._replica = upstream, upstream.replica
             try:
                 async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
-                    self._first = await anext(self._upstream)
+                    self._first = await anext(upstream)
             except TimeoutError:
-                router.record_failure(self._replica.id)
+                router.record_failure(upstream.replica.id)
                 raise EngineTimeout(
                     f"The engine sent no token within {settings.ENGINE_FIRST_TOKEN_TIMEOUT:g} s."
                 ) from None
@@ -381,8 +506,35 @@ class InferenceCall:
             raise
         finally:
             await self.close(status)
+        if self._may_store and self._finish_reason is not None:
+            message = {"role": "assistant", "content": "".join(self._answer_parts)}
+            self._remember({"message": message, "finish_reason": self._finish_reason})
         if self.wants_usage and self._final_usage_chunk is not None:
             yield self._final_usage_chunk
+
+    def _replay_events(self) -> list[Any]:
+        """A hit's answer as the engine would stream it: the role, the text in pieces (with
+        cumulative usage, as continuous_usage_stats gives), the finish, the usage, [DONE]."""
+        assert self.cache_hit is not None
+        usage = self._hit_usage()
+        prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+        text = str(self.cache_hit.answer["message"].get("content") or "")
+        pieces = _pieces(text)
+        base = {"object": "chat.completion.chunk", "created": int(time.time())}
+
+        def chunk(delta: dict[str, Any], finish: str | None, generated: int) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            tokens = {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated,
+                      "prompt_tokens_details": {"cached_tokens": prompt}}  # fmt: skip
+            return {**base, "choices": [choice], "usage": tokens}
+
+        events: list[Any] = [chunk({"role": "assistant", "content": ""}, None, 0)]
+        for i, piece in enumerate(pieces, start=1):
+            events.append(chunk({"content": piece}, None, round(completion * i / len(pieces))))
+        events.append(chunk({}, self.cache_hit.answer.get("finish_reason") or "stop", completion))
+        events.append({**base, "choices": [], "usage": usage})
+        events.append(engine.DONE)
+        return events
 
     def _rewrite(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """Our id and model name; usage taken for metering, shown only as the client asked."""
@@ -393,6 +545,13 @@ class InferenceCall:
                 self.ttft_ms = int((time.perf_counter() - self._started) * 1000)
         event["id"] = self.public_id
         event["model"] = self.model.name
+        if self._may_store and self.cache_hit is None and event.get("choices"):
+            choice = event["choices"][0]
+            content = (choice.get("delta") or {}).get("content")
+            if isinstance(content, str):
+                self._answer_parts.append(content)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
         if not event.get("choices") and usage is not None:
             # The engine's final usage-only chunk: held back until the request is settled.
             self._final_usage_chunk = event
@@ -429,7 +588,10 @@ class InferenceCall:
         gateway died after admission: the counted prompt, nothing generated."""
         prompt = self.prompt_tokens if draft and self.prompt_exact else self.prompt_tokens_metered
         cost = Decimal(0)
-        if self.price is not None:
+        if self.price is not None and self.cache_hit is not None:
+            # A hit is priced whole at the cached input price: nothing was generated for it.
+            cost = self.price.cost(input_tokens=0, output_tokens=0, cached_tokens=prompt + self.completion_tokens)
+        elif self.price is not None:
             cost = self.price.cost(
                 input_tokens=max(0, prompt - self.cached_tokens),
                 output_tokens=self.completion_tokens,
@@ -451,6 +613,7 @@ class InferenceCall:
             created_at=self._admitted_at,
             price_id=self.price.price_id if self.price is not None else None,
             cost=cost,
+            cache=self.cache_outcome,
         )
 
     async def close(self, status: int) -> None:
@@ -491,6 +654,12 @@ class InferenceCall:
             metrics.TTFT.labels(*labels).observe(event.ttft_ms / 1000)
         metrics.TOKENS.labels(*labels, "prompt").inc(event.prompt_tokens)
         metrics.TOKENS.labels(*labels, "completion").inc(event.completion_tokens)
+        if self.cache_hit is not None and status == 200:
+            metrics.CACHE_TOKENS_SAVED.labels(event.model).inc(event.total_tokens)
+            if self.price is not None:
+                full = self.price.cost(input_tokens=event.prompt_tokens, output_tokens=event.completion_tokens)
+                saved = full - event.cost
+                metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
 
 
 def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:
@@ -511,3 +680,38 @@ def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: in
             param=where,
             code="context_length_exceeded",
         )
+
+
+class ReplayStream:
+    """A cached answer standing in for an engine stream (no replica, nothing to close)."""
+
+    replica = None
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = iter(events)
+
+    def __aiter__(self) -> ReplayStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _pieces(text: str, size: int = 16) -> list[str]:
+    """The text in pieces of about ``size`` characters, cut after whitespace, for replay."""
+    pieces: list[str] = []
+    current = ""
+    for word in re.findall(r"\S+\s*|\s+", text):
+        current += word
+        if len(current) >= size:
+            pieces.append(current)
+            current = ""
+    if current or not pieces:
+        pieces.append(current)
+    return pieces

@@ -10,13 +10,16 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
 import logging
 import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -29,6 +32,9 @@ from core.redis import async_redis
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
 from serving import metrics
+from serving.errors import EngineUnavailable, ModelNotFound
+from serving.models import CachePolicy
+from serving.semcache.policy import CacheRules
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ class VersionRoute:
     replicas: tuple[ReplicaRoute, ...]
     tokenizer_dir: str | None = None  # where the gateway finds tokenizer.json, if local
     prices: tuple[PriceQuote, ...] = ()  # this version's and its model's, current and scheduled
+    default_temperature: float = 1.0  # what the engine samples at when a request sets none
 
     def price_at(self, when: float) -> PriceQuote | None:
         """The price a request admitted at ``when`` pays (None: the model is not priced)."""
@@ -68,6 +75,7 @@ class ModelRoute:
     owner: str
     created: int
     versions: tuple[VersionRoute, ...]
+    cache_rules: CacheRules = field(default_factory=CacheRules.defaults)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,9 @@ def load_routing_table() -> RoutingTable:
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat))
         )
+    policies = {
+        p.model_id: p for p in CachePolicy.objects.filter(model_id__in={d.version.model_id for d in deployments})
+    }
     prices_by_model: dict[int, list[PriceQuote]] = defaultdict(list)
     for price in prices_in_effect_or_later(model_ids=list({d.version.model_id for d in deployments})):
         prices_by_model[price.model_id].append(PriceQuote.of(price))
@@ -107,24 +118,46 @@ def load_routing_table() -> RoutingTable:
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
                 tokenizer_dir=_tokenizer_dir(version.artifact_uri),
                 prices=tuple(q for q in prices_by_model[model.id] if q.version_id in (None, version.id)),
+                default_temperature=_default_temperature(_tokenizer_dir(version.artifact_uri)),
             )
         )
+        policy = policies.get(model.id)
         models[model.name] = ModelRoute(
             name=model.name,
             task=model.task,
             owner=model.owner or "platform",
             created=int(model.created_at.timestamp()),
             versions=(),
+            cache_rules=_cache_rules(policy),
         )
     return RoutingTable(
-        models={
-            name: ModelRoute(
-                name=m.name, task=m.task, owner=m.owner, created=m.created, versions=tuple(versions_by_model[name])
-            )
-            for name, m in models.items()
-        },
+        models={name: replace(m, versions=tuple(versions_by_model[name])) for name, m in models.items()},
         loaded_at=time.monotonic(),
     )
+
+
+def _cache_rules(policy: CachePolicy | None) -> CacheRules:
+    if policy is None:
+        return CacheRules.defaults()
+    return CacheRules(
+        enabled=policy.enabled,
+        max_temperature=float(policy.max_temperature),
+        max_prompt_tokens=policy.max_prompt_tokens,
+        ttl_seconds=policy.ttl_seconds,
+        shared_scope=policy.shared_scope,
+    )
+
+
+def _default_temperature(artifact_dir: str | None) -> float:
+    """The temperature vLLM samples at when a request sets none: the model's generation
+    config's, else vLLM's own default of 1.0."""
+    if artifact_dir is not None:
+        path = Path(artifact_dir) / "generation_config.json"
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            value = json.loads(path.read_text()).get("temperature")
+            if isinstance(value, int | float):
+                return float(value)
+    return 1.0
 
 
 def _tokenizer_dir(artifact_uri: str) -> str | None:
@@ -313,3 +346,22 @@ class Router:
 
 
 router = Router()
+
+
+async def routing_table(*, fresh: bool = False) -> RoutingTable:
+    try:
+        return await (router.fresh_snapshot() if fresh else router.snapshot())
+    except RoutingUnavailable as exc:
+        logger.error("routing unavailable: %s", exc)
+        raise EngineUnavailable(
+            "The model registry cannot be read right now; try again shortly.", code="routing_unavailable"
+        ) from exc
+
+
+async def find_model(name: str) -> ModelRoute:
+    model = (await routing_table()).models.get(name)
+    if model is None:  # deployed a moment ago? one fresh read before saying no
+        model = (await routing_table(fresh=True)).models.get(name)
+    if model is None:
+        raise ModelNotFound(name)
+    return model

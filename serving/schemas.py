@@ -146,6 +146,8 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool | None = None
     thinking_token_budget: int | None = None
+    # The gateway's own: false keeps this request out of the semantic cache (never forwarded).
+    cache: bool | None = None
 
     @field_validator("modalities")
     @classmethod
@@ -202,11 +204,13 @@ class EmbeddingRequest(_Body):
     # vLLM extensions, forwarded.
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     add_special_tokens: bool | None = None
+    # The gateway's own: false keeps this request out of the embeddings cache (never forwarded).
+    cache: bool | None = None
 
 
 # Accepted and not forwarded: they change nothing about the answer on this platform.
 DROPPED = frozenset(
-    {"metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"}
+    {"metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "cache"}
 )
 
 # OpenAI fields the platform cannot honour, and vLLM fields a tenant may not set.

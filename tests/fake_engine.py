@@ -24,8 +24,10 @@ Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import hmac
 import json
+import math
 import os
 import signal
 import threading
@@ -118,7 +120,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/v1/embeddings":
             inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-            data = [{"index": i, "object": "embedding", "embedding": [0.5, 0.5]} for i in range(len(inputs))]
+            data = [{"index": i, "object": "embedding", "embedding": embed(str(text))} for i, text in enumerate(inputs)]
             self._json(200, {"id": "embd-x", "object": "list", "model": body["model"], "data": data,
                              "usage": {"prompt_tokens": 3, "total_tokens": 3}})  # fmt: skip
             return
@@ -182,6 +184,16 @@ class Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+def embed(text: str, dimensions: int = 384) -> list[float]:
+    """A deterministic unit vector: hashed bag of lowercased words (texts sharing most of
+    their words are very similar, as a real embedding model would rate a one-word change)."""
+    vector = [0.0] * dimensions
+    for word in "".join(c if c.isalnum() else " " for c in text.lower()).split():
+        vector[int(hashlib.sha256(word.encode()).hexdigest(), 16) % dimensions] += 1.0
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
 
 
 class Server(ThreadingHTTPServer):

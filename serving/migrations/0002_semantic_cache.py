@@ -110,4 +110,28 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        # Measured at 1M entries over 100 scopes (docs/performance.md): one HNSW index over
+        # everything filtered to a scope, and exact search through the table (vectors in
+        # TOAST), both miss p99 <= 10 ms by far. One HNSW index per first hex digit of the
+        # scope, and exact search from a covering index (index-only), meet it.
+        migrations.RemoveIndex(model_name="cacheentry", name="cache_embedding_hnsw"),
+        migrations.RemoveIndex(model_name="cacheentry", name="cache_scope_expiry"),
+        *(
+            migrations.AddIndex(
+                model_name="cacheentry",
+                index=pgvector.django.indexes.HnswIndex(
+                    condition=models.Q(("scope__startswith", bucket)),
+                    ef_construction=64,
+                    fields=["embedding"],
+                    m=16,
+                    name=f"cache_embedding_hnsw_{bucket}",
+                    opclasses=["vector_cosine_ops"],
+                ),
+            )
+            for bucket in "0123456789abcdef"
+        ),
+        migrations.AddIndex(
+            model_name="cacheentry",
+            index=models.Index(fields=["scope", "expires_at"], include=("id", "embedding"), name="cache_scope_vectors"),
+        ),
     ]

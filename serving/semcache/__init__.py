@@ -7,9 +7,9 @@
   platform's own engine client;
 - ``store``: the entries in PostgreSQL + pgvector (search inside one scope, insert,
   expiry and purge without index bloat);
-- ``verify``: the check after similarity that rejects near-misses that change the answer
-  (negation, swapped entities or direction, changed numbers, dates, amounts, units or
-  scope words);
+- ``verify`` (word lists in ``lexicon``): the check after similarity that rejects
+  near-misses that change the answer (negation, swapped entities or direction, changed
+  numbers, dates, amounts, units or scope words);
 - ``lookup``: the above in order, within a time budget; any failure is a miss.
 
 ``serving.orchestrator`` asks it before admission and replays a verified hit like a live

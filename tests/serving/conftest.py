@@ -56,8 +56,10 @@ def committed(django_db_blocker: Any, fn: Callable[[], Any]) -> Any:
         return pool.submit(run).result()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def api_key(django_db_setup, django_db_blocker) -> ApiKeyFixture:
+    """A key of a new organisation for each test: the semantic cache is per organisation, so
+    no test is answered from another test's answers."""
     from billing.services import api_key_create, organization_create
 
     def make() -> ApiKeyFixture:
@@ -230,18 +232,32 @@ def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("fake engine did not start")
 
 
-def register_fake_replica(name: str, endpoint: str, *, task: str = "chat", max_seq_len: int = 1024) -> int:
-    """A committed model → version → running deployment → ready replica at ``endpoint``."""
+def register_fake_replica(
+    name: str,
+    endpoint: str,
+    *,
+    task: str = "chat",
+    max_seq_len: int = 1024,
+    version: str = "1",
+    artifact_uri: str | None = None,
+    weight: int = 100,
+) -> int:
+    """A committed model → version → running deployment → ready replica at ``endpoint``.
+
+    ``artifact_uri``: a real artifact (e.g. the bundled SmolLM2's) gives the gateway its
+    tokenizer, so prompts are counted exactly; a second call with another ``version``
+    adds a version to the same model.
+    """
     from django.utils import timezone
 
     from registry.models import Deployment, Model, ModelVersion, Replica
 
-    model = Model.objects.create(name=name, task=task)
-    version = ModelVersion.objects.create(
-        model=model, version="1", framework="fake", artifact_uri=f"local://fake/{name}", artifact_sha256="0" * 64,
-        artifact_size=0, config={"max_seq_len": max_seq_len}, status="active",
+    model, _ = Model.objects.get_or_create(name=name, defaults={"task": task})
+    model_version = ModelVersion.objects.create(
+        model=model, version=version, framework="fake", artifact_uri=artifact_uri or f"local://fake/{name}",
+        artifact_sha256="0" * 64, artifact_size=0, config={"max_seq_len": max_seq_len}, status="active",
     )  # fmt: skip
-    deployment = Deployment.objects.create(version=version, status="running")
+    deployment = Deployment.objects.create(version=model_version, status="running", traffic_weight=weight)
     replica = Replica.objects.create(
         deployment=deployment, host="fake", endpoint=endpoint, state="ready", last_heartbeat=timezone.now()
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -195,6 +196,55 @@ class TestEmbeddings:
             raw.parse().usage.prompt_tokens,
             0,
         )
+
+
+class TestSemanticCache:
+    """The cache's real path: the embedding replica embeds, pgvector finds, the verifier checks."""
+
+    def test_an_answer_is_replayed_to_the_same_question_and_a_near_repeat_never_to_a_trap(
+        self, gateway, api_key, engines, django_db_blocker
+    ):
+        from serving.models import CacheEntry
+
+        client = sdk(gateway, api_key.secret)
+
+        def ask(question: str) -> Any:
+            return client.chat.completions.with_raw_response.create(
+                model=CHAT, messages=[{"role": "user", "content": question}], max_tokens=20, temperature=0
+            )
+
+        first = ask("What is the capital of France?")
+        assert first.headers["x-cache"] == "miss"
+        # The answer is stored off the request path: wait until the gateway has committed it.
+        stored = lambda: CacheEntry.objects.filter(organization_id=api_key.organization_id).count()  # noqa: E731
+        deadline = time.monotonic() + 30
+        while committed(django_db_blocker, stored) < 1:
+            assert time.monotonic() < deadline, "the first answer was never stored"
+            time.sleep(0.2)
+
+        again = ask("What is the capital of France?")
+        near = ask("what is the capital of france")  # casing and punctuation: a near-repeat
+        trap = ask("What is the capital of Germany?")
+        assert [r.headers["x-cache"] for r in (again, near, trap)] == ["hit", "semantic-hit", "miss"]
+        assert float(near.headers["x-cache-similarity"]) >= 0.9
+        answer = first.parse().choices[0].message.content
+        for replay in (again, near):
+            completion = replay.parse()
+            assert completion.choices[0].message.content == answer
+            usage = completion.usage
+            assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens
+        # The trap was answered by the engine: the replica's own answer to it.
+        theirs = engines.direct(CHAT, django_db_blocker).chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "What is the capital of Germany?"}], max_tokens=20,
+            temperature=0,
+        )  # fmt: skip
+        assert trap.parse().choices[0].message.content == theirs.choices[0].message.content
+
+        ids = [r.headers["x-request-id"] for r in (first, again, near, trap)]
+        records = persisted(ids)
+        assert [records[i].cache for i in ids] == ["miss", "hit", "semantic-hit", "miss"]
+        for i in ids[1:3]:
+            assert records[i].cached_tokens == records[i].prompt_tokens > 0
 
 
 def _post(gateway, path, *, json=None, content=None, secret=None, method="POST"):

@@ -1,0 +1,205 @@
+"""A request's cache lookup (embed → search its scope → verify), and storing a miss's answer.
+
+The lookup never fails a request: anything that goes wrong within
+SEMANTIC_CACHE_LOOKUP_TIMEOUT (the embedding replica, PostgreSQL slow or down) is a miss.
+Storing happens off the request path, after the answer completed.
+
+Chat answers live in pgvector (``store``), found by similarity and then verified. Embeddings
+requests get an exact-match cache in Redis instead: the same input to the same model version
+(in the same tenant scope, with the same encoding) has the same vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.utils import timezone
+
+from core import keys
+from core.redis import async_redis
+from serving import metrics
+from serving.semcache import store
+from serving.semcache.embed import embed_texts
+from serving.semcache.policy import CacheIntent
+from serving.semcache.verify import verify
+
+logger = logging.getLogger(__name__)
+
+HIT = "hit"
+SEMANTIC_HIT = "semantic-hit"
+MISS = "miss"
+# Nearest entries verified per lookup: the closest may be a trap that a slightly farther
+# one is not.
+CANDIDATES = 4
+# Prompts longer than this together are verified in a worker thread (a ~900-word prompt
+# takes ~9 ms to analyse; short ones ~0.13 ms, cheaper than the hop to a thread).
+VERIFY_INLINE_CHARS = 2000
+# Embedding answers larger than this are not kept in Redis.
+EMBEDDINGS_CACHE_MAX_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    outcome: str  # HIT (the same text) or SEMANTIC_HIT (verified as asking the same)
+    similarity: float
+    answer: dict[str, Any]  # chat: {"message", "finish_reason"}; embeddings: the engine's JSON
+    completion_tokens: int
+    prompt_tokens: int  # embeddings: the stored answer's; chat: the request's own count is used
+    entry_id: int | None = None
+
+
+@dataclass
+class CacheProbe:
+    """What a request may do with the cache, and what its lookup learned (kept to store its
+    answer on a miss without embedding the prompt a second time)."""
+
+    intent: CacheIntent
+    scope: str
+    query: str
+    model: str
+    embedding: list[float] | None = None
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def lookup(probe: CacheProbe) -> CacheHit | None:
+    """The verified answer for ``probe``, or None (a miss, whatever went wrong)."""
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(settings.SEMANTIC_CACHE_LOOKUP_TIMEOUT):
+            [probe.embedding] = await embed_texts([probe.query])
+            candidates = await store.search(scope=probe.scope, embedding=probe.embedding, limit=CANDIDATES)
+    except TimeoutError:
+        metrics.CACHE_LOOKUPS.labels(probe.model, "timeout").inc()
+        logger.warning("semantic cache lookup over %.0f ms: a miss", settings.SEMANTIC_CACHE_LOOKUP_TIMEOUT * 1000)
+        return None
+    except Exception:
+        metrics.CACHE_LOOKUPS.labels(probe.model, "error").inc()
+        logger.warning("semantic cache lookup failed: a miss", exc_info=True)
+        return None
+    finally:
+        metrics.CACHE_LOOKUP_SECONDS.observe(time.perf_counter() - started)
+    query = _normalised(probe.query)
+    for candidate in candidates:
+        if _normalised(candidate.prompt) == query:
+            outcome = HIT
+        else:
+            if len(probe.query) + len(candidate.prompt) > VERIFY_INLINE_CHARS:
+                # Long prompts take milliseconds to analyse: not on the event loop.
+                verdict = await asyncio.to_thread(
+                    verify, query=probe.query, cached=candidate.prompt, similarity=candidate.similarity
+                )
+            else:
+                verdict = verify(query=probe.query, cached=candidate.prompt, similarity=candidate.similarity)
+            if not verdict.ok:
+                metrics.CACHE_REJECTIONS.labels(verdict.category or "other").inc()
+                logger.debug("cache entry %s rejected (%.4f, %s): %s", candidate.entry_id, candidate.similarity,
+                             verdict.category, verdict.reason)  # fmt: skip
+                continue
+            outcome = SEMANTIC_HIT
+        metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
+        _in_background(store.record_hit(entry_id=candidate.entry_id), "record a cache hit")
+        return CacheHit(
+            outcome=outcome,
+            similarity=candidate.similarity,
+            answer=candidate.response,
+            completion_tokens=candidate.completion_tokens,
+            prompt_tokens=candidate.prompt_tokens,
+            entry_id=candidate.entry_id,
+        )
+    metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
+    return None
+
+
+def remember(
+    probe: CacheProbe,
+    *,
+    organization_id: int,
+    model_version: str,
+    answer: dict[str, Any],
+    prompt_tokens: int,
+    completion_tokens: int,
+    ttl_seconds: int,
+) -> None:
+    """Store a completed answer for later requests, off the request path."""
+
+    async def write() -> None:
+        embedding = probe.embedding or (await embed_texts([probe.query]))[0]
+        await store.insert(
+            scope=probe.scope,
+            organization_id=organization_id,
+            model=probe.model,
+            model_version=model_version,
+            embedding=embedding,
+            prompt=probe.query,
+            response=answer,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            expires_at=timezone.now() + timedelta(seconds=ttl_seconds),
+        )
+        metrics.CACHE_STORED.labels(probe.model).inc()
+
+    _in_background(write(), "store an answer in the semantic cache")
+
+
+def _in_background(work: Any, what: str) -> None:
+    async def run() -> None:
+        try:
+            await work
+        except Exception:
+            logger.warning("could not %s", what, exc_info=True)
+
+    task = asyncio.get_running_loop().create_task(run())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+# --- The embeddings exact-match cache (Redis) ------------------------------------------------
+
+
+def embeddings_key(*, payload: dict[str, Any], version_id: int, tenant: str) -> str:
+    material = {k: v for k, v in payload.items() if k not in ("model", "user")}
+    digest = hashlib.sha256(orjson.dumps({"v": version_id, "t": tenant, "p": material}, option=orjson.OPT_SORT_KEYS))
+    return keys.embeddings_cache(digest.hexdigest())
+
+
+async def embeddings_get(key: str, *, model: str) -> CacheHit | None:
+    try:
+        async with asyncio.timeout(settings.SEMANTIC_CACHE_LOOKUP_TIMEOUT):
+            raw = await async_redis().get(key)
+    except Exception:
+        metrics.CACHE_LOOKUPS.labels(model, "error").inc()
+        logger.warning("embeddings cache lookup failed: a miss", exc_info=True)
+        return None
+    if raw is None:
+        metrics.CACHE_LOOKUPS.labels(model, MISS).inc()
+        return None
+    metrics.CACHE_LOOKUPS.labels(model, HIT).inc()
+    answer = orjson.loads(raw)
+    return CacheHit(
+        outcome=HIT,
+        similarity=1.0,
+        answer=answer,
+        completion_tokens=0,
+        prompt_tokens=int((answer.get("usage") or {}).get("prompt_tokens") or 0),
+    )
+
+
+def embeddings_put(key: str, answer: dict[str, Any], *, ttl_seconds: int) -> None:
+    raw = orjson.dumps(answer)
+    if len(raw) > EMBEDDINGS_CACHE_MAX_BYTES:
+        return
+    _in_background(async_redis().set(key, raw, ex=ttl_seconds), "store an embeddings answer")
