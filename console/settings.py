@@ -229,8 +229,10 @@ API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # Requests that may run at once on one WebSocket (each is still charged to its key's limits).
 WS_MAX_REQUESTS_PER_SOCKET = envint("WS_MAX_REQUESTS_PER_SOCKET", 256)
-# A replica is routed to only while its heartbeat is younger than this.
-REPLICA_STALE_AFTER = envfloat("REPLICA_STALE_AFTER", 15.0)
+# A replica is routed to only while its heartbeat is younger than this: three missed beats
+# of WORKER_HEARTBEAT_SECONDS (3 s), so a replica whose supervisor died leaves routing within
+# 9 s. It is also how long a database outage the supervisors' heartbeats may ride out.
+REPLICA_STALE_AFTER = envfloat("REPLICA_STALE_AFTER", 9.0)
 ROUTING_REFRESH_SECONDS = envfloat("ROUTING_REFRESH_SECONDS", 1.0)
 ROUTING_MAX_STALENESS = envfloat("ROUTING_MAX_STALENESS", 10.0)
 API_KEY_CACHE_SECONDS = envfloat("API_KEY_CACHE_SECONDS", 1.0)
@@ -367,7 +369,13 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # No badge fetched from Swagger's online validator.
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
-    "ENUM_NAME_OVERRIDES": {"RoleEnum": "billing.models.Role", "InvitedRoleEnum": "billing.models.INVITABLE_ROLES"},
+    "ENUM_NAME_OVERRIDES": {
+        "RoleEnum": "billing.models.Role",
+        "InvitedRoleEnum": "billing.models.INVITABLE_ROLES",
+        # Every "status" field needs its own name once two choice sets share it.
+        "DeploymentStatusEnum": "registry.models.Deployment.Status",
+        "InvoiceStatusEnum": "billing.models.Invoice.Status",
+    },
 }
 
 # --- Money ------------------------------------------------------------------------------

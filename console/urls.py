@@ -18,6 +18,8 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/", include("billing.urls")),
+    # Management paths under /api/v1/ that the data plane does not claim (serving.urls.DATA_PLANE_PREFIXES).
+    path("api/v1/", include("registry.urls")),
     path("api/cache/", include("serving.api_cache")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -1,6 +1,11 @@
-from django.contrib import admin
+"""The registry in Django's admin: status fields and the audit log are read-only."""
 
-from registry.models import Deployment, Model, ModelVersion, Replica
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 
 
 class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
@@ -40,3 +45,22 @@ class ReplicaAdmin(admin.ModelAdmin[Replica]):
     list_display = ("deployment", "host", "endpoint", "pid", "state", "last_heartbeat")
     list_filter = ("state", "host")
     readonly_fields = ("state", "pid", "last_heartbeat", "created_at")
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin[AuditEntry]):
+    """Read-only: entries are written by registry.services.audit_record alone, never edited."""
+
+    list_display = ("created_at", "actor_name", "action", "target_type", "target")
+    list_filter = ("action", "target_type")
+    search_fields = ("target", "action", "actor_name")
+    readonly_fields = ("actor", "actor_name", "action", "target_type", "target", "before", "after", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return False

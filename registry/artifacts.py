@@ -76,11 +76,18 @@ class ArtifactStore(ABC):
     @abstractmethod
     def exists(self, uri: str) -> bool: ...
 
+    def digest(self, uri: str) -> tuple[str, int]:
+        """SHA-256 and size of the stored artifact (see ``directory_digest``).
+
+        Raises ValueError for an empty artifact and OSError for one that cannot be read.
+        """
+        return directory_digest(self.local_path(uri))
+
     def verify(self, uri: str, sha256: str) -> bool:
         """True when the stored artifact is present and its digest matches ``sha256``."""
         if not self.exists(uri):
             return False
-        return directory_digest(self.local_path(uri))[0] == sha256
+        return self.digest(uri)[0] == sha256
 
 
 class LocalArtifactStore(ArtifactStore):

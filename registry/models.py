@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -52,6 +53,7 @@ class ModelVersion(models.Model):
     config = models.JSONField(default=dict, blank=True, help_text="e.g. max_seq_len, vocab_size")
     gpu_type = models.CharField(max_length=50, blank=True)
     gpu_count = models.PositiveSmallIntegerField(default=0)
+    gpu_vram_gb = models.PositiveIntegerField(default=0, help_text="GPU memory the version needs, GB (0: none)")
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.REGISTERED)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -86,6 +88,8 @@ class Deployment(models.Model):
     max_replicas = models.PositiveSmallIntegerField(default=10)
     traffic_weight = models.PositiveSmallIntegerField(default=100)
     is_canary = models.BooleanField(default=False)
+    # Recorded as asked (the API's resources.gpu); supervisors do not place replicas by it yet.
+    gpu_type = models.CharField(max_length=50, blank=True)
     autoscale = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -133,3 +137,30 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment.version} @ {self.host} ({self.state})"
+
+
+class AuditEntry(models.Model):
+    """One write made through the management API: who, what, and the thing before and after.
+
+    Written by ``registry.services.audit_record`` in the write's own transaction, so a write
+    that rolls back leaves no entry. Never edited.
+    """
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Kept when the user is deleted; empty for the operator (management commands, bootstrap).
+    actor_name = models.CharField(max_length=150, blank=True)
+    action = models.CharField(max_length=64, help_text="e.g. model_version.register, traffic.set")
+    target_type = models.CharField(max_length=64)
+    target = models.CharField(max_length=255, help_text="the target's id or name")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target_type}:{self.target} by {self.actor_name or 'operator'}"

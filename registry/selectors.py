@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 
-from registry.models import Deployment, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 
 
 def model_list_with_versions() -> QuerySet[Model]:
@@ -43,3 +43,38 @@ def live_replica_pids(*, host: str) -> list[int]:
     """Engine pids recorded on ``host`` by replicas that are not stopped."""
     pids = Replica.objects.filter(host=host, pid__isnull=False).exclude(state=Replica.State.STOPPED)
     return [pid for pid in pids.values_list("pid", flat=True) if pid is not None]
+
+
+def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:
+    """Models (or the one named) with their versions, newest first, and each version's deployments."""
+    versions = ModelVersion.objects.order_by("-created_at", "-id").prefetch_related(
+        Prefetch("deployments", queryset=Deployment.objects.order_by("id"))
+    )
+    models = Model.objects.prefetch_related(Prefetch("versions", queryset=versions)).order_by("name")
+    return models.filter(name=name) if name is not None else models
+
+
+def deployments_with_replicas(*, model: str | None = None) -> QuerySet[Deployment]:
+    """Deployments, newest first, with their version, model and replicas (of one model if named)."""
+    deployments = (
+        Deployment.objects.select_related("version__model")
+        .prefetch_related(Prefetch("replica_set", queryset=Replica.objects.order_by("id")))
+        .order_by("-created_at", "-id")
+    )
+    return deployments.filter(version__model__name=model) if model is not None else deployments
+
+
+def audit_entries(
+    *, action: str | None = None, actor: str | None = None, target: str | None = None, q: str | None = None
+) -> QuerySet[AuditEntry]:
+    """Audit entries, newest first. ``actor`` is a username; ``q`` searches target, action and actor."""
+    entries = AuditEntry.objects.order_by("-created_at", "-id")
+    if action:
+        entries = entries.filter(action=action)
+    if actor:
+        entries = entries.filter(actor_name=actor)
+    if target:
+        entries = entries.filter(target=target)
+    if q:
+        entries = entries.filter(Q(target__icontains=q) | Q(action__icontains=q) | Q(actor_name__icontains=q))
+    return entries

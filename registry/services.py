@@ -1,13 +1,23 @@
-"""Writes to the registry: versions registered, status moves guarded by transition tables."""
+"""Writes to the registry: versions registered, deployments, traffic splits, status moves
+guarded by transition tables, and the audit entry of each management write."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypeVar
 
-from django.db import models, transaction
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from registry.models import Deployment, Model, ModelVersion, Replica, Task
+from core.errors import InvalidInput
+from core.events import publish_routing_change
+from registry.artifacts import get_artifact_store
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+
+# The user acting: a platform admin through the API, or None for the operator (commands, bootstrap).
+Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
 
 
 class IllegalTransition(Exception):
@@ -97,6 +107,101 @@ def model_version_register(
     return obj
 
 
+class VersionConflict(Exception):
+    """The version is registered already with other values; a registered version never changes
+    under the deployments that serve it, so a change is a new version."""
+
+    def __init__(self, version: ModelVersion, fields: list[str]) -> None:
+        self.version = version
+        self.fields = fields
+        super().__init__(
+            f"{version.model.name}:{version.version} is registered already with another {', '.join(fields)}; "
+            "register a new version instead."
+        )
+
+
+def _artifact_digest(uri: str) -> tuple[str, int]:
+    """SHA-256 and size of the artifact at ``uri``, read through the artifact store."""
+    store = get_artifact_store()
+    try:
+        found = store.digest(uri) if store.exists(uri) else None
+    except OSError as exc:
+        raise InvalidInput("artifact_uri", f"The artifact at {uri} cannot be read ({exc.strerror or exc}).") from exc
+    except ValueError as exc:  # not this store's scheme, a key escaping the store, or no files
+        raise InvalidInput("artifact_uri", f"{uri} is not a usable artifact: {exc}.") from exc
+    if found is None:
+        raise InvalidInput("artifact_uri", f"There is no artifact at {uri}.")
+    return found
+
+
+def model_version_create(
+    *,
+    actor: Actor,
+    name: str,
+    version: str,
+    framework: str,
+    artifact_uri: str,
+    config: dict[str, Any],
+    task: str | None = None,
+    gpu_type: str = "",
+    gpu_count: int = 0,
+    gpu_vram_gb: int = 0,
+) -> tuple[ModelVersion, bool]:
+    """Register ``name``:``version`` from an artifact already in the store; True when created.
+
+    The artifact is hashed first, outside any transaction (a large one takes a while). A new
+    model gets ``task`` (default chat). Registering a version again with the same values
+    returns the existing one unchanged (False, nothing audited), so a retried request is
+    harmless; with other values it raises ``VersionConflict``.
+    """
+    if task is not None and task not in Task.values:
+        raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    sha256, size = _artifact_digest(artifact_uri)
+    values: dict[str, Any] = {
+        "framework": framework,
+        "artifact_uri": artifact_uri,
+        "artifact_sha256": sha256,
+        "artifact_size": size,
+        "config": config,
+        "gpu_type": gpu_type,
+        "gpu_count": gpu_count,
+        "gpu_vram_gb": gpu_vram_gb,
+    }
+    try:
+        with transaction.atomic():
+            model, model_created = Model.objects.get_or_create(name=name, defaults={"task": task or Task.CHAT})
+            if model_created:
+                audit_record(
+                    actor=actor,
+                    action="model.create",
+                    target_type="model",
+                    target=model.name,
+                    before=None,
+                    after={"name": model.name, "task": model.task},
+                )
+            elif task is not None and task != model.task:
+                raise InvalidInput("task", f"{name} is a {model.task} model.")
+            existing = ModelVersion.objects.filter(model=model, version=version).first()
+            if existing is None:
+                created = ModelVersion.objects.create(model=model, version=version, **values)
+                audit_record(
+                    actor=actor,
+                    action="model_version.register",
+                    target_type="model_version",
+                    target=str(created),
+                    before=None,
+                    after=_version_snapshot(created),
+                )
+                return created, True
+    except IntegrityError:
+        # A concurrent registration of the same version committed first: compare with it.
+        existing = ModelVersion.objects.select_related("model").get(model__name=name, version=version)
+    differing = [field for field, value in values.items() if getattr(existing, field) != value]
+    if differing:
+        raise VersionConflict(existing, differing)
+    return existing, False
+
+
 def replica_heartbeat(*, replica: Replica) -> None:
     Replica.objects.filter(pk=replica.pk).update(last_heartbeat=timezone.now())
 
@@ -128,19 +233,38 @@ def deployment_create(
     max_replicas: int = 1,
     traffic_weight: int = 100,
     is_canary: bool = False,
+    gpu_type: str = "",
+    actor: Actor = None,
 ) -> Deployment:
+    """Deploy ``version``: audited, and the gateways reload their routing table once it commits."""
     if not 0 <= traffic_weight <= 100:
-        raise ValueError("traffic_weight must be between 0 and 100")
+        raise InvalidInput("traffic_weight", "Must be between 0 and 100.")
+    if replicas < 1:
+        raise InvalidInput("replicas", "Must be at least 1.")
     if not min_replicas <= replicas <= max_replicas:
-        raise ValueError("replicas must lie between min_replicas and max_replicas")
-    return Deployment.objects.create(
-        version=version,
-        replicas=replicas,
-        min_replicas=min_replicas,
-        max_replicas=max_replicas,
-        traffic_weight=traffic_weight,
-        is_canary=is_canary,
-    )
+        raise InvalidInput(
+            "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
+        )
+    with transaction.atomic():
+        deployment = Deployment.objects.create(
+            version=version,
+            replicas=replicas,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            traffic_weight=traffic_weight,
+            is_canary=is_canary,
+            gpu_type=gpu_type,
+        )
+        audit_record(
+            actor=actor,
+            action="deployment.create",
+            target_type="deployment",
+            target=str(deployment.pk),
+            before=None,
+            after=_deployment_snapshot(deployment),
+        )
+        publish_routing_change("deployments")
+    return deployment
 
 
 def desired_replicas(deployment: Deployment) -> int:
@@ -195,3 +319,114 @@ def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
         replica_transition(replica=replica, state=Replica.State.STOPPED)
         released += 1
     return released
+
+
+# Deployments that take traffic: the router serves pending and running ones.
+_SERVING_STATUSES = (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+
+
+def traffic_set(*, actor: Actor, model: Model, weights: Mapping[str, object]) -> dict[str, int]:
+    """Split ``model``'s traffic between its versions: ``{version: percent}``, summing to 100.
+
+    Each version named needs a pending or running deployment, and shares its percentage
+    between them (the oldest takes any remainder); every other deployment of the model gets
+    0. The model's deployments stay locked until the change commits, then the gateways
+    reload their routing table. Returns the split now in force, 0 for versions not named.
+    """
+    percents: dict[str, int] = {}
+    for version, weight in weights.items():
+        # A bool is an int to Python, and 50.0 is no whole percentage: both are refused.
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise InvalidInput(version, "Must be an integer percentage.")
+        if not 0 <= weight <= 100:
+            raise InvalidInput(version, "Must be between 0 and 100.")
+        percents[version] = weight
+    total = sum(percents.values())
+    if total != 100:
+        raise InvalidInput("traffic", f"The percentages must sum to 100, not {total}.")
+    with transaction.atomic():
+        deployments = list(
+            Deployment.objects.select_for_update(of=("self",))
+            .filter(version__model=model)
+            .select_related("version")
+            .order_by("id")
+        )
+        serving: dict[str, list[Deployment]] = defaultdict(list)
+        for deployment in deployments:
+            if deployment.status in _SERVING_STATUSES:
+                serving[deployment.version.version].append(deployment)
+        known = set(ModelVersion.objects.filter(model=model).values_list("version", flat=True))
+        for version in percents:
+            if version not in known:
+                raise InvalidInput(version, f"{model.name} has no version {version!r}.")
+            if version not in serving:
+                raise InvalidInput(version, f"{model.name}:{version} has no pending or running deployment.")
+        new_weights = {deployment.pk: 0 for deployment in deployments}
+        for version, weight in percents.items():
+            share, remainder = divmod(weight, len(serving[version]))
+            for index, deployment in enumerate(serving[version]):
+                new_weights[deployment.pk] = share + (1 if index < remainder else 0)
+        for deployment in deployments:
+            if deployment.traffic_weight != new_weights[deployment.pk]:
+                Deployment.objects.filter(pk=deployment.pk).update(traffic_weight=new_weights[deployment.pk])
+        before = {version: sum(d.traffic_weight for d in group) for version, group in serving.items()}
+        after = {version: sum(new_weights[d.pk] for d in group) for version, group in serving.items()}
+        audit_record(
+            actor=actor, action="traffic.set", target_type="model", target=model.name, before=before, after=after
+        )
+        publish_routing_change("traffic")
+    return after
+
+
+def audit_record(
+    *,
+    actor: Actor,
+    action: str,
+    target_type: str,
+    target: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> AuditEntry:
+    """Record a management write. Call inside the write's transaction.atomic, so that the
+    entry commits with the write and a write that rolls back leaves none."""
+    user = actor if actor is not None and actor.is_authenticated else None
+    return AuditEntry.objects.create(
+        actor_id=user.pk if user is not None else None,
+        actor_name=user.get_username() if user is not None else "",
+        action=action,
+        target_type=target_type,
+        target=target,
+        before=before,
+        after=after,
+    )
+
+
+def _version_snapshot(version: ModelVersion) -> dict[str, Any]:
+    return {
+        "model": version.model.name,
+        "version": version.version,
+        "framework": version.framework,
+        "artifact_uri": version.artifact_uri,
+        "artifact_sha256": version.artifact_sha256,
+        "artifact_size": version.artifact_size,
+        "gpu_type": version.gpu_type,
+        "gpu_count": version.gpu_count,
+        "gpu_vram_gb": version.gpu_vram_gb,
+        "config": version.config,
+        "status": version.status,
+    }
+
+
+def _deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
+    return {
+        "id": deployment.pk,
+        "model": deployment.version.model.name,
+        "version": deployment.version.version,
+        "replicas": deployment.replicas,
+        "min_replicas": deployment.min_replicas,
+        "max_replicas": deployment.max_replicas,
+        "traffic_weight": deployment.traffic_weight,
+        "is_canary": deployment.is_canary,
+        "gpu_type": deployment.gpu_type,
+        "status": deployment.status,
+    }

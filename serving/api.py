@@ -1,4 +1,8 @@
-"""The OpenAI-compatible REST and SSE endpoints (views only parse, drive the orchestrator, render)."""
+"""The OpenAI-compatible REST and SSE endpoints (views only parse, drive the orchestrator, render).
+
+A request may pin the version of its model with ``X-Model-Version: <version>``; every
+answer says which version served it in ``x-model-version``.
+"""
 
 from __future__ import annotations
 
@@ -64,6 +68,12 @@ async def model_detail(request: ApiRequest, model: str) -> HttpResponse:
     return await _with_limits(_json(_model_object(route)), grant)
 
 
+def _pinned_version(request: ApiRequest) -> str | None:
+    """The version the ``X-Model-Version`` header pins the request to (an empty one pins nothing)."""
+    value = (request.header("x-model-version") or "").strip()
+    return value or None
+
+
 async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
     async for chunk in call.chunks():
         yield b"data: " + orjson.dumps(chunk) + b"\n\n"
@@ -78,7 +88,7 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     call = InferenceCall(endpoint, grant, request.request_id)
     request.on_close(call.close)  # settles the call however the request ends
     try:
-        await call.prepare(request.body)
+        await call.prepare(request.body, pinned_version=_pinned_version(request))
         prepared_at = time.perf_counter()
         await call.consult_cache(cache_control=request.header("cache-control"))
         looked_up_at = time.perf_counter()
@@ -97,6 +107,7 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
         raise
     for name, value in rate_limits.values.items():
         response[name] = value
+    response["x-model-version"] = call.version.version  # the version that served it, pinned or chosen
     if endpoint is not COMPLETIONS:
         response["x-cache"] = call.cache_outcome
         if call.cache_hit is not None:

@@ -5,10 +5,12 @@ Protocol (JSON text frames):
 - authenticate with ``Authorization: Bearer sk-…`` on the handshake, or send
   ``{"type": "auth", "api_key": "sk-…"}`` first (browsers cannot set headers);
 - ``{"type": "chat.completion", "id": "<client id>", "body": {…chat request…}}`` starts one
-  (always streamed);
+  (always streamed); an optional ``"model_version": "<version>"`` beside ``body`` pins the
+  version of its model, as ``X-Model-Version`` does on REST; an ``X-Model-Version`` header on
+  the handshake pins every request of the socket that names none;
 - the server answers ``{"type": "chunk", "id", "data": <chat.completion.chunk>}`` per chunk;
 - every request ends with exactly one final frame: ``{"type": "usage", "id", "request_id",
-  "status", "status_code", "usage": {…}}`` when it was admitted (it is metered; ``status``
+  "status", "status_code", "model_version", "usage": {…}}`` when it was admitted (it is metered; ``status``
   is ``completed``, ``cancelled`` or ``error``, and an ``error`` frame comes just before
   it on failure), or ``{"type": "error", "id", "error": {…}}`` when it was refused or
   cancelled before admission (nothing ran, nothing is metered);
@@ -42,12 +44,14 @@ _CANCELLED = APIError("The request was cancelled before it started.", status=499
 class ChatCompletionsConsumer(AsyncWebsocketConsumer):
     grant: KeyGrant | None
     authorization: str | None
+    pinned_version: str | None  # from the handshake's X-Model-Version
 
     async def connect(self) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.grant = None
         self.authorization = None
         headers = dict(self.scope.get("headers", []))
+        self.pinned_version = headers.get(b"x-model-version", b"").decode("latin1").strip() or None
         header = headers.get(b"authorization")
         if header:
             try:
@@ -90,7 +94,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             if task is not None:
                 task.cancel()
         elif kind == "chat.completion":
-            await self._start(client_id, message.get("body"))
+            await self._start(client_id, message.get("body"), message.get("model_version"))
         else:
             await self._error(client_id, InvalidRequest(f"Unknown message type {kind!r}.", param="type"))
 
@@ -103,7 +107,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             self.grant = None
             await self._send({"type": "auth", "ok": False, "error": exc.detail()})
 
-    async def _start(self, client_id: Any, body: Any) -> None:
+    async def _start(self, client_id: Any, body: Any, model_version: Any = None) -> None:
         if not isinstance(client_id, str) or not client_id:
             await self._error(client_id, InvalidRequest("Each request needs a string 'id'.", param="id"))
             return
@@ -124,11 +128,22 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             await self._error(client_id, InvalidRequest("'body' must be a chat completion request object.",
                                                         param="body"))  # fmt: skip
             return
-        task = asyncio.get_running_loop().create_task(self._run(client_id, body))
+        if model_version is not None and (not isinstance(model_version, str) or not model_version.strip()):
+            await self._error(client_id, InvalidRequest("'model_version' must be a non-empty string.",
+                                                        param="model_version"))  # fmt: skip
+            return
+        if model_version is not None:
+            pin: tuple[str, str] | None = (model_version.strip(), "model_version")
+        elif self.pinned_version is not None:
+            pin = (self.pinned_version, "x-model-version")
+        else:
+            pin = None
+        task = asyncio.get_running_loop().create_task(self._run(client_id, body, pin))
         self.tasks[client_id] = task
         task.add_done_callback(lambda _t: self.tasks.pop(client_id, None))
 
-    async def _run(self, client_id: str, body: dict[str, Any]) -> None:
+    async def _run(self, client_id: str, body: dict[str, Any], pin: tuple[str, str] | None) -> None:
+        """One request; ``pin``: the version it is pinned to and where the pin came from."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         call: InferenceCall | None = None
         status = 200
@@ -137,7 +152,8 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             # Checked again per request: a key revoked mid-socket stops working within a second.
             grant = await authenticate(self.authorization)
             call = InferenceCall(CHAT, grant, uuid.uuid4())
-            await call.prepare(orjson.dumps(body))
+            pinned, param = pin or (None, "x-model-version")
+            await call.prepare(orjson.dumps(body), pinned_version=pinned, pin_param=param)
             await call.consult_cache(cache_control=None)
             await call.admit()
             await call.start_stream()
@@ -178,6 +194,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 "status": outcome,
                 "status_code": call.status or status,
                 "cache": call.cache_outcome,
+                "model_version": call.version.version,
                 "usage": {
                     "prompt_tokens": call.prompt_tokens_metered,
                     "completion_tokens": call.completion_tokens,

@@ -2,7 +2,8 @@
 timeouts, and engine errors mapped to OpenAI errors.
 
 Each replica requires its own key (``serving.replica_keys``); a replica that breaks a
-request (5xx, a dropped or garbled connection) counts a failure on its circuit.
+request (5xx, a dropped or garbled connection) counts a failure on its circuit, one that
+answers (2xx, 4xx) a success, and a replica whose circuit does not ``allow`` it is skipped.
 """
 
 from __future__ import annotations
@@ -143,11 +144,14 @@ async def dispatch(
     breaks after the request went out is a 502. On success the replica is returned
     acquired (``router.acquire``): the caller releases it when the request is over.
     """
-    attempts = replicas[: settings.ENGINE_CONNECT_RETRIES + 1]
-    if not attempts:
-        raise EngineUnavailable("No replica of this model is ready. Try again shortly.")
+    tries = settings.ENGINE_CONNECT_RETRIES + 1
     last_error: Exception | None = None
-    for replica in attempts:
+    for replica in replicas:
+        if tries == 0:
+            break
+        if not router.allow(replica.id):
+            continue  # its circuit opened meanwhile, or another request is its half-open probe
+        tries -= 1
         router.acquire(replica.id)
         try:
             response = await _send(replica, path, payload, stream=stream)
@@ -167,20 +171,25 @@ async def dispatch(
             raise EngineFailed(f"The engine connection broke ({type(exc).__name__}).") from exc
         except BaseException:
             router.release(replica.id)
+            router.abandon(replica.id)  # cancelled: nothing learnt about the replica
             raise
         if response.status_code >= 400:
             router.release(replica.id)
+            if response.status_code >= 500:
+                router.record_failure(replica.id)
+            else:
+                router.record_success(replica.id)  # it refused the request, but it answered: it is up
             try:
                 content = await response.aread()
             except httpx.HTTPError:
                 content = b""
             finally:
                 await response.aclose()
-            if response.status_code >= 500:
-                router.record_failure(replica.id)
             raise engine_error(response.status_code, content)
         router.record_success(replica.id)
         return replica, response
+    if last_error is None:
+        raise EngineUnavailable("No replica of this model is ready. Try again shortly.")
     raise EngineUnavailable(f"No replica of this model could be reached ({type(last_error).__name__}).")
 
 

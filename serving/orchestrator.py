@@ -145,8 +145,15 @@ class InferenceCall:
 
     # --- before admission ---------------------------------------------------------------
 
-    async def prepare(self, raw_body: bytes) -> None:
-        """Validate, route and count; raises an APIError (4xx/503) and nothing is charged."""
+    async def prepare(
+        self, raw_body: bytes, *, pinned_version: str | None = None, pin_param: str = "x-model-version"
+    ) -> None:
+        """Validate, route and count; raises an APIError (4xx/503) and nothing is charged.
+
+        ``pinned_version`` (the ``X-Model-Version`` header; ``pin_param`` names where it came
+        from in errors) serves the request from that version of the model, whatever its
+        weight: a version the model does not serve is a 400, one with no routable replica a 503.
+        """
         body, data = parse_body(raw_body, self.endpoint.schema)
         model = await find_model(body.model)
         if not self.grant.may_use(body.model):
@@ -157,10 +164,17 @@ class InferenceCall:
                 param="model",
                 code="model_not_supported",
             )
+        if pinned_version is not None and not any(v.version == pinned_version for v in model.versions):
+            raise InvalidRequest(
+                f"The model `{model.name}` has no version `{pinned_version}` being served.",
+                param=pin_param,
+                code="model_version_not_found",
+            )
         sticky = getattr(body, "user", None) or f"key:{self.grant.key_id}"
-        version = router.choose_version(model, sticky)
+        version = router.choose_version(model, sticky, version=pinned_version)
         if version is None:
-            raise EngineUnavailable(f"No replica of `{model.name}` is ready. Try again shortly.")
+            which = f"`{model.name}` version `{pinned_version}`" if pinned_version is not None else f"`{model.name}`"
+            raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
         counter = await _counter(version)
         max_len = version.max_model_len
         if isinstance(body, ChatCompletionRequest):

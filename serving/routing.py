@@ -4,7 +4,11 @@ Gateways route from an in-process snapshot of the registry (and of the prices of
 serves), reloaded every ROUTING_REFRESH_SECONDS and at once when a change is published on
 the routing channel, so the hot path makes no database query. A replica is eligible only
 while it is ready, its heartbeat is fresher than REPLICA_STALE_AFTER and its circuit is
-closed.
+not open (a half-open circuit lets one probe request through).
+
+Versions are chosen by weighted rendezvous hashing of the request's sticky key: a caller
+keeps its version across requests, and a weight change or a version going away moves only
+the keys it must (see ``Router.choose_version``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -175,34 +181,96 @@ def served_context_length(config: dict[str, object]) -> int:
     return min(int(declared), limit) if isinstance(declared, int | str) and str(declared).isdigit() else limit
 
 
-class CircuitBreaker:
-    """Per-process, per-replica: after N consecutive failures the replica rests for a while."""
+# A circuit whose probes keep failing rests at most this many times CIRCUIT_OPEN_SECONDS.
+CIRCUIT_MAX_BACKOFF = 8
 
-    def __init__(self) -> None:
+
+class CircuitBreaker:
+    """Per-process, per-replica circuits: closed → open → half-open → closed (or open again).
+
+    After CIRCUIT_FAILURE_THRESHOLD consecutive failures the replica rests (open) for
+    CIRCUIT_OPEN_SECONDS. Then it is half-open: ``allow`` lets exactly one request through as
+    a probe. Its success closes the circuit (and resets the rest); its failure opens it again
+    for twice the previous rest, at most CIRCUIT_MAX_BACKOFF times the first. (Any success
+    closes it: a late answer to a request sent before it opened shows the replica is up; a
+    late failure while it rests changes nothing.) A probe that
+    ends without a verdict (its client left) frees the place at once; one that hangs frees it
+    after a rest's length, so a lost probe never shuts a replica out for good.
+
+    ``clock`` is monotonic seconds (tests inject a fake one).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._failures: dict[int, int] = defaultdict(int)
-        self._open_until: dict[int, float] = {}
+        self._open_until: dict[int, float] = {}  # present: open, or half-open once the time has passed
+        self._rest: dict[int, float] = {}  # the rest the circuit last opened for
+        self._probe_since: dict[int, float] = {}  # half-open with a probe out, since when
 
     def is_open(self, replica_id: int) -> bool:
+        """No request may go to the replica now: it rests, or its one probe is out."""
         until = self._open_until.get(replica_id)
-        return until is not None and time.monotonic() < until
+        if until is None:
+            return False
+        now = self._clock()
+        if now < until:
+            return True
+        probe = self._probe_since.get(replica_id)
+        return probe is not None and now - probe < self._rest[replica_id]
+
+    def allow(self, replica_id: int) -> bool:
+        """May a request be sent to the replica now? When half-open, this claims the one probe."""
+        if self.is_open(replica_id):
+            return False
+        if replica_id in self._open_until:
+            self._probe_since[replica_id] = self._clock()
+        return True
+
+    def abandon(self, replica_id: int) -> None:
+        """A request sent to the replica ended with no verdict on it (cancelled): if it was the
+        probe, the next request may be one."""
+        self._probe_since.pop(replica_id, None)
 
     def record_failure(self, replica_id: int) -> None:
+        if replica_id in self._open_until:
+            if replica_id in self._probe_since:  # half-open, and the probe failed: rest longer
+                rest = min(self._rest[replica_id] * 2, settings.CIRCUIT_OPEN_SECONDS * CIRCUIT_MAX_BACKOFF)
+                self._open(replica_id, rest)
+            # Resting: a request sent before the circuit opened failing late tells nothing new.
+            return
         self._failures[replica_id] += 1
         if self._failures[replica_id] >= settings.CIRCUIT_FAILURE_THRESHOLD:
-            self._open_until[replica_id] = time.monotonic() + settings.CIRCUIT_OPEN_SECONDS
-            self._failures[replica_id] = 0
+            self._open(replica_id, settings.CIRCUIT_OPEN_SECONDS)
 
     def record_success(self, replica_id: int) -> None:
         self._failures.pop(replica_id, None)
         self._open_until.pop(replica_id, None)
+        self._rest.pop(replica_id, None)
+        self._probe_since.pop(replica_id, None)
+
+    def _open(self, replica_id: int, rest: float) -> None:
+        self._open_until[replica_id] = self._clock() + rest
+        self._rest[replica_id] = rest
+        self._probe_since.pop(replica_id, None)
+        self._failures.pop(replica_id, None)
+
+
+def _rendezvous_score(model: str, key: str, salt: str, weight: int) -> float:
+    """Weighted rendezvous (highest random weight): -weight / ln(u), u a uniform draw in (0, 1)
+    fixed by (model, key, salt). The option with the highest score wins; each option's chance
+    is its share of the total weight."""
+    digest = hashlib.blake2b(f"{model}\0{key}\0{salt}".encode(), digest_size=8).digest()
+    # 53 bits, the float's precision: u is never 0 (ln 0) nor 1 (ln 1 = 0).
+    u = ((int.from_bytes(digest, "big") >> 11) + 1) / (2**53 + 1)
+    return -weight / math.log(u)
 
 
 @dataclass
 class Router:
     """Holds the snapshot, the in-flight counts and the circuits of this process.
 
-    Counts and circuits change only through ``acquire``/``release`` and
-    ``record_success``/``record_failure``, so every path keeps them balanced.
+    Counts and circuits change only through ``acquire``/``release``, ``allow``/``abandon``
+    and ``record_success``/``record_failure``, so every path keeps them balanced.
     """
 
     table: RoutingTable | None = None
@@ -234,6 +302,14 @@ class Router:
 
     def record_success(self, replica_id: int) -> None:
         self.circuits.record_success(replica_id)
+
+    def allow(self, replica_id: int) -> bool:
+        """May a request be sent to this replica now (its circuit's one probe, when half-open)?"""
+        return self.circuits.allow(replica_id)
+
+    def abandon(self, replica_id: int) -> None:
+        """A request to this replica ended with no verdict on its health (see CircuitBreaker)."""
+        self.circuits.abandon(replica_id)
 
     async def snapshot(self) -> RoutingTable:
         """The routing table, reloaded in the background every ROUTING_REFRESH_SECONDS.
@@ -320,23 +396,41 @@ class Router:
         fresh_after = time.time() - settings.REPLICA_STALE_AFTER
         return [r for r in version.replicas if r.heartbeat_at >= fresh_after and not self.circuits.is_open(r.id)]
 
-    def choose_version(self, model: ModelRoute, sticky_key: str) -> VersionRoute | None:
-        """Weighted choice among versions with a routable replica, sticky by ``sticky_key``."""
-        candidates = [v for v in model.versions if v.weight > 0 and self.routable(v)]
-        if not candidates:
-            # Nothing weighted is up: fall back to any version that can serve at all.
-            candidates = [v for v in model.versions if self.routable(v)]
+    def choose_version(self, model: ModelRoute, sticky_key: str, *, version: str | None = None) -> VersionRoute | None:
+        """The version to serve a request, among those with a routable replica; None: none can.
+
+        Weighted rendezvous hashing of ``sticky_key``: every candidate version scores
+        -weight / ln(u), u drawn from hash(model, key, version id), and the highest wins. A
+        key keeps its version while the candidates stay the same; a weight change moves only
+        the keys it must, from the versions that lose weight to the ones that gain it; a
+        version that becomes unroutable moves only its own keys (and gets them back after).
+
+        ``version`` pins the request to that version string, whatever its weight (a candidate
+        under test may have 0). Unpinned, with no weighted version routable, any routable
+        version serves.
+        """
+        if version is not None:
+            candidates = [v for v in model.versions if v.version == version and self.routable(v)]
+        else:
+            candidates = [v for v in model.versions if v.weight > 0 and self.routable(v)]
             if not candidates:
-                return None
-            return candidates[0]
-        total = sum(v.weight for v in candidates)
-        digest = hashlib.blake2b(f"{model.name}\0{sticky_key}".encode(), digest_size=8).digest()
-        point = int.from_bytes(digest, "big") % total
-        for version in candidates:
-            if point < version.weight:
-                return version
-            point -= version.weight
-        return candidates[-1]
+                fallback = [v for v in model.versions if self.routable(v)]
+                return fallback[0] if fallback else None
+        if not candidates:
+            return None
+        # Hashed by version, not deployment: a version served by two deployments keeps its keys
+        # whichever of them come and go; the deployment is chosen among that version's after.
+        weights: dict[int, int] = defaultdict(int)
+        for candidate in candidates:
+            weights[candidate.id] += candidate.weight
+        chosen = max(weights, key=lambda vid: _rendezvous_score(model.name, sticky_key, f"v{vid}", weights[vid]))
+        deployments = [v for v in candidates if v.id == chosen]
+        if len(deployments) == 1:
+            return deployments[0]
+        return max(
+            deployments,
+            key=lambda v: _rendezvous_score(model.name, sticky_key, f"d{v.deployment_id}", max(v.weight, 1)),
+        )
 
     def replica_order(self, version: VersionRoute) -> list[ReplicaRoute]:
         """Replicas to try, best first: fewest requests in flight from this process."""

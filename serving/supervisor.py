@@ -6,6 +6,8 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
 - claims a replica when a deployment wants more and a slot is free, starts the engine,
   waits for /health, then marks the replica ready with its endpoint;
 - heart-beats ready replicas after checking /health (routers ignore stale heartbeats);
+- announces every replica that becomes ready or leaves on the routing channel, so gateways
+  reload at once;
 - restarts a crashed or unhealthy replica with exponential backoff;
 - drains a replica that is no longer wanted (no new requests are routed to it; in-flight
   ones finish or the drain timeout passes), then stops it;
@@ -40,6 +42,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.utils import timezone
 
+from core.events import publish_routing_change_now
 from registry.artifacts import get_artifact_store
 from registry.models import Deployment, Replica
 from registry.selectors import (
@@ -254,10 +257,14 @@ class Supervisor:
     _db_retry_at: float = field(default=0.0, init=False)
     _db_retry_delay: float = field(default=DATABASE_RETRY_FIRST, init=False)
     _gone_since: float | None = field(default=None, init=False)  # shutting down: every engine has exited
+    _routing_changed: bool = field(default=False, init=False)  # a replica row changed state this pass
+    _announcer: ThreadPoolExecutor = field(init=False)
+    _announcement: Future[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._http = httpx.Client(timeout=self.probe_timeout)
         self._probes = ThreadPoolExecutor(max_workers=max(4, len(self.slots)), thread_name_prefix="engine-probe")
+        self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="routing-announce")
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -296,6 +303,7 @@ class Supervisor:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     engine.popen.wait(5)  # after SIGKILL: only reaping, never a real wait
         self._probes.shutdown(wait=False, cancel_futures=True)
+        self._announcer.shutdown(wait=False, cancel_futures=True)
         self._http.close()
 
     def _kill_marked_strangers(self) -> None:
@@ -379,7 +387,9 @@ class Supervisor:
                 self._restart_due(now)
                 self._claim_wanted()
                 self._record_pending()
+            self._announce_routing_change()
         except DATABASE_ERRORS as exc:
+            self._announce_routing_change()  # what was written before the error stands
             if self._db_down_since is None:  # once per outage, not once per loop
                 self._db_down_since = now
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -393,6 +403,7 @@ class Supervisor:
             # A row deleted or moved by someone else halfway through the pass: the next pass
             # starts from what the database says then.
             logger.warning("supervisor pass cut short: %s", exc)
+            self._announce_routing_change()
         else:
             if self._db_down_since is not None:
                 self.report(f"database reachable again after {now - self._db_down_since:.0f} s")
@@ -409,6 +420,7 @@ class Supervisor:
         """
         released = replica_release_host(host=self.host, keep=list(self.engines))
         if released:
+            self._routing_changed = True
             self.report(f"released {released} replica(s) of {self.host} that no engine here serves")
         if not self.engines:
             return
@@ -447,6 +459,8 @@ class Supervisor:
                 assert engine.pid is not None
                 replica_record_pid(replica_id=replica.pk, pid=engine.pid)
             for state in route:
+                # Set before the write: one move may commit and the next fail.
+                self._routing_changed = self._routing_changed or state != Replica.State.STARTING
                 if state == Replica.State.READY:
                     assert engine.pid is not None
                     replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
@@ -460,6 +474,24 @@ class Supervisor:
         except IllegalTransition as exc:  # moved by someone else meanwhile: theirs stands
             logger.warning("replica %s: %s", engine.replica_id, exc)
         engine.recorded = True
+
+    def _announce_routing_change(self) -> None:
+        """Tell gateways to reload their routing tables now, not at their next refresh, when a
+        replica became ready or left (draining, failed, stopped).
+
+        ``core.events.publish_routing_change_now``: no wait for a commit (the supervisor's
+        writes are committed by now) and off the loop, in a thread of its own: a
+        Redis that hangs must never delay a heartbeat. One announcement waiting covers any
+        number of changes.
+        """
+        if not self._routing_changed:
+            return
+        self._routing_changed = False
+        pending = self._announcement
+        if pending is not None and not pending.running() and not pending.done():
+            return  # not sent yet: it will carry this change too
+        with contextlib.suppress(RuntimeError):  # closed: shutting down
+            self._announcement = self._announcer.submit(publish_routing_change_now, "replica")
 
     def _write_heartbeats(self) -> None:
         beating = [
@@ -592,7 +624,10 @@ class Supervisor:
                     self._kill(engine)
                     self._fail(engine, "/health failed 3 times")
                     return
-            if engine.probe is None and now - engine.last_check >= settings.WORKER_HEARTBEAT_SECONDS:
+            # A failed check is confirmed quickly (every third of a heartbeat), so an engine that
+            # stops answering leaves routing within REPLICA_STALE_AFTER even when it stays alive.
+            interval = settings.WORKER_HEARTBEAT_SECONDS / (3 if engine.failed_checks else 1)
+            if engine.probe is None and now - engine.last_check >= interval:
                 engine.last_check = now
                 self._start_probe(engine, "health")
             return

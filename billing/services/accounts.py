@@ -38,6 +38,7 @@ from billing.models import (
 )
 from billing.selectors import TIER_RANK, is_platform_admin, plan_key_ceilings, role_in
 from core import keys
+from core.errors import InvalidInput as InvalidInput  # re-exported: billing's callers import it from here
 from core.redis import sync_redis
 
 KEY_PREFIX = "sk-"
@@ -70,15 +71,6 @@ _SPEND_CAP_QUANTUM = Decimal(1).scaleb(-SPEND_CAP_DECIMAL_PLACES)
 
 # The user acting: a logged-in user through the API, or None for the operator.
 Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
-
-
-class InvalidInput(ValueError):
-    """Input a service refuses; ``field`` names what is wrong (a 400 for that field, a CLI error)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class _Omitted(enum.Enum):

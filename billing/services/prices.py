@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -13,8 +12,7 @@ from django.utils import timezone
 
 from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Price
 from billing.services.accounts import InvalidInput
-from core import keys
-from core.redis import sync_redis
+from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
 
 _PRICE_LIMIT = Decimal(10) ** (PRICE_MAX_DIGITS - PRICE_DECIMAL_PLACES)
@@ -33,17 +31,6 @@ def _price_value(field: str, value: Any) -> Decimal:
     if amount != amount.quantize(_PRICE_QUANTUM):
         raise InvalidInput(field, f"has at most {PRICE_DECIMAL_PLACES} decimal places")
     return amount
-
-
-def publish_routing_change() -> None:
-    """Tell every gateway to reload its routing table (prices included) after this commits."""
-
-    def publish() -> None:
-        # Best effort: gateways reload every ROUTING_REFRESH_SECONDS anyway.
-        with contextlib.suppress(Exception):
-            sync_redis().publish(keys.routing_invalidation_channel(), "prices")
-
-    transaction.on_commit(publish)
 
 
 def price_set(
@@ -89,5 +76,5 @@ def price_set(
             current.effective_to = start
             current.save(update_fields=["effective_to"])
         price = Price.objects.create(model=model, version=version, currency=currency, effective_from=start, **values)
-        publish_routing_change()
+        publish_routing_change("prices")
     return price

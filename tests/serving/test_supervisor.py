@@ -431,6 +431,46 @@ class TestTiming:
         assert any(f"replica {hung.pk} failed (/health failed 3 times)" in m for m in messages), messages
 
 
+class TestLeavingRouting:
+    def test_a_replica_whose_health_check_fails_leaves_routing_within_10_s(self, make_supervisor, deployment, settings):
+        from core import keys
+        from core.redis import sync_redis
+        from serving.routing import Router, load_routing_table
+
+        settings.WORKER_HEARTBEAT_SECONDS = 3.0  # the production cadence (the fixture's is 0.2 s)
+        supervisor = make_supervisor()
+        Deployment.objects.filter(pk=deployment.pk).update(replicas=2, max_replicas=2)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 2)
+        sick, well = sorted(ready_replicas(deployment), key=lambda r: r.pk)
+        router = Router()
+
+        def routed() -> set[int]:
+            """What a gateway that has just reloaded would route to."""
+            route = load_routing_table().models[deployment.version.model.name]
+            return {replica.id for v in route.versions for replica in router.routable(v)}
+
+        assert routed() == {sick.pk, well.pk}
+        announcements = sync_redis().pubsub(ignore_subscribe_messages=True)
+        announcements.subscribe(keys.routing_invalidation_channel())
+        try:
+            control(sick, health="hang")  # alive, but /health never answers: the slowest case to detect
+            broke = time.monotonic()
+            while sick.pk in routed():
+                assert time.monotonic() - broke < 10, "the sick replica is still routed to after 10 s"
+                supervisor.step()
+                time.sleep(0.1)
+            assert routed() == {well.pk}
+            # …and every gateway was told at once, instead of at its next refresh.
+            deadline = time.monotonic() + 2
+            message = None
+            while message is None and time.monotonic() < deadline:
+                message = announcements.get_message(timeout=0.2)
+            assert message is not None
+            assert message["data"] == b"replica"
+        finally:
+            announcements.close()
+
+
 class TestChildProcesses:
     def test_a_crashed_child_is_restarted_and_the_others_keep_running(self, tmp_path):
         messages: list[str] = []

@@ -1,0 +1,17 @@
+"""The registry's management API routes, under /api/v1/ (no trailing slash, as the data plane's)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from registry import api
+
+app_name = "registry"
+
+urlpatterns = [
+    path("models", api.model_collection, name="models"),
+    path("models/<str:name>", api.model_detail, name="model"),
+    path("deployments", api.deployment_collection, name="deployments"),
+    path("deployments/<str:model>/traffic", api.traffic_split, name="traffic"),
+    path("audit", api.AuditEntryList.as_view(), name="audit"),
+]
