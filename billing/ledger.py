@@ -68,7 +68,8 @@ class UsageEvent:
     """What one admitted request consumed: the one record the stream carries per request id.
 
     On the stream every field is a string (``to_fields``); ``ttft_ms`` is empty when no
-    token was produced. ``from_fields`` is the persister's strict reader.
+    token was produced. ``from_fields`` is the persister's strict reader; fields added
+    later (``cache``, ``finish_reason``) read as their defaults from older entries.
     """
 
     request_id: uuid.UUID
@@ -87,6 +88,10 @@ class UsageEvent:
     price_id: int | None = None  # the price it was charged at (None: the model had none)
     cost: Decimal = Decimal(0)  # exact, in the billing currency
     cache: str = "miss"  # "hit" or "semantic-hit" when answered from the cache
+    # Why generation stopped ("stop", "length", "tool_calls", ...); "" when unknown or not
+    # applicable (embeddings, a request that failed or was cut before its answer finished).
+    # With several choices: "length" when any was cut by its token limit, else the first's.
+    finish_reason: str = ""
 
     @property
     def total_tokens(self) -> int:
@@ -147,6 +152,7 @@ class UsageEvent:
             price_id=count("price_id") if text.get("price_id") else None,
             cost=cost,
             cache=_cache_outcome(text.get("cache") or "miss"),
+            finish_reason=_finish_reason(text.get("finish_reason") or ""),
         )
 
 
@@ -221,6 +227,40 @@ _REFUSALS = {
 def _cache_outcome(value: str) -> str:
     if value not in ("miss", "hit", "semantic-hit"):
         raise ValueError(f"cache is not miss, hit or semantic-hit: {value!r}")
+    return value
+
+
+# The longest finish reason a usage record keeps (UsageRecord.finish_reason's max_length).
+FINISH_REASON_MAX_LENGTH = 16
+
+
+def note_finish_reasons(reasons: dict[int, str], choices: object) -> None:
+    """Add the finish reasons that an answer's (or a stream chunk's) ``choices`` carry to
+    ``reasons``, by choice index: a stream ends its choices one chunk at a time."""
+    if not isinstance(choices, list):
+        return
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            index = choice.get("index")
+            reasons[index if isinstance(index, int) else position] = str(choice["finish_reason"])
+
+
+def finish_reason_of(reasons: Mapping[int, str]) -> str:
+    """The one finish reason a usage event keeps for a request's choices (by index).
+
+    "length" when any choice was cut by its token limit (a truncated answer was delivered,
+    which is what a canary's truncation share counts), else the first choice's; "" when no
+    choice finished (embeddings, a failed or interrupted request).
+    """
+    if not reasons:
+        return ""
+    reason = "length" if "length" in reasons.values() else reasons[min(reasons)]
+    return reason[:FINISH_REASON_MAX_LENGTH]
+
+
+def _finish_reason(value: str) -> str:
+    if len(value) > FINISH_REASON_MAX_LENGTH:
+        raise ValueError(f"finish_reason is longer than {FINISH_REASON_MAX_LENGTH} characters: {value!r}")
     return value
 
 

@@ -187,6 +187,14 @@ class UsageRecord(models.Model):
     status_code = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(help_text="when the request was admitted (UTC)")
     cache = models.CharField(max_length=12, choices=CacheOutcome.choices, default=CacheOutcome.MISS)
+    # The engine's own words, not choices: engines add reasons ("abort", "tool_calls", ...).
+    finish_reason = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        help_text="why generation stopped (stop, length, ...); with several choices, length if any was cut, "
+        "else the first choice's; empty: unknown or not applicable (embeddings, failed before an answer)",
+    )
     # What it cost: at the price in effect when it was admitted, exact (no rounding here;
     # invoices round once per line). Null price: the model had no price (cost 0).
     price = models.ForeignKey("Price", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records")

@@ -178,6 +178,7 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         price_id=event.price_id,
         cost=event.cost,
         cache=event.cache,
+        finish_reason=event.finish_reason,
     )
 
 

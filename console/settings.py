@@ -282,6 +282,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "serving.tasks.cache_purge_expired",
         "schedule": envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0),
     },
+    # The autoscaler (registry.autoscaler, serving.autoscaling): one pass over every running
+    # deployment whose policy is enabled; its changes are audited ("autoscale").
+    "autoscale-tick": {"task": "serving.tasks.autoscale_tick", "schedule": envfloat("AUTOSCALER_TICK_SECONDS", 15.0)},
+    # Each running canary is judged at its own interval boundaries; this is only how often
+    # the controller looks for boundaries that have come (registry.canary).
+    "canary-tick": {"task": "registry.tasks.canary_tick", "schedule": envfloat("CANARY_TICK_SECONDS", 2.0)},
 }
 
 # --- Semantic cache (serving/semcache) ---------------------------------------------------
@@ -332,6 +338,16 @@ ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
 ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
 # The program a replica runs (its arguments follow). Empty: vLLM's OpenAI server.
 WORKER_ENGINE_LAUNCHER = os.environ.get("WORKER_ENGINE_LAUNCHER", "")
+
+# --- Autoscaler (registry.autoscaler; each deployment's policy is its ``autoscale`` JSON) ---
+# Each replica's /metrics must answer within this, or it counts as not observed.
+AUTOSCALER_SCRAPE_TIMEOUT = envfloat("AUTOSCALER_SCRAPE_TIMEOUT", 1.0)
+# p99 latency is read over the usage records of this many last seconds, and only from
+# this many requests up (fewer: no latency verdict).
+AUTOSCALER_WINDOW_SECONDS = envfloat("AUTOSCALER_WINDOW_SECONDS", 60.0)
+AUTOSCALER_MIN_SAMPLES = envint("AUTOSCALER_MIN_SAMPLES", 20)
+# The quiet period's load is judged in stretches this long (its busiest one counts).
+AUTOSCALER_BUCKET_SECONDS = envint("AUTOSCALER_BUCKET_SECONDS", 30)
 
 # --- Auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, Q, QuerySet
 
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion, Replica
 
 
 def model_list_with_versions() -> QuerySet[Model]:
@@ -78,3 +78,25 @@ def audit_entries(
     if q:
         entries = entries.filter(Q(target__icontains=q) | Q(action__icontains=q) | Q(actor_name__icontains=q))
     return entries
+
+
+def model_traffic_split(*, model: Model) -> dict[str, int]:
+    """Each serving version of ``model`` and its traffic percentage (its deployments' weights added)."""
+    split: dict[str, int] = {}
+    for version, weight in (
+        serving_deployments().filter(version__model=model).values_list("version__version", "traffic_weight")
+    ):
+        split[version] = split.get(version, 0) + weight
+    return split
+
+
+def canary_latest(*, model: Model) -> Canary | None:
+    """The model's active canary, else its most recent one, with every decision in order."""
+    canaries = (
+        Canary.objects.filter(model=model)
+        .select_related("model", "base_version", "canary_version", "created_by")
+        .prefetch_related(
+            Prefetch("decisions", queryset=CanaryDecision.objects.select_related("actor").order_by("at", "id"))
+        )
+    )
+    return canaries.filter(status__in=Canary.ACTIVE_STATUSES).first() or canaries.order_by("-created_at", "-id").first()

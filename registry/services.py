@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -430,3 +431,293 @@ def _deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
         "gpu_type": deployment.gpu_type,
         "status": deployment.status,
     }
+
+
+# --- Hot-swap and scaling -------------------------------------------------------------
+# A swap is recorded in the audit log, not in a table of its own: the ``deployment.swap``
+# entry (target: the old deployment; after: ``swap_to``, the new one) is the intent, and its
+# steps are entries that name it (``after.swap``). registry.hotswap.swap_step reads them
+# and calls the functions below, each of which re-checks under a row lock, so any number of
+# supervisors (and ``manage.py swap_version``) may drive the same swap.
+
+SWAP = "deployment.swap"
+SWAP_SHIFT = "deployment.swap.shift"
+SWAP_DRAIN = "deployment.swap.drain"
+SWAP_DONE = "deployment.swap.done"
+
+
+def _swap_step_recorded(swap: AuditEntry, action: str) -> bool:
+    return AuditEntry.objects.filter(action=action, after__swap=swap.pk).exists()
+
+
+def _swap_to(swap: AuditEntry) -> int:
+    """The new deployment of a swap."""
+    return int((swap.after or {})["swap_to"])
+
+
+def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: ModelVersion) -> Deployment:
+    """Start serving ``version`` in place of ``deployment``'s, without dropping a request.
+
+    Creates the replacement deployment (same replicas, bounds, GPU type and autoscaling,
+    weight 0, so nothing is routed to it yet) and records the swap. The supervisors then
+    start its replicas; once every one of them is ready, ``deployment_swap_shift`` moves
+    the traffic, and after the gateways have reloaded the old deployment drains (its
+    in-flight requests finish) and stops. Returns the new deployment.
+    """
+    if version.model_id != deployment.version.model_id:
+        raise InvalidInput("version", f"{version} is not a version of {deployment.version.model.name}.")
+    with transaction.atomic():
+        old = Deployment.objects.select_for_update().select_related("version__model").get(pk=deployment.pk)
+        if old.version_id == version.pk:
+            raise InvalidInput("version", f"Deployment {old.pk} serves {version} already.")
+        if old.status not in _SERVING_STATUSES:
+            raise InvalidInput("deployment", f"Deployment {old.pk} is {old.status}; only a serving one can be swapped.")
+        involved = AuditEntry.objects.filter(action=SWAP).filter(
+            models.Q(target=str(old.pk)) | models.Q(after__swap_to=old.pk)
+        )
+        closed = AuditEntry.objects.filter(
+            action=SWAP_DONE, after__swap__in=list(involved.values_list("pk", flat=True))
+        )
+        if involved.count() > closed.count():
+            raise InvalidInput("deployment", f"A swap of deployment {old.pk} is under way already.")
+        new = deployment_create(
+            version=version,
+            replicas=old.replicas,
+            min_replicas=old.min_replicas,
+            max_replicas=old.max_replicas,
+            traffic_weight=0,
+            gpu_type=old.gpu_type,
+            actor=actor,
+        )
+        if old.autoscale:
+            Deployment.objects.filter(pk=new.pk).update(autoscale=old.autoscale)
+            new.autoscale = old.autoscale
+        audit_record(
+            actor=actor,
+            action=SWAP,
+            target_type="deployment",
+            target=str(old.pk),
+            before=_deployment_snapshot(old),
+            after={
+                "swap_to": new.pk,
+                "model": old.version.model.name,
+                "from_version": old.version.version,
+                "to_version": version.version,
+                "replicas": new.replicas,
+            },
+        )
+    return new
+
+
+def deployment_swap_shift(*, swap: AuditEntry, heartbeat_after: datetime) -> bool:
+    """Move a swap's traffic to the new deployment once every replica it wants is ready (with a
+    heartbeat after ``heartbeat_after``, so routable): the new one gets the old one's weight,
+    the old one 0, in one transaction; gateways reload on commit. False: not yet, or done."""
+    old_id, new_id = int(swap.target), _swap_to(swap)
+    with transaction.atomic():
+        rows = {d.pk: d for d in Deployment.objects.select_for_update().filter(pk__in=[old_id, new_id]).order_by("id")}
+        old, new = rows.get(old_id), rows.get(new_id)
+        if old is None or new is None or _swap_step_recorded(swap, SWAP_SHIFT):
+            return False
+        ready = Replica.objects.filter(
+            deployment=new, state=Replica.State.READY, last_heartbeat__gte=heartbeat_after
+        ).count()
+        if new.status not in _SERVING_STATUSES or ready < new.replicas:
+            return False
+        before = {"old": old.traffic_weight, "new": new.traffic_weight}
+        after = {"old": 0, "new": min(100, new.traffic_weight + old.traffic_weight)}
+        Deployment.objects.filter(pk=new.pk).update(traffic_weight=after["new"])
+        Deployment.objects.filter(pk=old.pk).update(traffic_weight=0)
+        audit_record(
+            actor=None,
+            action=SWAP_SHIFT,
+            target_type="deployment",
+            target=str(old.pk),
+            before={"swap": swap.pk, "weights": before},
+            after={"swap": swap.pk, "weights": after, "ready_replicas": ready},
+        )
+        publish_routing_change("traffic")
+    return True
+
+
+def deployment_swap_drain(*, swap: AuditEntry) -> bool:
+    """Drain a swap's old deployment (its traffic moved a while ago): supervisors stop routing
+    to its replicas and stop each once its engine is idle. False: done already."""
+    with transaction.atomic():
+        old = Deployment.objects.select_for_update().filter(pk=int(swap.target)).first()
+        if old is None or _swap_step_recorded(swap, SWAP_DRAIN):
+            return False
+        before = old.status
+        if old.status == Deployment.Status.RUNNING:
+            deployment_transition(deployment=old, status=Deployment.Status.DRAINING)
+        elif old.status == Deployment.Status.PENDING:  # never ready: nothing to drain
+            deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
+        audit_record(
+            actor=None,
+            action=SWAP_DRAIN,
+            target_type="deployment",
+            target=str(old.pk),
+            before={"swap": swap.pk, "status": before},
+            after={"swap": swap.pk, "status": old.status},
+        )
+        publish_routing_change("deployments")
+    return True
+
+
+def deployment_swap_finish(*, swap: AuditEntry, outcome: str, reason: str) -> bool:
+    """Close a swap: ``completed`` stops its drained old deployment; ``aborted`` and
+    ``cancelled`` leave the deployments as they are. False: closed already."""
+    with transaction.atomic():
+        old = Deployment.objects.select_for_update().filter(pk=int(swap.target)).first()
+        if _swap_step_recorded(swap, SWAP_DONE):
+            return False
+        if outcome == "completed" and old is not None and old.status == Deployment.Status.DRAINING:
+            deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
+        audit_record(
+            actor=None,
+            action=SWAP_DONE,
+            target_type="deployment",
+            target=swap.target,
+            before=None,
+            after={"swap": swap.pk, "outcome": outcome, "reason": reason},
+        )
+    return True
+
+
+def deployment_swap_cancel(*, actor: Actor, swap: AuditEntry) -> None:
+    """Give up a swap whose traffic has not moved: its new deployment stops (supervisors stop
+    its replicas; nothing was routed to them) and the old one serves on."""
+    with transaction.atomic():
+        new = Deployment.objects.select_for_update().filter(pk=_swap_to(swap)).first()
+        if _swap_step_recorded(swap, SWAP_DONE):
+            raise InvalidInput("swap", "The swap is over already.")
+        if _swap_step_recorded(swap, SWAP_SHIFT):
+            raise InvalidInput("swap", "The traffic has moved already: swap back to the old version instead.")
+        if new is not None and new.status == Deployment.Status.RUNNING:
+            deployment_transition(deployment=new, status=Deployment.Status.DRAINING)
+        if new is not None and new.status in (Deployment.Status.PENDING, Deployment.Status.DRAINING):
+            deployment_transition(deployment=new, status=Deployment.Status.STOPPED)
+        audit_record(
+            actor=actor,
+            action=SWAP_DONE,
+            target_type="deployment",
+            target=swap.target,
+            before=None,
+            after={"swap": swap.pk, "outcome": "cancelled", "reason": "cancelled"},
+        )
+        publish_routing_change("deployments")
+
+
+def deployment_scale(
+    *,
+    actor: Actor,
+    deployment: Deployment,
+    replicas: int,
+    reasons: list[str],
+    observations: dict[str, Any] | None = None,
+    expected: int | None = None,
+    action: str = "autoscale",
+) -> Deployment | None:
+    """Set how many replicas ``deployment`` wants; supervisors with free slots follow.
+
+    Audited with the reasons (and the figures that drove it): for the autoscaler that entry
+    is the stored decision. ``expected``: the replica count the decision was made from; if
+    the row has another by now (a concurrent change), nothing is written and None returned.
+    """
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().select_related("version__model").get(pk=deployment.pk)
+        if expected is not None and locked.replicas != expected:
+            return None
+        floor = max(1, locked.min_replicas)
+        if not floor <= replicas <= locked.max_replicas:
+            raise InvalidInput(
+                "replicas", f"Must lie between {floor} (min_replicas, at least 1) and {locked.max_replicas}."
+            )
+        if replicas == locked.replicas:
+            return locked
+        before = {"replicas": locked.replicas}
+        Deployment.objects.filter(pk=locked.pk).update(replicas=replicas)
+        locked.replicas = replicas
+        audit_record(
+            actor=actor,
+            action=action,
+            target_type="deployment",
+            target=str(locked.pk),
+            before=before,
+            after={"replicas": replicas, "reasons": reasons, "observations": observations or {}},
+        )
+    deployment.replicas = replicas
+    return locked
+
+
+def deployment_autoscale_set(*, actor: Actor, deployment: Deployment, autoscale: dict[str, Any]) -> Deployment:
+    """Set a deployment's autoscaling policy (the keys of ``registry.autoscaler.AutoscalePolicy``),
+    checked first: a bad value is an InvalidInput naming the key. Audited."""
+    # Imported here: the autoscaler carries out its decisions through this module.
+    from registry.autoscaler import AutoscalePolicy
+
+    policy = AutoscalePolicy.from_json(autoscale)
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        before = {"autoscale": locked.autoscale}
+        Deployment.objects.filter(pk=locked.pk).update(autoscale=policy.as_json())
+        locked.autoscale = policy.as_json()
+        audit_record(
+            actor=actor,
+            action="deployment.autoscale",
+            target_type="deployment",
+            target=str(locked.pk),
+            before=before,
+            after={"autoscale": locked.autoscale},
+        )
+    deployment.autoscale = locked.autoscale
+    return locked
+
+
+def replica_record_load_time(*, replica: Replica, seconds: float, host: str) -> AuditEntry:
+    """Record how long a replica's engine took from its start to its first good /health (the
+    model's load time; target: ready within 60 s). Call inside the transaction that marks
+    it ready, so the two commit together."""
+    deployment = Deployment.objects.select_related("version__model").get(pk=replica.deployment_id)
+    return audit_record(
+        actor=None,
+        action="replica.ready",
+        target_type="replica",
+        target=str(replica.pk),
+        before=None,
+        after={
+            "load_seconds": round(seconds, 3),
+            "host": host,
+            "deployment": deployment.pk,
+            "model": deployment.version.model.name,
+            "version": deployment.version.version,
+        },
+    )
+
+
+def deployment_bounds_set(
+    *, actor: Actor, deployment: Deployment, min_replicas: int | None = None, max_replicas: int | None = None
+) -> Deployment:
+    """Set the range the autoscaler keeps ``deployment``'s replica count in (1 ≤ min ≤ max);
+    a count now outside it moves to the nearest bound. Audited; supervisors follow the count."""
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        low = locked.min_replicas if min_replicas is None else min_replicas
+        high = locked.max_replicas if max_replicas is None else max_replicas
+        if low < 1:
+            raise InvalidInput("min_replicas", "Must be at least 1: a deployment always keeps a replica.")
+        if high < low:
+            raise InvalidInput("max_replicas", f"Must be at least min_replicas ({low}).")
+        replicas = min(max(locked.replicas, low), high)
+        before = {"min_replicas": locked.min_replicas, "max_replicas": locked.max_replicas, "replicas": locked.replicas}
+        after = {"min_replicas": low, "max_replicas": high, "replicas": replicas}
+        if before == after:
+            return locked
+        Deployment.objects.filter(pk=locked.pk).update(min_replicas=low, max_replicas=high, replicas=replicas)
+        locked.min_replicas, locked.max_replicas, locked.replicas = low, high, replicas
+        audit_record(
+            actor=actor, action="deployment.bounds", target_type="deployment", target=str(locked.pk),
+            before=before, after=after,
+        )  # fmt: skip
+    deployment.min_replicas, deployment.max_replicas, deployment.replicas = low, high, replicas
+    return locked

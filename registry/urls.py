@@ -11,7 +11,12 @@ app_name = "registry"
 urlpatterns = [
     path("models", api.model_collection, name="models"),
     path("models/<str:name>", api.model_detail, name="model"),
+    path("models/<str:name>/canary", api.canary_collection, name="canary"),
+    path("models/<str:name>/canary/<str:action>", api.canary_action, name="canary-action"),
     path("deployments", api.deployment_collection, name="deployments"),
+    path("deployments/<int:pk>/swap", api.deployment_swap, name="deployment-swap"),
+    path("deployments/<int:pk>/replicas", api.deployment_replicas, name="deployment-replicas"),
+    path("deployments/<int:pk>/autoscale", api.deployment_autoscale, name="deployment-autoscale"),
     path("deployments/<str:model>/traffic", api.traffic_split, name="traffic"),
     path("audit", api.AuditEntryList.as_view(), name="audit"),
 ]

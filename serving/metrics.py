@@ -36,6 +36,11 @@ REPLICA_IN_FLIGHT = Gauge(
     "inference_replica_in_flight", "Requests this gateway has running on a replica.", ["replica"],
     multiprocess_mode="livesum",
 )  # fmt: skip
+# Set by runworkers (its samples reach /metrics through PROMETHEUS_MULTIPROC_DIR under runplatform).
+REPLICA_LOAD_SECONDS = Gauge(
+    "inference_replica_load_seconds", "A replica's latest load time: engine start to its first good /health.",
+    ["model", "version", "replica"], multiprocess_mode="mostrecent",
+)  # fmt: skip
 # The semantic cache (serving.semcache) and the embeddings cache.
 CACHE_LOOKUPS = Counter(
     "inference_cache_lookups", "Cache lookups by outcome (hit, semantic-hit, miss, error, timeout).",
@@ -60,6 +65,13 @@ CACHE_WRONG_HIT_BUDGET = Gauge(
 )  # fmt: skip
 CACHE_WRONG_HIT_BUDGET.set(settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET)
 USAGE_EVENTS = Counter("inference_usage_events", "Usage events handed to the stream.", ["outcome"])
+# Shadow traffic (serving.shadow): copies sent to a candidate version, by what became of
+# them: ok, error (a non-2xx answer or a broken connection), timeout, dropped (this
+# process already had its most copies in flight), unroutable (no ready candidate replica).
+SHADOW_REQUESTS = Counter(
+    "inference_shadow_requests", "Requests mirrored to a shadow candidate version, by outcome.",
+    ["model", "version", "outcome"],
+)  # fmt: skip
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -1,9 +1,10 @@
-"""The semantic cache's entries and each model's cache rules (the data plane's own tables)."""
+"""The data plane's own tables: the semantic cache (entries, per-model rules) and shadow traffic."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from pgvector.django import HnswIndex, VectorField
@@ -90,3 +91,77 @@ class CacheEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}:{self.model_version} {self.prompt[:40]!r}"
+
+
+class ShadowPolicy(models.Model):
+    """Mirror a share of one model's requests to a candidate version (shadow traffic).
+
+    Set by platform admins. The customer is always answered by the version routing chose;
+    the candidate's answer is discarded and only its figures are kept (``ShadowRecord``),
+    never metered, limited or billed. Gateways read the enabled policies into their routing
+    snapshot (``serving.routing``), so mirroring costs the request path no query.
+    """
+
+    model = models.OneToOneField("registry.Model", on_delete=models.CASCADE, related_name="shadow_policy")
+    candidate = models.ForeignKey(
+        "registry.ModelVersion", on_delete=models.CASCADE, related_name="shadow_policies",
+        help_text="the version that receives the copies (a version of this model, deployed: its weight may be 0)",
+    )  # fmt: skip
+    percent = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))],
+        help_text="share of the model's requests copied, 0-100 (picked by a hash of the request id)",
+    )
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "shadow policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(percent__gte=0, percent__lte=100), name="shadow_percent_0_to_100"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"shadow {self.percent}% of {self.model} to {self.candidate}"
+
+    def clean(self) -> None:
+        # The admin form's check; serving.services.shadow_policy_set checks the same.
+        if self.model_id is not None and self.candidate_id is not None and self.candidate.model_id != self.model_id:
+            raise ValidationError({"candidate": "Pick a version of this model."})
+
+
+class ShadowRecord(models.Model):
+    """What the candidate did with one mirrored request (its answer itself is discarded).
+
+    A table of its own, never a usage record: nothing here is metered, rolled up or
+    invoiced. ``request_id`` is the primary request's, so each row compares with that
+    request's ``billing.UsageRecord``.
+    """
+
+    request_id = models.UUIDField(unique=True, help_text="the primary request's id")
+    model = models.CharField(max_length=255)
+    candidate_version = models.CharField(max_length=50)
+    primary_version = models.CharField(max_length=50, help_text="the version that answered the customer")
+    endpoint = models.CharField(max_length=16)
+    stream = models.BooleanField(help_text="mirrored as a stream (the primary streamed)")
+    status_code = models.PositiveSmallIntegerField(help_text="the candidate's outcome, as a client would have seen it")
+    latency_ms = models.PositiveIntegerField()
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True, help_text="streams only")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(help_text="when the copy was sent (UTC)")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["model", "candidate_version", "created_at"], name="shadow_candidate_time"),
+            models.Index(fields=["created_at"], name="shadow_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"shadow of {self.request_id} on {self.model}:{self.candidate_version} ({self.status_code})"

@@ -15,6 +15,9 @@ settled exactly once, by ``close``, whatever ends it:
 
 The router's in-flight counts change only through ``router.acquire``/``release`` (the
 engine client acquires; ``close`` releases), so no path leaves a replica counted busy.
+
+A model with a shadow policy has a share of its requests copied to a candidate version as
+they are dispatched (``serving.shadow``): the copy is never admitted, settled or metered.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from serving.semcache.lookup import (
     remember,
 )
 from serving.semcache.policy import intent_of, last_user_text, scope_of
+from serving.shadow import shadows
 from serving.tokens import PromptCount, PromptCounter, prompt_counter
 
 logger = logging.getLogger(__name__)
@@ -138,7 +142,7 @@ class InferenceCall:
         self._embeddings_key: str | None = None
         self._may_store = False
         self._answer_parts: list[str] = []
-        self._finish_reason: str | None = None
+        self._finish_reasons: dict[int, str] = {}  # by choice index, as the engine said
         self._final_usage_chunk: dict[str, Any] | None = None
         self._started = time.perf_counter()
         self._admitted_at = datetime.now(UTC)
@@ -416,6 +420,7 @@ class InferenceCall:
             try:
                 async with asyncio.timeout(settings.ENGINE_REQUEST_TIMEOUT):
                     self._dispatched = True
+                    self._mirror()
                     self._replica, response = await engine.dispatch(
                         router, replicas, self.endpoint.path, self.payload, stream=False
                     )
@@ -423,6 +428,7 @@ class InferenceCall:
                 raise EngineTimeout("The engine did not answer in time.") from None
             data = engine.parse_json(router, self._replica, response.content)
             self._record_usage(data.get("usage"))
+            ledger.note_finish_reasons(self._finish_reasons, data.get("choices"))
             if self.endpoint is not EMBEDDINGS:
                 data["id"] = self.public_id
             data["model"] = self.model.name
@@ -436,6 +442,20 @@ class InferenceCall:
             self._remember(data["choices"][0])
         return data
 
+    def _mirror(self) -> None:
+        """Copy the request to its model's shadow candidate, if it has one and this request is
+        among the share copied (``serving.shadow``): a task of its own, started as the request
+        itself goes out, so it never delays it; never metered. Cache hits are not copied."""
+        shadows.mirror(
+            model=self.model,
+            primary=self.version,
+            request_id=self.request_id,
+            endpoint=self.endpoint.name,
+            path=self.endpoint.path,
+            payload=self.payload,
+            stream=self.stream,
+        )
+
     def _replayed_json(self) -> dict[str, Any]:
         """A hit's answer, shaped exactly like the engine's, with this request's id and usage."""
         assert self.cache_hit is not None
@@ -443,6 +463,7 @@ class InferenceCall:
         usage = self._hit_usage()
         if self.endpoint is EMBEDDINGS:
             return {**answer, "model": self.model.name, "usage": usage}
+        self._finish_reasons[0] = str(answer["finish_reason"])  # metered as the stored answer ended
         return {
             "id": self.public_id,
             "object": "chat.completion",
@@ -464,6 +485,7 @@ class InferenceCall:
         try:
             replicas = router.replica_order(self.version)
             self._dispatched = True
+            self._mirror()
             upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
             self._upstream, self._replica = upstream, upstream.replica
             try:
@@ -520,9 +542,9 @@ class InferenceCall:
             raise
         finally:
             await self.close(status)
-        if self._may_store and self._finish_reason is not None:
+        if self._may_store and 0 in self._finish_reasons:
             message = {"role": "assistant", "content": "".join(self._answer_parts)}
-            self._remember({"message": message, "finish_reason": self._finish_reason})
+            self._remember({"message": message, "finish_reason": self._finish_reasons[0]})
         if self.wants_usage and self._final_usage_chunk is not None:
             yield self._final_usage_chunk
 
@@ -559,13 +581,11 @@ class InferenceCall:
                 self.ttft_ms = int((time.perf_counter() - self._started) * 1000)
         event["id"] = self.public_id
         event["model"] = self.model.name
+        ledger.note_finish_reasons(self._finish_reasons, event.get("choices"))
         if self._may_store and self.cache_hit is None and event.get("choices"):
-            choice = event["choices"][0]
-            content = (choice.get("delta") or {}).get("content")
+            content = (event["choices"][0].get("delta") or {}).get("content")
             if isinstance(content, str):
                 self._answer_parts.append(content)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
         if not event.get("choices") and usage is not None:
             # The engine's final usage-only chunk: held back until the request is settled.
             self._final_usage_chunk = event
@@ -585,6 +605,12 @@ class InferenceCall:
         self.completion_tokens = int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details")
         self.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+
+    @property
+    def finish_reason(self) -> str:
+        """Why generation stopped, as the usage record keeps it (``ledger.finish_reason_of``:
+        with several choices, "length" if any was cut, else the first's; "" when unknown)."""
+        return ledger.finish_reason_of(self._finish_reasons)
 
     # --- the end ---------------------------------------------------------------------------
 
@@ -628,6 +654,7 @@ class InferenceCall:
             price_id=self.price.price_id if self.price is not None else None,
             cost=cost,
             cache=self.cache_outcome,
+            finish_reason="" if draft else self.finish_reason,
         )
 
     async def close(self, status: int) -> None:

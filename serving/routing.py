@@ -39,7 +39,7 @@ from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
 from serving import metrics
 from serving.errors import EngineUnavailable, ModelNotFound
-from serving.models import CachePolicy
+from serving.models import CachePolicy, ShadowPolicy
 from serving.semcache.policy import CacheRules
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,15 @@ class VersionRoute:
 
 
 @dataclass(frozen=True)
+class ShadowRoute:
+    """A model's shadow policy (serving.ShadowPolicy), enabled and above 0 %."""
+
+    version_id: int  # the candidate version's id (VersionRoute.id)
+    version: str
+    basis_points: int  # of 10,000 requests, how many are copied (percent x 100)
+
+
+@dataclass(frozen=True)
 class ModelRoute:
     name: str
     task: str
@@ -82,6 +91,7 @@ class ModelRoute:
     created: int
     versions: tuple[VersionRoute, ...]
     cache_rules: CacheRules = field(default_factory=CacheRules.defaults)
+    shadow: ShadowRoute | None = None
 
 
 @dataclass(frozen=True)
@@ -102,11 +112,18 @@ def load_routing_table() -> RoutingTable:
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat))
         )
-    policies = {
-        p.model_id: p for p in CachePolicy.objects.filter(model_id__in={d.version.model_id for d in deployments})
+    model_ids = {d.version.model_id for d in deployments}
+    policies = {p.model_id: p for p in CachePolicy.objects.filter(model_id__in=model_ids)}
+    shadows = {
+        p.model_id: ShadowRoute(
+            version_id=p.candidate_id, version=p.candidate.version, basis_points=int(p.percent * 100)
+        )
+        for p in ShadowPolicy.objects.filter(model_id__in=model_ids, enabled=True, percent__gt=0).select_related(
+            "candidate"
+        )
     }
     prices_by_model: dict[int, list[PriceQuote]] = defaultdict(list)
-    for price in prices_in_effect_or_later(model_ids=list({d.version.model_id for d in deployments})):
+    for price in prices_in_effect_or_later(model_ids=list(model_ids)):
         prices_by_model[price.model_id].append(PriceQuote.of(price))
     versions_by_model: dict[str, list[VersionRoute]] = defaultdict(list)
     models: dict[str, ModelRoute] = {}
@@ -135,6 +152,7 @@ def load_routing_table() -> RoutingTable:
             created=int(model.created_at.timestamp()),
             versions=(),
             cache_rules=_cache_rules(policy),
+            shadow=shadows.get(model.id),
         )
     return RoutingTable(
         models={name: replace(m, versions=tuple(versions_by_model[name])) for name, m in models.items()},

@@ -9,6 +9,9 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
 - announces every replica that becomes ready or leaves on the routing channel, so gateways
   reload at once;
 - restarts a crashed or unhealthy replica with exponential backoff;
+- records each replica's load time (start to first good /health) in the log, the audit
+  log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
+- carries every hot-swap under way through its next step (``registry.hotswap``);
 - drains a replica that is no longer wanted (no new requests are routed to it; in-flight
   ones finish or the drain timeout passes), then stops it;
 - on SIGTERM/SIGINT drains and stops everything it started.
@@ -39,11 +42,12 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections, transaction
 from django.utils import timezone
 
 from core.events import publish_routing_change_now
 from registry.artifacts import get_artifact_store
+from registry.hotswap import swap_step
 from registry.models import Deployment, Replica
 from registry.selectors import (
     deployment_with_version,
@@ -57,11 +61,13 @@ from registry.services import (
     replica_claim,
     replica_heartbeats,
     replica_mark_ready,
+    replica_record_load_time,
     replica_record_pid,
     replica_release_host,
     replica_surplus,
     replica_transition,
 )
+from serving.metrics import REPLICA_LOAD_SECONDS
 from serving.replica_keys import replica_api_key
 from serving.routing import served_context_length
 
@@ -101,6 +107,9 @@ ENGINE_ENV_DENIED = frozenset({"VLLM_SERVER_DEV_MODE"})
 DATABASE_RETRY_FIRST = 0.5
 DATABASE_RETRY_MAX = 5.0
 
+# How often a supervisor looks for hot-swap steps that are due (each a few queries).
+SWAP_STEP_SECONDS = 1.0
+
 
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
@@ -115,6 +124,8 @@ class EngineProcess:
     replica_id: int
     deployment_id: int
     slot: str
+    model: str = ""  # the public name and version, for logs and metrics
+    version: str = ""
     port: int = 0
     popen: subprocess.Popen[bytes] | None = None
     # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
@@ -122,6 +133,7 @@ class EngineProcess:
     phase: str = "starting"
     started_at: float = 0.0
     ready_at: float = 0.0
+    load_seconds: float = 0.0  # started_at → first good /health, of the latest start
     last_check: float = 0.0
     failed_checks: int = 0
     restarts: int = 0
@@ -240,6 +252,8 @@ def _signal_group(pid: int | None, sig: int) -> None:
 class Supervisor:
     host: str = field(default_factory=lambda: settings.WORKER_HOST)
     slots: list[str] = field(default_factory=lambda: list(settings.WORKER_SLOTS))
+    # Serve only deployments of these models (public names); None: every model.
+    models: frozenset[str] | None = None
     log_dir: Path = field(default_factory=lambda: Path(settings.WORKER_LOG_DIR))
     engines: dict[int, EngineProcess] = field(default_factory=dict)  # by replica id
     stopping: bool = False
@@ -260,6 +274,7 @@ class Supervisor:
     _routing_changed: bool = field(default=False, init=False)  # a replica row changed state this pass
     _announcer: ThreadPoolExecutor = field(init=False)
     _announcement: Future[None] | None = field(default=None, init=False)
+    _swaps_checked_at: float = field(default=-SWAP_STEP_SECONDS, init=False)
 
     def __post_init__(self) -> None:
         self._http = httpx.Client(timeout=self.probe_timeout)
@@ -272,7 +287,8 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._kill_marked_strangers()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        self.report(f"supervising engines on {self.host} (slots {', '.join(self.slots)})")
+        only = f"; models {', '.join(sorted(self.models))}" if self.models is not None else ""
+        self.report(f"supervising engines on {self.host} (slots {', '.join(self.slots)}{only})")
         try:
             while True:
                 with contextlib.suppress(*DATABASE_ERRORS):
@@ -384,6 +400,7 @@ class Supervisor:
             self._record_pending()
             self._write_heartbeats()
             if not self.stopping:
+                self._step_swaps(now)
                 self._restart_due(now)
                 self._claim_wanted()
                 self._record_pending()
@@ -409,6 +426,16 @@ class Supervisor:
                 self.report(f"database reachable again after {now - self._db_down_since:.0f} s")
             self._db_down_since = None
             self._db_retry_delay = DATABASE_RETRY_FIRST
+
+    def _step_swaps(self, now: float) -> None:
+        """Carry every hot-swap under way through the step now due (traffic moved once the new
+        replicas are ready, old deployment drained, swap closed). Before claiming: a deployment
+        set draining here is drained in the same pass."""
+        if now - self._swaps_checked_at < SWAP_STEP_SECONDS:
+            return
+        self._swaps_checked_at = now
+        for message in swap_step():
+            self.report(message)
 
     def _check_rows(self) -> None:
         """Match this host's replica rows with the engines it runs.
@@ -463,7 +490,9 @@ class Supervisor:
                 self._routing_changed = self._routing_changed or state != Replica.State.STARTING
                 if state == Replica.State.READY:
                     assert engine.pid is not None
-                    replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
+                    with transaction.atomic():
+                        replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
+                        replica_record_load_time(replica=replica, seconds=engine.load_seconds, host=self.host)
                 elif state == Replica.State.STARTING and engine.pid is not None:
                     replica_transition(replica=replica, state=state, pid=engine.pid)
                 else:
@@ -525,7 +554,7 @@ class Supervisor:
         return [slot for slot in self.slots if slot not in used]
 
     def _claim_wanted(self) -> None:
-        deployments = list(serving_deployments())
+        deployments = [d for d in serving_deployments() if self.models is None or d.version.model.name in self.models]
         wanted_ids = {d.id for d in deployments}
         for engine in list(self.engines.values()):
             if engine.deployment_id not in wanted_ids:
@@ -547,7 +576,13 @@ class Supervisor:
             except Deployment.DoesNotExist:
                 continue  # deleted since the list was read; the next pass stops its engines
             if replica is not None:
-                engine = EngineProcess(replica_id=replica.id, deployment_id=deployment.id, slot=free[0])
+                engine = EngineProcess(
+                    replica_id=replica.id,
+                    deployment_id=deployment.id,
+                    slot=free[0],
+                    model=deployment.version.model.name,
+                    version=deployment.version.version,
+                )
                 self.engines[replica.id] = engine
                 self._spawn(engine, deployment)
 
@@ -601,9 +636,14 @@ class Supervisor:
             if result:
                 engine.phase = "ready"
                 engine.ready_at = engine.last_check = now
+                engine.load_seconds = now - engine.started_at
                 engine.want, engine.recorded = Replica.State.READY, False
+                REPLICA_LOAD_SECONDS.labels(engine.model, engine.version, str(engine.replica_id)).set(
+                    engine.load_seconds
+                )
                 self.report(
-                    f"replica {engine.replica_id} ready at {engine.endpoint} after {now - engine.started_at:.0f} s"
+                    f"replica {engine.replica_id} ({engine.model}:{engine.version}) ready at {engine.endpoint}; "
+                    f"loaded in {engine.load_seconds:.1f} s"
                 )
             elif now - engine.started_at > settings.WORKER_STARTUP_TIMEOUT:
                 self._kill(engine)

@@ -12,7 +12,10 @@ Speaks the same HTTP protocol (/health, /metrics, /v1/chat/completions, /v1/comp
 - ``error400`` / ``error500``: answer with an OpenAI-style error.
 
 Other keys of the same body: ``health`` (``ok``, ``hang``: /health never answers, ``error``:
-503) and ``ignore_sigterm`` (true: SIGTERM is ignored, as by an engine stuck in shutdown).
+503), ``ignore_sigterm`` (true: SIGTERM is ignored, as by an engine stuck in shutdown),
+``fail_rate`` (the share of /v1 requests answered 500 at once, drawn at random; ``seed``
+makes the draws repeatable) and ``latency`` (seconds before any answer: the JSON one, or a
+stream's first chunk), for judging a canary that fails or is slow.
 
 Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1 request
 needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
@@ -29,6 +32,7 @@ import hmac
 import json
 import math
 import os
+import random
 import signal
 import threading
 import time
@@ -38,9 +42,11 @@ from typing import Any
 
 STATE: dict[str, Any] = {
     "mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": [], "health": "ok",
-    "ignore_sigterm": False,
+    "ignore_sigterm": False, "fail_rate": 0.0, "latency": 0.0,
 }  # fmt: skip
 LOCK = threading.Lock()
+# Draws for fail_rate; ``seed`` in /_control reseeds it.
+RNG = random.Random()
 # Kept out of STATE, which /_control echoes to anyone.
 API_KEYS: list[str] = []
 
@@ -101,12 +107,16 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_control":
             with LOCK:
                 STATE.update(body)
+                if "seed" in body:
+                    RNG.seed(body["seed"])
             self._json(200, STATE)
             return
         with LOCK:
             STATE["requests"] += 1
             STATE["paths"].append(self.path)
             mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
+            fail = RNG.random() < float(STATE["fail_rate"])
+            latency = float(STATE["latency"])
         if mode == "reset":
             self.close_connection = True
             self.connection.shutdown(2)
@@ -115,9 +125,11 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"object": "error", "message": "fake engine refuses", "type": "BadRequestError",
                              "param": None, "code": 400})  # fmt: skip
             return
-        if mode == "error500":
+        if mode == "error500" or fail:
             self._json(500, {"object": "error", "message": "fake engine broke", "type": "InternalServerError"})
             return
+        if latency:
+            time.sleep(latency)
         if self.path == "/v1/embeddings":
             inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
             data = [{"index": i, "object": "embedding", "embedding": embed(str(text))} for i, text in enumerate(inputs)]

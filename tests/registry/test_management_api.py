@@ -9,25 +9,16 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.test import APIClient
 
-from billing.models import Role
-from billing.services import membership_set, organization_create
 from core import keys
 from core.redis import sync_redis
 from registry import artifacts
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_create, traffic_set
 from serving.urls import DATA_PLANE_PREFIXES
+from tests.registry.conftest import client_for
 
 pytestmark = pytest.mark.django_db
-
-
-def client_for(user: Any) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture(autouse=True)
@@ -35,21 +26,6 @@ def empty_audit_log(db) -> None:
     """Session fixtures elsewhere commit deployments (and so audit entries); this test's
     transaction hides them, and rolling back brings them back."""
     AuditEntry.objects.all().delete()
-
-
-@pytest.fixture
-def people(alice_org) -> dict[str, Any]:
-    """ml (the platform team), alice (an org admin, nothing more), and nobody signed in."""
-    users = get_user_model().objects
-    ml, alice = (users.create_user(username=name, password="pw-1234567890") for name in ("ml", "alice"))
-    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
-    membership_set(user=alice, organization=alice_org, role=Role.ORG_ADMIN)
-    return {"ml": ml, "alice": alice, "anonymous": None}
-
-
-@pytest.fixture
-def ml(people) -> APIClient:
-    return client_for(people["ml"])
 
 
 @pytest.fixture
@@ -82,13 +58,6 @@ def register_body(uri: str, **overrides: Any) -> dict[str, Any]:
         "config": {"max_seq_len": 8192, "vocab_size": 100256},
         **overrides,
     }
-
-
-def make_version(model: Model, version: str) -> ModelVersion:
-    return ModelVersion.objects.create(
-        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
-        artifact_sha256="0" * 64, artifact_size=1,
-    )  # fmt: skip
 
 
 class TestRegister:
@@ -197,16 +166,6 @@ class TestRegister:
 
     def test_an_unknown_model_is_a_404(self, ml):
         assert ml.get("/api/v1/models/nothing-here").status_code == 404
-
-
-@pytest.fixture
-def chat_model(db) -> Model:
-    """gpt-tiny with v1 and v2 deployed and running, and v3 whose only deployment is stopped."""
-    model = Model.objects.create(name="gpt-tiny", task="chat")
-    for name, status in (("v1", "running"), ("v2", "pending"), ("v3", "stopped")):
-        weight = 100 if name == "v1" else 0
-        Deployment.objects.create(version=make_version(model, name), status=status, traffic_weight=weight)
-    return model
 
 
 def weights(model: Model) -> dict[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -31,21 +32,23 @@ def _stream(gateway, secret, **body):
 class TestExactlyOnce:
     def test_a_client_that_disconnects_mid_stream(self, gateway, api_key, engines, django_db_blocker):
         endpoint = engines.endpoint(CHAT, django_db_blocker)
-        with _stream(gateway, api_key.secret, max_tokens=400) as response:
+        # Long enough (no EOS) that the disconnect always lands mid-generation, even on a fast CPU
+        # where the client thread is descheduled for seconds: 400 tokens once finished first.
+        with _stream(gateway, api_key.secret, max_tokens=3000, ignore_eos=True) as response:
             request_id = response.headers["x-request-id"]
             events = 0
             for line in response.iter_lines():
                 events += line.startswith("data: ")
                 if events == 5:
                     break
-        # The gateway closed the upstream, so vLLM aborted the sequence long before 400 tokens.
+        # The gateway closed the upstream, so vLLM aborted the sequence long before 3,000 tokens.
         deadline = time.monotonic() + 10
         while engine_counter(endpoint, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert engine_counter(endpoint, "vllm:num_requests_running") == 0
         record = persisted([request_id])[request_id]
         assert record.status_code == 499
-        assert 4 <= record.completion_tokens < 400
+        assert 4 <= record.completion_tokens < 3000
         assert record.total_tokens == record.prompt_tokens + record.completion_tokens
 
     def test_a_replayed_event_is_not_counted_twice(self, gateway, api_key):
@@ -116,6 +119,27 @@ class TestExactlyOnce:
         assert record.status_code == 500
         assert record.api_key_id == api_key.key_id
 
+    @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+    def test_records_say_why_generation_stopped(self, gateway, api_key, stream):
+        """``stop`` (a stop string) and ``length`` (max_tokens) from the real engine, as the client saw them."""
+        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=api_key.secret, max_retries=0)
+        question = [{"role": "user", "content": f"Tell me about the sea. ({uuid.uuid4().hex[:6]})"}]
+        seen: dict[str, str] = {}
+        for expected, limits in (("stop", {"stop": [" ", "e", "a", "."], "max_tokens": 200}),
+                                 ("length", {"max_tokens": 2})):  # fmt: skip
+            raw = client.chat.completions.with_raw_response.create(
+                model=CHAT, messages=question, temperature=0, stream=stream, **limits
+            )
+            if stream:
+                reasons = [c.finish_reason for chunk in raw.parse() for c in chunk.choices if c.finish_reason]
+                reason = reasons[-1]
+            else:
+                reason = raw.parse().choices[0].finish_reason
+            assert reason == expected
+            seen[raw.headers["x-request-id"]] = reason
+        records = persisted(list(seen))
+        assert {request_id: r.finish_reason for request_id, r in records.items()} == seen
+
     def test_a_replica_killed_mid_stream(self, gateway, api_key, engines, django_db_blocker):
         """Last in this module: it takes the chat replica down for a restart."""
         from registry.models import Replica
@@ -134,7 +158,7 @@ class TestExactlyOnce:
         request_id = request_id_of(seen[0].id)
         record = persisted([request_id])[request_id]
         assert record.status_code == 502
-        assert 4 <= record.completion_tokens < 400
+        assert 4 <= record.completion_tokens < 3000
 
         # runworkers notices, marks it failed and starts it again.
         deadline = time.monotonic() + 300

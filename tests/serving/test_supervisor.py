@@ -195,6 +195,34 @@ class TestSupervisor:
         assert set(Replica.objects.filter(deployment=deployment).values_list("state", flat=True)) == {"stopped"}
 
 
+class TestLoadTimesAndModels:
+    def test_each_replicas_load_time_is_logged_audited_and_exported(self, make_supervisor, deployment):
+        from registry.models import AuditEntry
+        from serving.metrics import REPLICA_LOAD_SECONDS
+
+        messages: list[str] = []
+        supervisor = make_supervisor(report=messages.append)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        entry = AuditEntry.objects.get(action="replica.ready", target=str(replica.pk))
+        seconds = entry.after["load_seconds"]
+        assert 0 < seconds < 20
+        assert entry.after == {"load_seconds": seconds, "host": supervisor.host, "deployment": deployment.pk,
+                               "model": "tiny-chat", "version": "1"}  # fmt: skip
+        assert any(f"replica {replica.pk} (tiny-chat:1) ready" in m and "loaded in" in m for m in messages), messages
+        gauge = REPLICA_LOAD_SECONDS.labels("tiny-chat", "1", str(replica.pk))._value.get()
+        assert gauge == pytest.approx(seconds, abs=0.001)
+
+    def test_a_supervisor_for_some_models_serves_only_theirs(self, make_supervisor, deployment):
+        other = create_deployment("other-chat")
+        supervisor = make_supervisor(models=frozenset({"other-chat"}))
+        step_until(supervisor, lambda: len(ready_replicas(other)) == 1)
+        for _ in range(3):
+            supervisor.step()
+        assert Replica.objects.filter(deployment=deployment).count() == 0
+        assert {engine.deployment_id for engine in supervisor.engines.values()} == {other.pk}
+
+
 class TestDatabaseOutages:
     def test_a_database_error_in_a_pass_is_survived_and_the_pending_work_done_after(
         self, supervisor, deployment, monkeypatch

@@ -80,7 +80,10 @@ class TestWebSocket:
             frames = receive_until(socket, lambda fs: any(f["type"] in {"usage", "error"} for f in fs), timeout=300)
         assert frames[-1]["type"] == "usage", frames[-1]
         assert (frames[-1]["status"], frames[-1]["usage"]["completion_tokens"]) == ("completed", 400)
-        assert sum(f["type"] == "chunk" for f in frames) >= 399
+        # Streamed, not buffered: vLLM merges the deltas a busy consumer has not yet taken, so on a
+        # loaded machine a few chunks carry two tokens; far fewer chunks would mean buffering.
+        chunks = [f for f in frames if f["type"] == "chunk"]
+        assert len(chunks) >= 300, len(chunks)
         record = persisted([frames[-1]["request_id"]])[frames[-1]["request_id"]]
         assert (record.status_code, record.completion_tokens) == (200, 400)
         print(f"400 tokens over the socket in {time.monotonic() - started:.1f} s")

@@ -41,6 +41,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--slots", default=",".join(settings.WORKER_SLOTS), help="CPU cores (or GPU indices), comma-separated"
         )
+        parser.add_argument(
+            "--models",
+            default="",
+            help="serve only deployments of these models (public names, comma-separated); default: every model",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         def report(message: str) -> None:
@@ -49,4 +54,5 @@ class Command(BaseCommand):
 
         use_one_fail_fast_connection()
         slots = [s for s in options["slots"].split(",") if s]
-        Supervisor(host=options["host"], slots=slots, report=report).run()
+        models = frozenset(m for m in options["models"].split(",") if m) or None
+        Supervisor(host=options["host"], slots=slots, models=models, report=report).run()

@@ -1,0 +1,287 @@
+"""The autoscaler's policy and decisions: how many replicas a deployment should want.
+
+``decide`` is pure: a deployment's bounds and policy, what its replicas are doing now
+(``Observations``), the time and the time of its last change in, a ``Decision`` (target
+and reasons) out. ``autoscale_deployments`` applies it to every running deployment whose
+policy is enabled, with the observations gathered by the caller (``serving.autoscaling``
+scrapes the engines: the registry never talks HTTP to them), and writes each change with
+``registry.services.deployment_scale``; that audit entry ("autoscale", with the reasons
+and the figures) is the stored decision. Supervisors follow ``Deployment.replicas``.
+
+Policy (``Deployment.autoscale``; every key optional but ``enabled``):
+
+    enabled                       false   on/off
+    target_queue_per_replica      4       waiting requests (vllm:num_requests_waiting) per ready replica
+    target_in_flight_per_replica  16      running + waiting requests per ready replica
+    target_p99_ms                 null    p99 whole-request latency over AUTOSCALER_WINDOW_SECONDS
+    target_p99_ttft_ms            null    p99 time to first token over the same window
+    cooldown_seconds              60      after any change, no scale-out for this long
+    scale_in_quiet_seconds        300     scale in only after this long without a change and
+                                          with the load of the whole period fitting in one
+                                          replica fewer at scale_in_utilisation of the target
+    scale_in_utilisation          0.5     (0, 1]
+    max_step                      null    most replicas added at once (default: double)
+
+Bounds are the deployment's ``min_replicas`` (never below 1) and ``max_replicas``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Max
+from django.utils import timezone
+
+from core.errors import InvalidInput
+from registry.models import AuditEntry, Deployment
+from registry.services import deployment_scale
+
+logger = logging.getLogger(__name__)
+
+SCALE_ACTIONS = ("autoscale", "deployment.scale")
+
+
+@dataclass(frozen=True)
+class AutoscalePolicy:
+    enabled: bool = False
+    target_queue_per_replica: float = 4.0
+    target_in_flight_per_replica: float = 16.0
+    target_p99_ms: float | None = None
+    target_p99_ttft_ms: float | None = None
+    cooldown_seconds: float = 60.0
+    scale_in_quiet_seconds: float = 300.0
+    scale_in_utilisation: float = 0.5
+    max_step: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AutoscalePolicy:
+        """The policy ``data`` describes; InvalidInput naming the first key that is wrong."""
+        if not isinstance(data, Mapping):
+            raise InvalidInput("autoscale", "Must be an object.")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise InvalidInput(f"autoscale.{key}", f"Unknown key; known: {', '.join(sorted(known))}.")
+        values: dict[str, Any] = {}
+        if "enabled" in data:
+            if not isinstance(data["enabled"], bool):
+                raise InvalidInput("autoscale.enabled", "Must be true or false.")
+            values["enabled"] = data["enabled"]
+        for key in ("target_queue_per_replica", "target_in_flight_per_replica", "target_p99_ms", "target_p99_ttft_ms"):
+            if key in data:
+                values[key] = _number(key, data[key], nullable=key.startswith("target_p99"), positive=True)
+        for key in ("cooldown_seconds", "scale_in_quiet_seconds"):
+            if key in data:
+                values[key] = _number(key, data[key], positive=False)
+        if "scale_in_utilisation" in data:
+            value = _number("scale_in_utilisation", data["scale_in_utilisation"], positive=True)
+            if value is not None and value > 1:
+                raise InvalidInput("autoscale.scale_in_utilisation", "Must be at most 1.")
+            values["scale_in_utilisation"] = value
+        if "max_step" in data and data["max_step"] is not None:
+            step = data["max_step"]
+            if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                raise InvalidInput("autoscale.max_step", "Must be a whole number of at least 1.")
+            values["max_step"] = step
+        return cls(**values)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(key: str, value: object, *, positive: bool, nullable: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"autoscale.{key}", "Must be a number.")
+    if value < 0 or (positive and value == 0):
+        raise InvalidInput(f"autoscale.{key}", "Must be greater than 0." if positive else "Must not be negative.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    policy: AutoscalePolicy
+
+    @classmethod
+    def of(cls, deployment: Deployment, policy: AutoscalePolicy) -> DeploymentConfig:
+        return cls(deployment.replicas, deployment.min_replicas, deployment.max_replicas, policy)
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What a deployment's replicas are doing now, and did lately."""
+
+    ready: int  # replicas routable now
+    scraped: int  # of which /metrics answered
+    waiting: float = 0.0  # vllm:num_requests_waiting, summed over the scraped replicas
+    running: float = 0.0  # vllm:num_requests_running, summed
+    p99_ms: float | None = None  # whole-request latency over the window; None: too few samples
+    p99_ttft_ms: float | None = None
+    samples: int = 0  # requests in the latency window
+    # The busiest stretch of the quiet period: average requests in flight (usage records).
+    peak_in_flight: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Decision:
+    target_replicas: int
+    reasons: tuple[str, ...]
+
+
+def decide(
+    config: DeploymentConfig, observations: Observations, now: datetime, last_change_at: datetime | None
+) -> Decision:
+    """How many replicas the deployment should want, and why.
+
+    Out: on queue depth, in-flight per replica or p99 above target, to the count that would
+    bring the worst of them to its target (HPA's ceil(current * observed / target); +1 for
+    p99), at most ``max_step`` (default: double) at once; held while a replica is still
+    starting (the last change has not landed) and during the cooldown. In: one replica at a
+    time, only after ``scale_in_quiet_seconds`` without a change, with every replica scraped,
+    nothing queued and the period's busiest stretch fitting in one replica fewer at
+    ``scale_in_utilisation`` of the in-flight target. Always within [max(1, min), max].
+    """
+    policy = config.policy
+    current = config.replicas
+    floor = max(1, config.min_replicas)
+    ceiling = max(floor, config.max_replicas)
+    if current < floor:
+        return Decision(floor, (f"{current} replicas is below min_replicas ({floor})",))
+    if current > ceiling:
+        return Decision(ceiling, (f"{current} replicas is above max_replicas ({ceiling})",))
+    since_change = math.inf if last_change_at is None else (now - last_change_at).total_seconds()
+    obs = observations
+
+    wanted: list[tuple[int, str]] = []
+    if obs.scraped:
+        queue = obs.waiting / obs.scraped
+        if queue > policy.target_queue_per_replica:
+            wanted.append(
+                (
+                    math.ceil(obs.waiting / policy.target_queue_per_replica),
+                    f"queue {queue:g} per replica > target {policy.target_queue_per_replica:g}",
+                )
+            )
+        in_flight = (obs.waiting + obs.running) / obs.scraped
+        if in_flight > policy.target_in_flight_per_replica:
+            wanted.append(
+                (
+                    math.ceil((obs.waiting + obs.running) / policy.target_in_flight_per_replica),
+                    f"in flight {in_flight:g} per replica > target {policy.target_in_flight_per_replica:g}",
+                )
+            )
+    for label, value, target in (
+        ("p99", obs.p99_ms, policy.target_p99_ms),
+        ("p99 TTFT", obs.p99_ttft_ms, policy.target_p99_ttft_ms),
+    ):
+        if value is not None and target is not None and value > target:
+            wanted.append((current + 1, f"{label} {value:.0f} ms > target {target:.0f} ms ({obs.samples} requests)"))
+
+    if wanted:
+        reasons = tuple(reason for _, reason in wanted)
+        step = policy.max_step if policy.max_step is not None else current
+        target = min(ceiling, current + step, max(current + 1, *(n for n, _ in wanted)))
+        if target <= current:
+            return Decision(current, (*reasons, f"at max_replicas ({ceiling})"))
+        if obs.ready < current:
+            return Decision(current, (*reasons, f"held: {current - obs.ready} replica(s) not ready yet"))
+        if since_change < policy.cooldown_seconds:
+            left = policy.cooldown_seconds - since_change
+            return Decision(current, (*reasons, f"held: cooldown, {left:.0f} s left"))
+        return Decision(target, reasons)
+
+    if current <= floor:
+        return Decision(current, ("load within targets",))
+    if since_change < policy.scale_in_quiet_seconds:
+        left = policy.scale_in_quiet_seconds - since_change
+        return Decision(current, (f"load within targets; quiet period, {left:.0f} s left before scaling in",))
+    if obs.scraped < current:
+        return Decision(current, (f"load within targets; only {obs.scraped} of {current} replicas answered",))
+    if obs.waiting > 0:
+        return Decision(current, ("load within targets; requests are queued",))
+    busiest = max(obs.peak_in_flight, obs.running)
+    room = policy.target_in_flight_per_replica * policy.scale_in_utilisation * (current - 1)
+    if busiest > room:
+        return Decision(current, (f"load within targets; {busiest:g} in flight at the busiest needs {current}",))
+    for label, value, target in (
+        ("p99", obs.p99_ms, policy.target_p99_ms),
+        ("p99 TTFT", obs.p99_ttft_ms, policy.target_p99_ttft_ms),
+    ):
+        if value is not None and target is not None and value > target * policy.scale_in_utilisation:
+            return Decision(current, (f"load within targets; {label} {value:.0f} ms too close to target",))
+    return Decision(
+        current - 1,
+        (
+            f"quiet for {policy.scale_in_quiet_seconds:.0f} s: at most {busiest:g} in flight, "
+            f"fits {current - 1} replica(s) at {policy.scale_in_utilisation:.0%} of the target",
+        ),
+    )
+
+
+def last_change_at(deployment: Deployment) -> datetime:
+    """When the deployment's replica count last changed (by the autoscaler or by hand), else
+    when it was created: a new deployment is not scaled in before a quiet period."""
+    latest = AuditEntry.objects.filter(
+        action__in=SCALE_ACTIONS, target_type="deployment", target=str(deployment.pk)
+    ).aggregate(at=Max("created_at"))["at"]
+    return latest if latest is not None and latest > deployment.created_at else deployment.created_at
+
+
+Observer = Callable[[Deployment, AutoscalePolicy], Observations]
+
+
+@dataclass(frozen=True)
+class Change:
+    deployment_id: int
+    before: int
+    after: int
+    reasons: tuple[str, ...]
+
+
+def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> list[Change]:
+    """One autoscaler pass over every running deployment whose policy is enabled; the changes made."""
+    changes: list[Change] = []
+    candidates = Deployment.objects.filter(status=Deployment.Status.RUNNING, autoscale__enabled=True)
+    for deployment in candidates.select_related("version__model").order_by("id"):
+        try:
+            policy = AutoscalePolicy.from_json(deployment.autoscale)
+        except InvalidInput as exc:
+            logger.warning("deployment %s: autoscale policy ignored: %s: %s", deployment.pk, exc.field, exc.message)
+            continue
+        observations = observe(deployment, policy)
+        at = now or timezone.now()
+        decision = decide(DeploymentConfig.of(deployment, policy), observations, at, last_change_at(deployment))
+        if decision.target_replicas == deployment.replicas:
+            logger.debug("deployment %s: %s", deployment.pk, "; ".join(decision.reasons))
+            continue
+        before = deployment.replicas
+        scaled = deployment_scale(
+            actor=None,
+            deployment=deployment,
+            replicas=decision.target_replicas,
+            reasons=list(decision.reasons),
+            observations=observations.as_json(),
+            expected=before,
+        )
+        if scaled is not None:
+            logger.info(
+                "deployment %s scaled %d → %d: %s",
+                deployment.pk,
+                before,
+                decision.target_replicas,
+                "; ".join(decision.reasons),
+            )
+            changes.append(Change(deployment.pk, before, decision.target_replicas, decision.reasons))
+    return changes

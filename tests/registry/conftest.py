@@ -1,0 +1,52 @@
+"""Shared fixtures of the registry's API tests: the people who call it and a model with deployments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from billing.models import Role
+from billing.services import membership_set, organization_create
+from registry.models import Deployment, Model, ModelVersion
+
+
+def client_for(user: Any) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def people(alice_org) -> dict[str, Any]:
+    """ml (the platform team), alice (an org admin, nothing more), and nobody signed in."""
+    users = get_user_model().objects
+    ml, alice = (users.create_user(username=name, password="pw-1234567890") for name in ("ml", "alice"))
+    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+    membership_set(user=alice, organization=alice_org, role=Role.ORG_ADMIN)
+    return {"ml": ml, "alice": alice, "anonymous": None}
+
+
+@pytest.fixture
+def ml(people) -> APIClient:
+    return client_for(people["ml"])
+
+
+def make_version(model: Model, version: str) -> ModelVersion:
+    return ModelVersion.objects.create(
+        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
+        artifact_sha256="0" * 64, artifact_size=1,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def chat_model(db) -> Model:
+    """gpt-tiny with v1 and v2 deployed and running, and v3 whose only deployment is stopped."""
+    model = Model.objects.create(name="gpt-tiny", task="chat")
+    for name, status in (("v1", "running"), ("v2", "pending"), ("v3", "stopped")):
+        weight = 100 if name == "v1" else 0
+        Deployment.objects.create(version=make_version(model, name), status=status, traffic_weight=weight)
+    return model
