@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from billing.models import ApiKey, Invitation, Membership, Organization, Plan, Price, Role, Tier
+from billing.models import ApiKey, BudgetAlert, Invitation, Membership, Organization, Plan, Price, Role, Tier
 
 
 def api_key_by_hash(*, key_hash: str) -> ApiKey | None:
@@ -67,5 +67,19 @@ def invitations_pending_for(user: Any) -> QuerySet[Invitation]:
     return (
         Invitation.objects.filter(username=user.get_username(), accepted_at__isnull=True)
         .select_related("organization", "invited_by")
+        .order_by("-created_at")
+    )
+
+
+def api_keys_of(*, organization_id: int) -> QuerySet[ApiKey]:
+    """An organisation's keys, newest first (revoked and rotated ones included)."""
+    return ApiKey.objects.filter(organization_id=organization_id).select_related("rotated_to").order_by("-created_at")
+
+
+def budget_alerts_of(*, organization_id: int, month: str) -> QuerySet[BudgetAlert]:
+    """The budget alerts an organisation (or one of its keys) crossed in ``month`` (YYYY-MM, UTC)."""
+    return (
+        BudgetAlert.objects.filter(organization_id=organization_id, month=month)
+        .select_related("api_key")
         .order_by("-created_at")
     )

@@ -144,6 +144,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.pages.nav.navigation",
             ],
         },
     },
@@ -355,6 +356,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
+# Failed logins allowed per username within the window (five times as many per address); see console/auth.py.
+LOGIN_MAX_FAILURES = envint("LOGIN_MAX_FAILURES", 5)
+LOGIN_LOCKOUT_SECONDS = envint("LOGIN_LOCKOUT_SECONDS", 900)
+# How often the console's live overview (console/consumers.py) pushes fresh figures.
+CONSOLE_LIVE_INTERVAL_SECONDS = envfloat("CONSOLE_LIVE_INTERVAL_SECONDS", 5.0)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -365,6 +371,11 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "console.staticfinders.PlotlyFinder",  # plotly/plotly.min.js from the plotly package
+]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REST_FRAMEWORK = {

@@ -5,18 +5,22 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from console import health, views
+from console import health
+from console.auth import RateLimitedLoginView
+from console.pages import home
 from serving.metrics import metrics_view
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", home.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
     path("", include("serving.urls")),
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", RateLimitedLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/", include("django.contrib.auth.urls")),  # password change and reset
+    path("", include("console.pages.urls")),
     path("api/", include("billing.urls")),
     # Management paths under /api/v1/ that the data plane does not claim (serving.urls.DATA_PLANE_PREFIXES).
     path("api/v1/", include("registry.urls")),

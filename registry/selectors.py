@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Prefetch, Q, QuerySet
 
 from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion, Replica
@@ -65,10 +67,21 @@ def deployments_with_replicas(*, model: str | None = None) -> QuerySet[Deploymen
 
 
 def audit_entries(
-    *, action: str | None = None, actor: str | None = None, target: str | None = None, q: str | None = None
+    *,
+    action: str | None = None,
+    actor: str | None = None,
+    target: str | None = None,
+    q: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> QuerySet[AuditEntry]:
-    """Audit entries, newest first. ``actor`` is a username; ``q`` searches target, action and actor."""
+    """Audit entries, newest first. ``actor`` is a username; ``q`` searches target, action and
+    actor; ``since`` (inclusive) and ``until`` (exclusive) bound when they were written."""
     entries = AuditEntry.objects.order_by("-created_at", "-id")
+    if since is not None:
+        entries = entries.filter(created_at__gte=since)
+    if until is not None:
+        entries = entries.filter(created_at__lt=until)
     if action:
         entries = entries.filter(action=action)
     if actor:
@@ -100,3 +113,137 @@ def canary_latest(*, model: Model) -> Canary | None:
         )
     )
     return canaries.filter(status__in=Canary.ACTIVE_STATUSES).first() or canaries.order_by("-created_at", "-id").first()
+
+
+# --- The console's deployment and canary pages -------------------------------------------
+
+# Audit actions that changed a deployment's replica count: the autoscaler's decisions and a person's.
+SCALE_ACTIONS = ("autoscale", "deployment.scale")
+
+
+def model_named(*, name: str) -> Model | None:
+    return Model.objects.filter(name=name).first()
+
+
+def model_version_named(*, model: Model, version: str) -> ModelVersion | None:
+    return ModelVersion.objects.select_related("model").filter(model=model, version=version).first()
+
+
+def serving_versions(*, model: Model) -> list[str]:
+    """The versions of ``model`` with a pending or running deployment, by name."""
+    return sorted(set(serving_deployments().filter(version__model=model).values_list("version__version", flat=True)))
+
+
+def deployment_board(*, model_ids: list[int], include_stopped: bool = False) -> QuerySet[Deployment]:
+    """The deployments of these models, oldest first, with their version and replicas; stopped
+    ones only when asked."""
+    deployments = (
+        Deployment.objects.filter(version__model_id__in=model_ids)
+        .select_related("version__model")
+        .prefetch_related(Prefetch("replica_set", queryset=Replica.objects.order_by("id")))
+        .order_by("id")
+    )
+    return deployments if include_stopped else deployments.exclude(status=Deployment.Status.STOPPED)
+
+
+def replica_load_seconds(*, replica_ids: list[int]) -> dict[int, float]:
+    """Each replica's latest load time (its ``replica.ready`` audit entry), in seconds."""
+    found: dict[int, float] = {}
+    entries = AuditEntry.objects.filter(action="replica.ready", target_type="replica", target__in=[
+        str(pk) for pk in replica_ids
+    ]).order_by("id").values_list("target", "after")  # fmt: skip
+    for target, after in entries:
+        seconds = (after or {}).get("load_seconds")
+        if isinstance(seconds, int | float):
+            found[int(target)] = float(seconds)
+    return found
+
+
+def scale_decisions(*, model: Model | None = None, deployment_ids: list[int] | None = None) -> QuerySet[AuditEntry]:
+    """Replica-count changes (the autoscaler's, with reasons and figures, and people's), newest
+    first; of one model's deployments, or of the ones given."""
+    entries = AuditEntry.objects.filter(action__in=SCALE_ACTIONS, target_type="deployment").order_by(
+        "-created_at", "-id"
+    )
+    if model is not None:
+        ids = Deployment.objects.filter(version__model=model).values_list("pk", flat=True)
+        entries = entries.filter(target__in=[str(pk) for pk in ids])
+    if deployment_ids is not None:
+        entries = entries.filter(target__in=[str(pk) for pk in deployment_ids])
+    return entries
+
+
+def swap_latest_id(*, deployment_id: int) -> int | None:
+    """The audit entry of the latest hot-swap ``deployment_id`` took part in (old or new side)."""
+    return (
+        AuditEntry.objects.filter(action="deployment.swap")
+        .filter(Q(target=str(deployment_id)) | Q(after__swap_to=deployment_id))
+        .order_by("-id")
+        .values_list("pk", flat=True)
+        .first()
+    )
+
+
+def models_with_latest_canary(*, q: str = "") -> list[tuple[Model, Canary | None]]:
+    """Every model (whose name contains ``q``) with its active canary, else its latest one."""
+    models = list(Model.objects.filter(name__icontains=q).order_by("name") if q else Model.objects.order_by("name"))
+    canaries = Canary.objects.filter(model__in=models).select_related("base_version", "canary_version")
+    latest: dict[int, Canary] = {}
+    for canary in canaries.order_by("created_at", "id"):
+        current = latest.get(canary.model_id)
+        if current is None or current.status not in Canary.ACTIVE_STATUSES:
+            latest[canary.model_id] = canary
+    return [(model, latest.get(model.pk)) for model in models]
+
+
+def models_for_board(*, q: str = "") -> QuerySet[Model]:
+    """Models (whose name contains ``q``) with their versions, newest first."""
+    models = model_list_with_versions()
+    return models.filter(name__icontains=q) if q else models
+
+
+# --- The console's registry pages and audit log ------------------------------------------
+
+
+def model_versions_listed(*, q: str = "", status: str = "", framework: str = "") -> QuerySet[ModelVersion]:
+    """Every version, by model name then newest first, with its model and deployments; only
+    those whose model name contains ``q``, in ``status``, of ``framework`` when given."""
+    versions = (
+        ModelVersion.objects.select_related("model")
+        .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.order_by("id")))
+        .order_by("model__name", "-created_at", "-id")
+    )
+    if q:
+        versions = versions.filter(model__name__icontains=q)
+    if status:
+        versions = versions.filter(status=status)
+    if framework:
+        versions = versions.filter(framework=framework)
+    return versions
+
+
+def model_version_frameworks() -> list[str]:
+    return list(ModelVersion.objects.order_by("framework").values_list("framework", flat=True).distinct())
+
+
+def model_version_with_replicas(*, name: str, version: str) -> ModelVersion | None:
+    """One version with its model, and its deployments (newest first) with their replicas."""
+    deployments = Deployment.objects.order_by("-created_at", "-id").prefetch_related(
+        Prefetch("replica_set", queryset=Replica.objects.order_by("id"))
+    )
+    return (
+        ModelVersion.objects.select_related("model")
+        .prefetch_related(Prefetch("deployments", queryset=deployments))
+        .filter(model__name=name, version=version)
+        .first()
+    )
+
+
+def model_version_history(*, version: ModelVersion) -> QuerySet[AuditEntry]:
+    """The audit entries about this version (registered, status moves), oldest first."""
+    return AuditEntry.objects.filter(target_type="model_version", target=str(version)).order_by("created_at", "id")
+
+
+def audit_actions() -> list[str]:
+    """Every action the audit log holds, for a search form's choices."""
+    return list(AuditEntry.objects.order_by("action").values_list("action", flat=True).distinct())

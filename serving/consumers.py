@@ -3,7 +3,9 @@
 Protocol (JSON text frames):
 
 - authenticate with ``Authorization: Bearer sk-…`` on the handshake, or send
-  ``{"type": "auth", "api_key": "sk-…"}`` first (browsers cannot set headers);
+  ``{"type": "auth", "api_key": "sk-…"}`` first (browsers cannot set headers); the console's
+  playground sends ``{"type": "auth", "organization": <id>}`` instead, on a socket opened from
+  this site by a signed-in member of that organisation (serving.session_auth);
 - ``{"type": "chat.completion", "id": "<client id>", "body": {…chat request…}}`` starts one
   (always streamed); an optional ``"model_version": "<version>"`` beside ``body`` pins the
   version of its model, as ``X-Model-Version`` does on REST; an ``X-Model-Version`` header on
@@ -34,6 +36,7 @@ from billing.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import APIError, AuthenticationFailed, InvalidRequest
 from serving.orchestrator import CHAT, CLIENT_CLOSED, InferenceCall
+from serving.session_auth import session_grant
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +48,13 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
     grant: KeyGrant | None
     authorization: str | None
     pinned_version: str | None  # from the handshake's X-Model-Version
+    session_organization: Any  # the playground's organisation id, when signed in by session
 
     async def connect(self) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.grant = None
         self.authorization = None
+        self.session_organization = None
         headers = dict(self.scope.get("headers", []))
         self.pinned_version = headers.get(b"x-model-version", b"").decode("latin1").strip() or None
         header = headers.get(b"authorization")
@@ -87,7 +92,9 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             return
         kind = message.get("type")
         client_id = message.get("id")
-        if kind == "auth":
+        if kind == "auth" and "organization" in message and "api_key" not in message:
+            await self._auth_session(message["organization"])
+        elif kind == "auth":
             await self._auth(str(message.get("api_key", "")))
         elif kind == "cancel":
             task = self.tasks.get(str(client_id))
@@ -99,6 +106,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             await self._error(client_id, InvalidRequest(f"Unknown message type {kind!r}.", param="type"))
 
     async def _auth(self, secret: str) -> None:
+        self.session_organization = None
         try:
             self.authorization = f"Bearer {secret}"
             self.grant = await authenticate(self.authorization)
@@ -106,6 +114,22 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         except APIError as exc:
             self.grant = None
             await self._send({"type": "auth", "ok": False, "error": exc.detail()})
+
+    async def _auth_session(self, organization: Any) -> None:
+        self.authorization = None
+        self.session_organization = organization
+        try:
+            self.grant = await session_grant(self.scope, organization)
+            await self._send({"type": "auth", "ok": True})
+        except APIError as exc:
+            self.grant = None
+            self.session_organization = None
+            await self._send({"type": "auth", "ok": False, "error": exc.detail()})
+
+    async def _authenticate(self) -> KeyGrant:
+        if self.session_organization is not None:
+            return await session_grant(self.scope, self.session_organization)
+        return await authenticate(self.authorization)
 
     async def _start(self, client_id: Any, body: Any, model_version: Any = None) -> None:
         if not isinstance(client_id, str) or not client_id:
@@ -149,8 +173,9 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         status = 200
         error: APIError | None = None
         try:
-            # Checked again per request: a key revoked mid-socket stops working within a second.
-            grant = await authenticate(self.authorization)
+            # Checked again per request: a key revoked mid-socket stops working within a second
+            # (a session signed out, or a member removed, at the next request).
+            grant = await self._authenticate()
             call = InferenceCall(CHAT, grant, uuid.uuid4())
             pinned, param = pin or (None, "x-model-version")
             await call.prepare(orjson.dumps(body), pinned_version=pinned, pin_param=param)

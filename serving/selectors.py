@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from billing.models import UsageRecord
-from serving.models import ShadowRecord
+from serving.models import ShadowPolicy, ShadowRecord
 
 # The comparison reads at most this many of the newest mirrored requests: enough for stable
 # percentiles, bounded however long a shadow runs (the console shows the same figures).
@@ -63,3 +63,8 @@ def shadow_comparison(*, model: str, since: datetime) -> dict[str, Any]:
         "candidate": _arm(s[1:6] for s in shadows),
         "primary": _arm(primaries.values()),
     }
+
+
+def shadow_policy_of(*, model_id: int) -> ShadowPolicy | None:
+    """The model's shadow policy, with its candidate version, if it has one."""
+    return ShadowPolicy.objects.select_related("candidate").filter(model_id=model_id).first()

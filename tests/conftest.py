@@ -66,6 +66,15 @@ def bundled_models(
     artifacts.get_artifact_store.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def engines(bundled_models, django_db_blocker, tmp_path_factory):
+    """Real vLLM replicas of both bundled models, once per session (tests/serving/conftest.py).
+    Defined here, once: never import it into a test module (that would start a second set)."""
+    from tests.serving.conftest import run_engines
+
+    yield from run_engines(bundled_models, django_db_blocker, tmp_path_factory)
+
+
 @pytest.fixture
 def alice_org(db: None):
     from billing.services import organization_create

@@ -22,6 +22,8 @@ from billing.services.accounts import (
     organization_create,
     organization_get_or_create,
     organization_update,
+    playground_key_get_or_create,
+    playground_key_hash,
 )
 from billing.services.alerts import budget_alert_notify, budget_alerts_notify
 from billing.services.invoices import (
@@ -71,5 +73,7 @@ __all__ = [
     "organization_create",
     "organization_get_or_create",
     "organization_update",
+    "playground_key_get_or_create",
+    "playground_key_hash",
     "price_set",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import hmac
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeAlias
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
@@ -549,6 +551,45 @@ def api_key_rotate(*, api_key: ApiKey, grace: timedelta, actor: Actor = None) ->
         _publish_key_change(locked.key_hash)
     api_key.refresh_from_db()
     return issued
+
+
+PLAYGROUND_KEY_PREFIX = "playground"
+
+
+def playground_key_hash(*, organization_id: int, user_id: int) -> str:
+    """The stored hash of a member's playground key: an HMAC of SECRET_KEY, not the SHA-256 of
+    any secret, so no bearer key can ever match it; the key is usable only by the console's
+    playground, for a signed-in member (serving.session_auth)."""
+    message = f"playground-key:{organization_id}:{user_id}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+def playground_key_get_or_create(*, organization: Organization, user: AbstractBaseUser) -> ApiKey:
+    """The key that a member's playground requests are metered to: one per (organisation,
+    user), made on first use with the key defaults clamped to the organisation's plan, so
+    its limits and budgets apply as to any key. It has no secret to show or leak.
+
+    A revoked or expired one is returned as it is: an org admin who revoked it meant it.
+    """
+    key_hash = playground_key_hash(organization_id=organization.pk, user_id=int(user.pk))
+    existing = ApiKey.objects.select_related("organization").filter(key_hash=key_hash).first()
+    if existing is not None:
+        return existing
+    ceilings = plan_key_ceilings(organization=organization)
+    limits = {field: _clamp(default, ceilings[field]) for field, default in KEY_DEFAULTS.items()}
+    name = f"Playground ({user.get_username()})"[:NAME_MAX_LENGTH]
+    try:
+        with transaction.atomic():
+            return ApiKey.objects.create(
+                key_hash=key_hash,
+                prefix=PLAYGROUND_KEY_PREFIX,
+                organization=organization,
+                name=name,
+                tier=organization.tier,
+                **limits,
+            )
+    except IntegrityError:  # made by a concurrent first use
+        return ApiKey.objects.select_related("organization").get(key_hash=key_hash)
 
 
 def api_keys_touch(*, last_used: dict[int, datetime]) -> None:

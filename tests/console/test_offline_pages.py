@@ -21,8 +21,15 @@ REFERENCE = re.compile(
 )
 LOCAL_HOSTS = {"testserver", "localhost", "127.0.0.1"}
 # Pages as the anonymous visitor sees them, then as a logged-in platform admin.
-ANONYMOUS_PAGES = ["/accounts/login/", "/admin/login/"]
-ADMIN_PAGES = ["/", "/admin/", "/admin/billing/apikey/", "/api/docs/"]
+ANONYMOUS_PAGES = ["/accounts/login/", "/accounts/password_reset/", "/admin/login/"]
+ADMIN_PAGES = [
+    "/console/", "/console/models/", "/console/models/register/", "/console/audit/", "/console/deployments/",
+    "/console/deployments/scaling/", "/console/canaries/", "/accounts/password_change/", "/portal/",
+    "/admin/", "/admin/billing/apikey/", "/api/docs/",
+]  # fmt: skip
+# The portal of an organisation (a platform admin acts as its admin): {org} is its id.
+PORTAL_PAGES = ["/portal/{org}/", "/portal/{org}/keys/", "/portal/{org}/invoices/", "/portal/{org}/playground/",
+                "/portal/{org}/quickstart/"]  # fmt: skip
 
 
 def references(html: str) -> list[str]:
@@ -53,7 +60,10 @@ def fetch_pages() -> dict[str, str]:
     admin = get_user_model().objects.create_superuser(username="offline-admin", password="pw-1234567890")
     client = Client()
     client.force_login(admin)
-    for path in ADMIN_PAGES:
+    from billing.services import organization_create
+
+    org = organization_create(name="Offline Org")
+    for path in [*ADMIN_PAGES, *(page.format(org=org.pk) for page in PORTAL_PAGES)]:
         response = client.get(path)
         assert response.status_code == 200, path
         assert response["Content-Type"].startswith("text/html"), path

@@ -131,8 +131,10 @@ def wait_for_ready_replicas(django_db_blocker: Any, deployment_ids: list[int], t
     raise TimeoutError(f"replicas not ready within {timeout} s")
 
 
-@pytest.fixture(scope="session")
-def engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator[Engines]:
+def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator[Engines]:
+    """The session's real engines (the ``engines`` fixture, defined in tests/conftest.py so that
+    every directory shares one: a second instance would be a second supervisor of the same host,
+    and the two would release each other's replicas)."""
     from registry.models import Deployment
     from registry.services import deployment_create
 

@@ -1,0 +1,205 @@
+"""Platform-wide usage over time, per model and version, from the hourly and daily rollups only.
+
+The console's overview reads these: a month of traffic costs a month of rollup rows (one per
+bucket, key, model, version and price), never a scan of the raw usage records.
+
+Percentiles do not add up: a bucket's p50 or p99 over every key is not derivable from each
+key's. The figures here are the request-weighted mean of the keys' percentiles (each key's
+value counts as often as it served requests): exact for one key, and a close, stable
+estimate for many; the pages say so.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import F, Q, QuerySet, Sum
+
+from billing.models import UsageRollup
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """A window the overview offers: how far back, and the rollup period it reads."""
+
+    key: str
+    label: str
+    span: timedelta
+    period: str  # UsageRollup.Period
+
+    @property
+    def bucket(self) -> timedelta:
+        return HOUR if self.period == UsageRollup.Period.HOUR else DAY
+
+
+TIME_RANGES: dict[str, TimeRange] = {
+    r.key: r
+    for r in (
+        TimeRange("hour", "Last hour", HOUR, UsageRollup.Period.HOUR),
+        TimeRange("day", "Last day", DAY, UsageRollup.Period.HOUR),
+        TimeRange("7d", "Last 7 days", 7 * DAY, UsageRollup.Period.HOUR),
+        TimeRange("30d", "Last 30 days", 30 * DAY, UsageRollup.Period.DAY),
+    )
+}
+DEFAULT_RANGE = "day"
+
+
+def _floor(moment: datetime, bucket: timedelta) -> datetime:
+    moment = moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return moment.replace(hour=0) if bucket == DAY else moment
+
+
+@dataclass
+class Bucket:
+    """One bucket's figures for one model version (or for everything: ``UsageTotals``)."""
+
+    start: datetime
+    seconds: float  # the bucket's length, or the part of it already past
+    requests: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    cache_hits: int = 0
+    # Request-weighted sums of the keys' percentiles, and the requests they weigh.
+    _latency_p50: float = 0.0
+    _latency_p99: float = 0.0
+    _latency_weight: int = 0
+    _ttft_p50: float = 0.0
+    _ttft_p99: float = 0.0
+    _ttft_weight: int = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.requests += int(row["requests_sum"] or 0)
+        self.errors += int(row["errors_sum"] or 0)
+        self.output_tokens += int(row["output_tokens_sum"] or 0)
+        self.cache_hits += int(row["cache_hits_sum"] or 0)
+        self._latency_p50 += float(row["latency_p50_w"] or 0)
+        self._latency_p99 += float(row["latency_p99_w"] or 0)
+        self._latency_weight += int(row["latency_n"] or 0)
+        self._ttft_p50 += float(row["ttft_p50_w"] or 0)
+        self._ttft_p99 += float(row["ttft_p99_w"] or 0)
+        self._ttft_weight += int(row["ttft_n"] or 0)
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return self.cache_hits / self.requests if self.requests else None
+
+    @property
+    def latency_p50_ms(self) -> float | None:
+        return self._latency_p50 / self._latency_weight if self._latency_weight else None
+
+    @property
+    def latency_p99_ms(self) -> float | None:
+        return self._latency_p99 / self._latency_weight if self._latency_weight else None
+
+    @property
+    def ttft_p50_ms(self) -> float | None:
+        return self._ttft_p50 / self._ttft_weight if self._ttft_weight else None
+
+    @property
+    def ttft_p99_ms(self) -> float | None:
+        return self._ttft_p99 / self._ttft_weight if self._ttft_weight else None
+
+
+@dataclass
+class VersionSeries:
+    """One model version's buckets, oldest first, and its figures over the whole window."""
+
+    model: str
+    version: str
+    buckets: list[Bucket] = field(default_factory=list)
+    total: Bucket | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}:{self.version}"
+
+
+@dataclass
+class UsageOverview:
+    """What the overview shows for one window: every model version's series, and the totals."""
+
+    time_range: TimeRange
+    start: datetime  # the first bucket's start
+    now: datetime
+    series: list[VersionSeries]
+    total: Bucket
+    bucket_starts: list[datetime]
+
+
+def _rows(rollups: QuerySet[UsageRollup]) -> QuerySet[UsageRollup, dict[str, Any]]:
+    latency = Q(latency_p50_ms__isnull=False)
+    ttft = Q(ttft_p50_ms__isnull=False)
+    return (
+        rollups.values("start", "model", "model_version")
+        .annotate(
+            requests_sum=Sum("requests"),
+            errors_sum=Sum("errors"),
+            output_tokens_sum=Sum("output_tokens"),
+            cache_hits_sum=Sum("cache_hits"),
+            latency_p50_w=Sum(F("latency_p50_ms") * F("requests"), filter=latency),
+            latency_p99_w=Sum(F("latency_p99_ms") * F("requests"), filter=latency),
+            latency_n=Sum("requests", filter=latency),
+            ttft_p50_w=Sum(F("ttft_p50_ms") * F("requests"), filter=ttft),
+            ttft_p99_w=Sum(F("ttft_p99_ms") * F("requests"), filter=ttft),
+            ttft_n=Sum("requests", filter=ttft),
+        )
+        .order_by("start", "model", "model_version")
+    )
+
+
+def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = None) -> UsageOverview:
+    """Every model version's usage in the window ``range_key`` (a TIME_RANGES key) up to
+    ``now``, bucket by bucket, from the rollups of the window's period. The bucket that
+    holds ``now`` is measured over the part already past, so its rates are not diluted."""
+    time_range = TIME_RANGES[range_key]
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    bucket = time_range.bucket
+    start = _floor(now - time_range.span, bucket)
+    starts: list[datetime] = []
+    moment = start
+    while moment <= now:
+        starts.append(moment)
+        moment += bucket
+
+    def seconds(at: datetime) -> float:
+        return max((min(at + bucket, now) - at).total_seconds(), 1.0)
+
+    rows = _rows(UsageRollup.objects.filter(period=time_range.period, start__gte=start, start__lte=now))
+    by_version: dict[tuple[str, str], dict[datetime, Bucket]] = defaultdict(dict)
+    totals: dict[tuple[str, str], Bucket] = {}
+    total = Bucket(start=start, seconds=max((now - start).total_seconds(), 1.0))
+    for row in rows:
+        at = row["start"].astimezone(UTC)
+        key = (row["model"], row["model_version"])
+        by_version[key].setdefault(at, Bucket(start=at, seconds=seconds(at))).add(row)
+        totals.setdefault(key, Bucket(start=start, seconds=total.seconds)).add(row)
+        total.add(row)
+    series = [
+        VersionSeries(
+            model=model,
+            version=version,
+            # Every bucket of the window, empty ones included, so the lines show the gaps as zero.
+            buckets=[by_version[(model, version)].get(at) or Bucket(start=at, seconds=seconds(at)) for at in starts],
+            total=totals[(model, version)],
+        )
+        for model, version in sorted(by_version)
+    ]
+    return UsageOverview(time_range=time_range, start=start, now=now, series=series, total=total, bucket_starts=starts)

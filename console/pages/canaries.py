@@ -1,0 +1,369 @@
+"""Canaries and shadow runs in the console: the list, each model's canary with its live
+comparison charts and decision timeline, the start wizard, and the shadow policy.
+
+Part of the deployments area (``console.pages.deployments`` lists these routes). The charts
+are built here from the figures each ``CanaryDecision`` stored (``registry.canary_stats``),
+so the page reads no usage records: one row per decision.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import plotly.graph_objects as go
+from django import forms
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import render
+from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from plotly.subplots import make_subplots
+
+from console.pages.access import platform_admin_required
+from console.pages.nav import CONSOLE, NavItem
+from console.pages.rollout_forms import CanaryStartForm, ShadowForm, refuse
+from core.errors import InvalidInput
+from registry.canary import (
+    CanaryConflict,
+    active_canary,
+    canary_create,
+    canary_pause,
+    canary_promote,
+    canary_resume,
+    canary_rollback,
+)
+from registry.models import Canary, CanaryDecision, Model
+from registry.selectors import canary_latest, model_named, model_version_named, models_with_latest_canary
+from registry.services import IllegalTransition
+from serving.selectors import shadow_comparison, shadow_policy_of
+from serving.services import shadow_policy_delete, shadow_policy_set
+
+CANARIES_PER_PAGE = 25
+SHADOW_WINDOWS = {"1": "the last hour", "24": "the last 24 hours", "168": "the last 7 days"}
+# What each button does, as the confirm step and the success message say it.
+ACTIONS: dict[str, tuple[Any, str]] = {
+    "pause": (canary_pause, "paused: the split stays as it is until resumed"),
+    "resume": (canary_resume, "resumed: judged again from a fresh window of the current step"),
+    "promote": (canary_promote, "promoted: the canary version takes all the traffic"),
+    "rollback": (canary_rollback, "rolled back: the base version takes all the traffic"),
+}
+CONFIRMED = ("promote", "rollback")
+
+
+def _model_or_404(name: str) -> Model:
+    model = model_named(name=name)
+    if model is None:
+        raise Http404("No such model.")
+    return model
+
+
+def _versions(model: Model) -> list[str]:
+    return [version.version for version in model.versions.all()]
+
+
+# --- Charts and the decision timeline ---------------------------------------------------
+
+# (title, figures path under an arm, scale): what the comparison charts plot per decision window.
+SERIES: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("Success rate (%)", ("error_rate",), 100.0),
+    ("p99 latency (ms)", ("latency_ms", "p99"), 1.0),
+    ("p99 TTFT (ms)", ("ttft_ms", "p99"), 1.0),
+    ("Time per output token, median (ms)", ("tpot_ms", "p50"), 1.0),
+)
+ARM_COLOURS = {"base": "#5b6472", "canary": "#2f5bea"}
+
+
+def _arm_value(arm: dict[str, Any], keys: tuple[str, ...], scale: float) -> float | None:
+    value: Any = arm
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, int | float):
+        return None
+    if keys == ("error_rate",):
+        value = 1 - value  # success: no server error
+    return round(float(value) * scale, 3)
+
+
+def judged(decisions: list[CanaryDecision]) -> list[CanaryDecision]:
+    """The controller's decisions that carry per-arm figures (a person's promote carries none)."""
+    return [d for d in decisions if isinstance(d.figures, dict) and isinstance(d.figures.get("arms"), dict)]
+
+
+def comparison_figure(decisions: list[CanaryDecision]) -> dict[str, Any]:
+    """Base vs canary per decision window: success rate, p99 latency, p99 TTFT and TPOT, as plotly JSON."""
+    figure = make_subplots(rows=2, cols=2, subplot_titles=[title for title, _, _ in SERIES], vertical_spacing=0.16)
+    windows = judged(decisions)
+    labels = [f"step {d.step + 1} · {d.canary_percent} % · {timezone.localtime(d.at):%H:%M:%S}" for d in windows]
+    for index, (_title, keys, scale) in enumerate(SERIES):
+        row, col = divmod(index, 2)
+        for arm, colour in ARM_COLOURS.items():
+            values = [_arm_value(d.figures["arms"].get(arm) or {}, keys, scale) for d in windows]
+            figure.add_trace(
+                go.Scatter(
+                    x=labels, y=values, name=arm, legendgroup=arm, showlegend=index == 0,
+                    mode="lines+markers", line={"color": colour},
+                ),
+                row=row + 1, col=col + 1,
+            )  # fmt: skip
+    figure.update_layout(
+        height=520, margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.12},
+        paper_bgcolor="#fff", plot_bgcolor="#fff", font={"size": 12},
+    )  # fmt: skip
+    figure.update_xaxes(showticklabels=False, gridcolor="#eef1f6")
+    figure.update_yaxes(gridcolor="#eef1f6", rangemode="tozero")
+    figure_json: dict[str, Any] = json.loads(figure.to_json())
+    return figure_json
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    decision: CanaryDecision
+    tests: list[dict[str, Any]]
+    arms: list[dict[str, Any]]
+    skipped: list[str]
+
+
+def timeline(decisions: list[CanaryDecision]) -> list[TimelineEntry]:
+    """Each decision, newest first, with the statistics behind it, ready to show."""
+    entries = []
+    for decision in reversed(decisions):
+        figures = decision.figures if isinstance(decision.figures, dict) else {}
+        tests = [
+            {
+                "name": name,
+                "test": test.get("test", ""),
+                "statistic": _number(test.get("statistic")),
+                "p_value": _number(test.get("p_value")),
+                "p_adjusted": _number(test.get("p_adjusted")),
+                "base": _number(test.get("base")),
+                "canary": _number(test.get("canary")),
+                "effect": _number(test.get("effect")),
+                "n_base": test.get("n_base"),
+                "n_canary": test.get("n_canary"),
+                "worse": bool(test.get("worse")),
+                "suspicious": bool(test.get("suspicious")),
+            }
+            for name, test in sorted((figures.get("tests") or {}).items())
+            if isinstance(test, dict)
+        ]
+        arms = [
+            {
+                "arm": arm,
+                "n": data.get("n"),
+                "success": _number(_arm_value(data, ("error_rate",), 100.0), 4),
+                "latency_p99": _number(_arm_value(data, ("latency_ms", "p99"), 1.0), 4),
+                "ttft_p99": _number(_arm_value(data, ("ttft_ms", "p99"), 1.0), 4),
+                "tpot_p50": _number(_arm_value(data, ("tpot_ms", "p50"), 1.0), 4),
+            }
+            for arm, data in (figures.get("arms") or {}).items()
+            if isinstance(data, dict)
+        ]
+        entries.append(TimelineEntry(decision, tests, arms, list(figures.get("skipped") or [])))
+    return entries
+
+
+def _stamp(canary: Canary | None) -> str:
+    """Changes whenever the canary moves or a decision is added: what the page's poll compares."""
+    if canary is None:
+        return "none"
+    return (
+        f"{canary.pk}:{canary.status}:{canary.current_step}:{canary.decisions.count()}:{canary.updated_at.isoformat()}"
+    )
+
+
+# --- Pages ------------------------------------------------------------------------------
+
+
+@require_GET
+@platform_admin_required
+def canary_list(request: HttpRequest) -> HttpResponse:
+    q = request.GET.get("model", "").strip()
+    status = request.GET.get("status", "")
+    rows = models_with_latest_canary(q=q)
+    if status == "active":
+        rows = [(m, c) for m, c in rows if c is not None and c.status in Canary.ACTIVE_STATUSES]
+    elif status in Canary.Status.values:
+        rows = [(m, c) for m, c in rows if c is not None and c.status == status]
+    page = Paginator(rows, CANARIES_PER_PAGE).get_page(request.GET.get("page"))
+    context = {"page": page, "q": q, "status": status, "statuses": Canary.Status.choices}
+    return render(request, "console/deployments/canary_list.html", context)
+
+
+def _detail(
+    request: HttpRequest, model: Model, *, shadow_form: forms.Form | None = None, fragment: bool = False
+) -> HttpResponse:
+    canary = canary_latest(model=model)
+    decisions = list(canary.decisions.all()) if canary is not None else []
+    hours = request.GET.get("hours", "24")
+    hours = hours if hours in SHADOW_WINDOWS else "24"
+    policy = shadow_policy_of(model_id=model.pk)
+    comparison = shadow_comparison(model=model.name, since=timezone.now() - timedelta(hours=int(hours)))
+    context = {
+        "model": model,
+        "canary": canary,
+        "stamp": _stamp(canary),
+        "figure": comparison_figure(decisions) if judged(decisions) else None,
+        "timeline": timeline(decisions),
+        "weights": {
+            canary.base_version.version: 100 - canary.canary_percent,
+            canary.canary_version.version: canary.canary_percent,
+        }
+        if canary
+        else {},
+        "active": canary is not None and canary.status in Canary.ACTIVE_STATUSES,
+        "policy": policy,
+        "shadow_form": shadow_form
+        or ShadowForm(
+            versions=_versions(model),
+            initial={"version": policy.candidate.version, "percent": policy.percent} if policy else None,
+        ),
+        "comparison": comparison,
+        "comparison_rows": [("candidate", comparison["candidate"]), ("primary", comparison["primary"])],
+        "hours": hours,
+        "window_label": SHADOW_WINDOWS[hours],
+        "windows": SHADOW_WINDOWS,
+    }
+    template = "console/deployments/_canary_live.html" if fragment else "console/deployments/canary_detail.html"
+    return render(request, template, context)
+
+
+@require_GET
+@platform_admin_required
+def canary_detail(request: HttpRequest, name: str) -> HttpResponse:
+    return _detail(request, _model_or_404(name), fragment=request.GET.get("fragment") == "1")
+
+
+@require_GET
+@platform_admin_required
+def canary_state(request: HttpRequest, name: str) -> JsonResponse:
+    """What the canary page polls: a stamp that changes with every move and decision."""
+    canary = canary_latest(model=_model_or_404(name))
+    return JsonResponse(
+        {
+            "stamp": _stamp(canary),
+            "status": canary.status if canary is not None else None,
+            "decisions": canary.decisions.count() if canary is not None else 0,
+        }
+    )
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def canary_new(request: HttpRequest, name: str) -> HttpResponse:
+    """The start wizard."""
+    model = _model_or_404(name)
+    versions = _versions(model)
+    current = active_canary(model=model)
+    if request.method == "POST":
+        form = CanaryStartForm(request.POST, versions=versions)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                canary = canary_create(
+                    actor=request.user, model=model, base_version=data["base_version"],
+                    canary_version=data["canary_version"], steps=data["steps"],
+                    interval_seconds=data["interval_seconds"], min_samples=data["min_samples"],
+                    success_criteria=form.criteria(), auto_promote=data["auto_promote"],
+                )  # fmt: skip
+            except InvalidInput as exc:
+                refuse(form, exc, {"canary_percentage": "steps"})
+            except CanaryConflict as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(
+                    request,
+                    f"Canary of {model.name} started: {canary.canary_version.version} takes "
+                    f"{canary.canary_percent} % from {canary.base_version.version}.",
+                )
+                return HttpResponseRedirect(reverse("console:canary", kwargs={"name": model.name}))
+    else:
+        initial: dict[str, Any] = {}
+        if len(versions) >= 2:
+            initial = {"base_version": versions[1], "canary_version": versions[0]}  # newest is the candidate
+        form = CanaryStartForm(versions=versions, initial=initial)
+    return render(request, "console/deployments/canary_new.html", {"model": model, "form": form, "current": current})
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def canary_act(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """Pause, resume, promote or roll back the active canary; promote and roll back ask first (GET)."""
+    model = _model_or_404(name)
+    if action not in ACTIONS:
+        raise Http404("No such action.")
+    canary = active_canary(model=model)
+    back = HttpResponseRedirect(reverse("console:canary", kwargs={"name": model.name}))
+    if canary is None:
+        messages.error(request, f"{model.name} has no active canary.")
+        return back
+    act, outcome = ACTIONS[action]
+    if request.method == "GET" or (action in CONFIRMED and request.POST.get("confirm") != "yes"):
+        context = {"model": model, "canary": canary, "action": action, "outcome": outcome}
+        return render(request, "console/deployments/canary_confirm.html", context)
+    try:
+        act(actor=request.user, canary=canary)
+    except IllegalTransition as exc:
+        messages.error(request, f"The canary is {exc.current}: it cannot {action}.")
+    except InvalidInput as exc:  # the split could not be set (a version's deployment has stopped)
+        messages.error(request, f"Not done: {exc.message}")
+    else:
+        messages.success(request, f"Canary of {model.name} {outcome}.")
+    return back
+
+
+@platform_admin_required
+@require_POST
+def shadow_set(request: HttpRequest, name: str) -> HttpResponse:
+    model = _model_or_404(name)
+    form = ShadowForm(request.POST, versions=_versions(model))
+    if form.is_valid():
+        candidate = model_version_named(model=model, version=form.cleaned_data["version"])
+        if candidate is None:
+            form.add_error("version", f"{model.name} has no such version.")
+        else:
+            try:
+                shadow_policy_set(model=model, candidate=candidate, percent=form.cleaned_data["percent"],
+                                  actor=request.user)  # fmt: skip
+            except InvalidInput as exc:
+                refuse(form, exc, {"candidate": "version"})
+            else:
+                messages.success(
+                    request, f"Mirroring {form.cleaned_data['percent']} % of {model.name}'s requests to {candidate}."
+                )
+                return HttpResponseRedirect(reverse("console:canary", kwargs={"name": model.name}) + "#shadow")
+    messages.error(request, "Not saved: see the errors below.")
+    return _detail(request, model, shadow_form=form)
+
+
+@platform_admin_required
+@require_POST
+def shadow_stop(request: HttpRequest, name: str) -> HttpResponse:
+    model = _model_or_404(name)
+    if shadow_policy_delete(model=model, actor=request.user):
+        messages.success(request, f"Stopped mirroring {model.name}'s requests.")
+    else:
+        messages.error(request, f"{model.name} has no shadow policy.")
+    return HttpResponseRedirect(reverse("console:canary", kwargs={"name": model.name}) + "#shadow")
+
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("console/canaries/", canary_list, name="canaries"),
+    path("console/canaries/<str:name>/", canary_detail, name="canary"),
+    path("console/canaries/<str:name>/state/", canary_state, name="canary-state"),
+    path("console/canaries/<str:name>/new/", canary_new, name="canary-new"),
+    path("console/canaries/<str:name>/shadow/", shadow_set, name="canary-shadow"),
+    path("console/canaries/<str:name>/shadow/stop/", shadow_stop, name="canary-shadow-stop"),
+    path("console/canaries/<str:name>/<str:action>/", canary_act, name="canary-action"),
+]
+NAV: list[NavItem] = [NavItem("Canaries", "canaries", CONSOLE)]

@@ -1,0 +1,361 @@
+"""Deployments and rollouts in the console: replicas, scaling, traffic splits, hot-swaps, canaries, shadows.
+
+One page lists each model's deployments with every form beside them; each form posts to its
+own URL, which calls the same service as the management API and redirects back (or, refused,
+renders the page again with the form's errors). Canaries and shadows: ``console.pages.canaries``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import render
+from django.urls import URLPattern, URLResolver, path, reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from console.pages import canaries
+from console.pages.access import platform_admin_required
+from console.pages.nav import CONSOLE, NavItem
+from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm, refuse
+from core.errors import InvalidInput
+from registry.hotswap import Swap, swap_get
+from registry.models import AuditEntry, Deployment, Model, Replica
+from registry.selectors import (
+    deployment_board,
+    deployment_with_version,
+    model_named,
+    model_traffic_split,
+    model_version_named,
+    models_for_board,
+    replica_load_seconds,
+    scale_decisions,
+    swap_latest_id,
+)
+from registry.services import (
+    deployment_autoscale_set,
+    deployment_bounds_set,
+    deployment_create,
+    deployment_scale,
+    deployment_swap_cancel,
+    deployment_swap_version,
+    traffic_set,
+)
+
+MODELS_PER_PAGE = 25
+DECISIONS_PER_PAGE = 25
+DECISIONS_PER_MODEL = 5
+SWAP_PHASES = ("starting", "shifted", "draining", "completed")
+
+
+@dataclass
+class ReplicaRow:
+    replica: Replica
+    load_seconds: float | None
+
+
+@dataclass
+class DeploymentRow:
+    deployment: Deployment
+    replicas: list[ReplicaRow]
+    scale_form: forms.Form
+    autoscale_form: forms.Form
+    swap_form: forms.Form
+    swap: Swap | None
+
+    @property
+    def swap_open(self) -> bool:
+        return self.swap is not None and self.swap.outcome is None
+
+
+@dataclass
+class ModelPanel:
+    model: Model
+    deployments: list[DeploymentRow]
+    split: dict[str, int]
+    traffic_form: forms.Form | None
+    deploy_form: forms.Form
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+# A form refused on a POST, shown again in its place: (form kind, model name or deployment id) -> form.
+Refused = dict[tuple[str, str], forms.Form]
+
+
+def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], refused: Refused) -> ModelPanel:
+    versions = [version.version for version in model.versions.all()]
+    rows = []
+    for deployment in deployments:
+        key = str(deployment.pk)
+        swap_id = swap_latest_id(deployment_id=deployment.pk)
+        rows.append(
+            DeploymentRow(
+                deployment=deployment,
+                replicas=[ReplicaRow(r, load.get(r.pk)) for r in deployment.replica_set.all()],
+                scale_form=refused.get(("scale", key))
+                or ScaleForm(
+                    initial={
+                        "replicas": deployment.replicas,
+                        "min_replicas": deployment.min_replicas,
+                        "max_replicas": deployment.max_replicas,
+                    },
+                    prefix=f"scale-{key}",
+                ),
+                autoscale_form=refused.get(("autoscale", key))
+                or AutoscaleForm(initial=AutoscaleForm.initial_from(deployment.autoscale), prefix=f"autoscale-{key}"),
+                swap_form=refused.get(("swap", key))
+                or SwapForm(versions=versions, current=deployment.version.version, prefix=f"swap-{key}"),
+                swap=swap_get(swap_id=swap_id) if swap_id is not None else None,
+            )
+        )
+    split = model_traffic_split(model=model)
+    return ModelPanel(
+        model=model,
+        deployments=rows,
+        split=split,
+        traffic_form=refused.get(("traffic", model.name)) or (TrafficSplitForm(split=split) if split else None),
+        deploy_form=refused.get(("deploy", model.name)) or DeployForm(versions=versions, prefix=f"deploy-{model.pk}"),
+        decisions=[_scale_row(entry) for entry in scale_decisions(model=model)[:DECISIONS_PER_MODEL]],
+    )
+
+
+def _board(request: HttpRequest, refused: Refused | None = None) -> HttpResponse:
+    q = request.GET.get("model", "").strip()
+    include_stopped = request.GET.get("stopped") == "1"
+    page = Paginator(models_for_board(q=q), MODELS_PER_PAGE).get_page(request.GET.get("page"))
+    models = list(page.object_list)
+    grouped: dict[int, list[Deployment]] = {model.pk: [] for model in models}
+    for deployment in deployment_board(model_ids=list(grouped), include_stopped=include_stopped):
+        grouped[deployment.version.model_id].append(deployment)
+    load = replica_load_seconds(replica_ids=[r.pk for ds in grouped.values() for d in ds for r in d.replica_set.all()])
+    panels = [_panel(model, grouped[model.pk], load, refused or {}) for model in models]
+    context = {"page": page, "panels": panels, "q": q, "include_stopped": include_stopped, "phases": SWAP_PHASES}
+    return render(request, "console/deployments/board.html", context)
+
+
+def _back(request: HttpRequest, model: Model | None = None) -> HttpResponseRedirect:
+    """To the page the form was on (its filter kept), else the board filtered to the model."""
+    url = reverse("console:deployments")
+    if model is not None:
+        url += f"?model={model.name}"
+    return HttpResponseRedirect(url + (f"#model-{model.name}" if model is not None else ""))
+
+
+def _model_or_404(name: str) -> Model:
+    model = model_named(name=name)
+    if model is None:
+        raise Http404("No such model.")
+    return model
+
+
+def _deployment_or_404(pk: int) -> Deployment:
+    deployment = deployment_with_version(deployment_id=pk)
+    if deployment is None:
+        raise Http404("No such deployment.")
+    return deployment
+
+
+def _refused_board(request: HttpRequest, key: tuple[str, str], form: forms.Form) -> HttpResponse:
+    messages.error(request, "Not saved: see the errors below.")
+    return _board(request, {key: form})
+
+
+@require_GET
+@platform_admin_required
+def board(request: HttpRequest) -> HttpResponse:
+    return _board(request)
+
+
+@platform_admin_required
+@require_POST
+def deploy(request: HttpRequest, name: str) -> HttpResponse:
+    model = _model_or_404(name)
+    form = DeployForm(request.POST, versions=[v.version for v in model.versions.all()], prefix=f"deploy-{model.pk}")
+    if form.is_valid():
+        version = model_version_named(model=model, version=form.cleaned_data["version"])
+        if version is None:
+            form.add_error("version", f"{model.name} has no such version.")
+        else:
+            replicas = form.cleaned_data["replicas"]
+            try:
+                deployment = deployment_create(
+                    actor=request.user, version=version, traffic_weight=form.cleaned_data["traffic_percent"],
+                    replicas=replicas, min_replicas=1, max_replicas=replicas, gpu_type=version.gpu_type,
+                )  # fmt: skip
+            except InvalidInput as exc:
+                refuse(form, exc, {"traffic_weight": "traffic_percent"})
+            else:
+                messages.success(request, f"Deployed {version} as deployment {deployment.pk}; its replicas start now.")
+                return _back(request, model)
+    return _refused_board(request, ("deploy", model.name), form)
+
+
+@platform_admin_required
+@require_POST
+def traffic(request: HttpRequest, name: str) -> HttpResponse:
+    model = _model_or_404(name)
+    form = TrafficSplitForm(request.POST, split=model_traffic_split(model=model))
+    if form.is_valid():
+        try:
+            split = traffic_set(actor=request.user, model=model, weights=form.weights())
+        except InvalidInput as exc:
+            refuse(form, exc, {version: TrafficSplitForm.PREFIX + version for version in form.weights()})
+        else:
+            shown = ", ".join(f"{version} {weight} %" for version, weight in sorted(split.items()))
+            messages.success(request, f"Traffic of {model.name} split: {shown}.")
+            return _back(request, model)
+    return _refused_board(request, ("traffic", model.name), form)
+
+
+@platform_admin_required
+@require_POST
+def scale(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = _deployment_or_404(pk)
+    form = ScaleForm(request.POST, prefix=f"scale-{pk}")
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            with transaction.atomic():  # bounds and count together, as the management API sets them
+                deployment_bounds_set(
+                    actor=request.user, deployment=deployment,
+                    min_replicas=data["min_replicas"], max_replicas=data["max_replicas"],
+                )  # fmt: skip
+                deployment_scale(
+                    actor=request.user, deployment=deployment, replicas=data["replicas"],
+                    reasons=["set by a platform admin"], action="deployment.scale",
+                )  # fmt: skip
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            messages.success(
+                request,
+                f"Deployment {pk} wants {data['replicas']} replicas "
+                f"(between {data['min_replicas']} and {data['max_replicas']}).",
+            )
+            return _back(request, deployment.version.model)
+    return _refused_board(request, ("scale", str(pk)), form)
+
+
+@platform_admin_required
+@require_POST
+def autoscale(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = _deployment_or_404(pk)
+    form = AutoscaleForm(request.POST, prefix=f"autoscale-{pk}")
+    if form.is_valid():
+        try:
+            deployment_autoscale_set(actor=request.user, deployment=deployment, autoscale=form.policy())
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            state = "on" if form.cleaned_data["enabled"] else "off"
+            messages.success(request, f"Autoscaling of deployment {pk} saved ({state}).")
+            return _back(request, deployment.version.model)
+    return _refused_board(request, ("autoscale", str(pk)), form)
+
+
+@platform_admin_required
+@require_POST
+def swap(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = _deployment_or_404(pk)
+    model = deployment.version.model
+    versions = [v.version for v in model.versions.all()]
+    form = SwapForm(request.POST, versions=versions, current=deployment.version.version, prefix=f"swap-{pk}")
+    if form.is_valid():
+        version = model_version_named(model=model, version=form.cleaned_data["version"])
+        if version is None:
+            form.add_error("version", f"{model.name} has no such version.")
+        else:
+            try:
+                new = deployment_swap_version(actor=request.user, deployment=deployment, version=version)
+            except InvalidInput as exc:
+                refuse(form, exc)
+            else:
+                messages.success(
+                    request, f"Hot-swap of deployment {pk} to {version} started: deployment {new.pk} is starting."
+                )
+                return _back(request, model)
+    return _refused_board(request, ("swap", str(pk)), form)
+
+
+@platform_admin_required
+@require_POST
+def swap_cancel(request: HttpRequest, swap_id: int) -> HttpResponse:
+    found = swap_get(swap_id=swap_id)
+    if found is None:
+        raise Http404("No such swap.")
+    try:
+        deployment_swap_cancel(actor=request.user, swap=found.entry)
+    except InvalidInput as exc:
+        messages.error(request, f"The swap was not cancelled: {exc.message}")
+    else:
+        messages.success(request, f"Hot-swap of {found.model} to {found.to_version} cancelled.")
+    model = model_named(name=found.model)
+    return _back(request, model)
+
+
+@require_GET
+@platform_admin_required
+def swap_status(request: HttpRequest, swap_id: int) -> JsonResponse:
+    """What the page polls while a swap is under way."""
+    found = swap_get(swap_id=swap_id)
+    if found is None:
+        raise Http404("No such swap.")
+    return JsonResponse(
+        {
+            "id": swap_id,
+            "phase": found.phase,
+            "open": found.outcome is None,
+            "started_at": found.started_at.isoformat(),
+            "shifted_at": found.shifted_at.isoformat() if found.shifted_at else None,
+            "drain_at": found.drain_at.isoformat() if found.drain_at else None,
+            "outcome": found.outcome,
+        }
+    )
+
+
+def _scale_row(entry: AuditEntry) -> dict[str, Any]:
+    before, after = entry.before or {}, entry.after or {}
+    observations = after.get("observations") or {}
+    return {
+        "entry": entry,
+        "from": before.get("replicas"),
+        "to": after.get("replicas"),
+        "reasons": after.get("reasons") or [],
+        "figures": sorted(observations.items()) if isinstance(observations, dict) else [],
+    }
+
+
+@require_GET
+@platform_admin_required
+def scaling(request: HttpRequest) -> HttpResponse:
+    """Every replica-count change, newest first: the autoscaler's decisions with their reasons
+    and the figures behind them, and people's."""
+    q = request.GET.get("model", "").strip()
+    model = model_named(name=q) if q else None
+    entries = scale_decisions(model=model) if model is not None or not q else scale_decisions(deployment_ids=[])
+    page = Paginator(entries, DECISIONS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = [_scale_row(entry) for entry in page.object_list]
+    return render(request, "console/deployments/scaling.html", {"page": page, "rows": rows, "q": q})
+
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("console/deployments/", board, name="deployments"),
+    path("console/deployments/scaling/", scaling, name="deployments-scaling"),
+    path("console/deployments/models/<str:name>/deploy/", deploy, name="deployments-deploy"),
+    path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
+    path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),
+    path("console/deployments/<int:pk>/autoscale/", autoscale, name="deployments-autoscale"),
+    path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),
+    path("console/deployments/swaps/<int:swap_id>/cancel/", swap_cancel, name="deployments-swap-cancel"),
+    path("console/deployments/swaps/<int:swap_id>/status/", swap_status, name="deployments-swap-status"),
+    *canaries.urlpatterns,
+]
+NAV: list[NavItem] = [
+    NavItem("Deployments", "deployments", CONSOLE),
+    *canaries.NAV,
+]

@@ -1,0 +1,29 @@
+"""Where a signed-in user lands: platform admins in the console, everyone else in their portal."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+
+from billing.selectors import is_platform_admin, organizations_visible_to
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    if is_platform_admin(request.user):
+        return redirect("console:overview")
+    return redirect("console:portal-home")
+
+
+@login_required
+def portal_home(request: HttpRequest) -> HttpResponse:
+    """One organisation: straight to its portal; several: pick one; none: say how to get in."""
+    organizations = list(organizations_visible_to(request.user).order_by("name"))
+    if len(organizations) == 1 and not is_platform_admin(request.user):
+        try:
+            return redirect(reverse("console:portal-usage", kwargs={"org_id": organizations[0].pk}))
+        except NoReverseMatch:  # the portal's pages are not installed
+            pass
+    return render(request, "console/portal_home.html", {"organizations": organizations})

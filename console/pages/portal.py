@@ -1,0 +1,283 @@
+"""The customer portal: API keys, usage and cost, budgets, invoices.
+
+Who may do what follows the management API (billing/api.py, api_usage.py): every member
+of the organisation sees its usage and its keys (never a secret); its admins create,
+rotate and revoke keys. Invoices are for its admins here. A key's secret is shown once,
+in the answer to the request that made it, and is never stored (not in the session
+either): that answer is not cacheable, and reloading it does not show the secret again.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Page, Paginator
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import URLPattern, URLResolver, path
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.http import require_http_methods
+
+from billing import invoicing
+from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
+from billing.models import ApiKey, Invoice
+from billing.selectors import api_keys_of, plan_key_ceilings
+from billing.services import InvalidInput, IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
+from console.pages.access import ORG_ADMIN_ROLES, org_member_required
+from console.pages.nav import PORTAL, NavItem
+from console.pages.portal_forms import (
+    ApiKeyCreateForm,
+    ApiKeyFilterForm,
+    ApiKeyRotateForm,
+    InvoiceFilterForm,
+    UsageWindowForm,
+)
+from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, totals_of
+
+KEYS_PER_PAGE = 25
+INVOICES_PER_PAGE = 25
+
+
+def _is_admin(request: HttpRequest) -> bool:
+    return request.org_role in ORG_ADMIN_ROLES  # type: ignore[attr-defined]
+
+
+def _page(request: HttpRequest, items: QuerySet[Any], per_page: int) -> Page[Any]:
+    return Paginator(items, per_page).get_page(request.GET.get("page"))
+
+
+def _query_without_page(request: HttpRequest) -> str:
+    """The list's filters, for pagination links that keep them."""
+    query = request.GET.copy()
+    query.pop("page", None)
+    return query.urlencode()
+
+
+# --- Usage -----------------------------------------------------------------------------
+
+
+@org_member_required()
+def usage(request: HttpRequest, org_id: int) -> HttpResponse:
+    """Usage and cost by model and day over a window, totals, and the month's budget status."""
+    organization = request.organization  # type: ignore[attr-defined]
+    today = timezone.now().date()  # UTC: rollup days are UTC days
+    keys = [(key.pk, f"{key.name} ({key.prefix}…)") for key in api_keys_of(organization_id=organization.pk)]
+    form = UsageWindowForm(request.GET or None, keys=keys, today=today)
+    if form.is_bound and form.is_valid():
+        start, end, api_key_id = form.cleaned_data["start"], form.cleaned_data["end"], form.cleaned_data["api_key"]
+    else:  # unbound, or errors shown beside the fields: the default window meanwhile
+        start, end, api_key_id = today - timedelta(days=29), today, None
+    rows = daily_usage(organization_id=organization.pk, start=start, end=end, api_key_id=api_key_id)
+    currency = str(settings.BILLING_CURRENCY)
+    context = {
+        "organization": organization,
+        "form": form,
+        "start": start,
+        "end": end,
+        "totals": totals_of(rows),
+        "models": by_model(rows),
+        "figures": figures(rows, start=start, end=end, currency=currency),
+        "budget": budget_status(organization=organization, today=today),
+        "currency": currency,
+        "usage_api": f"/api/orgs/{organization.pk}/usage/?start_date={start}&end_date={end}",
+    }
+    return render(request, "console/portal/usage.html", context)
+
+
+# --- API keys --------------------------------------------------------------------------
+
+
+def key_state(api_key: ApiKey) -> str:
+    if not api_key.is_active:
+        return "revoked"
+    if api_key.expires_at is not None and api_key.expires_at <= timezone.now():
+        return "expired"
+    if api_key.rotated_to_id is not None:
+        return "rotated"
+    return "active"
+
+
+@org_member_required()
+def keys(request: HttpRequest, org_id: int) -> HttpResponse:
+    organization = request.organization  # type: ignore[attr-defined]
+    found = api_keys_of(organization_id=organization.pk)
+    form = ApiKeyFilterForm(request.GET or None)
+    if form.is_valid():
+        if text := form.cleaned_data["q"].strip():
+            found = found.filter(Q(name__icontains=text) | Q(prefix__startswith=text))
+        if form.cleaned_data["state"] == "active":
+            found = found.filter(is_active=True).exclude(expires_at__lte=timezone.now())
+        elif form.cleaned_data["state"] == "revoked":
+            found = found.filter(is_active=False)
+    page = _page(request, found, KEYS_PER_PAGE)
+    rows = [{"key": key, "state": key_state(key)} for key in page.object_list]
+    context = {
+        "organization": organization,
+        "form": form,
+        "page": page,
+        "rows": rows,
+        "can_manage": _is_admin(request),
+        "query": _query_without_page(request),
+        "currency": settings.BILLING_CURRENCY,
+    }
+    return render(request, "console/portal/keys.html", context)
+
+
+def _secret_shown_once(request: HttpRequest, issued: IssuedApiKey, *, title: str) -> HttpResponse:
+    """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
+    context = {"organization": request.organization, "issued": issued, "title": title}  # type: ignore[attr-defined]
+    response = render(request, "console/portal/key_secret.html", context)
+    add_never_cache_headers(response)
+    response["Cache-Control"] += ", no-store"
+    return response
+
+
+@org_member_required(admin=True)
+@require_http_methods(["GET", "POST"])
+def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
+    organization = request.organization  # type: ignore[attr-defined]
+    form = ApiKeyCreateForm(
+        request.POST or None,
+        ceilings=plan_key_ceilings(organization=organization),
+        currency=str(settings.BILLING_CURRENCY),
+    )
+    if request.method == "POST" and form.is_valid():
+        try:
+            issued = api_key_create(
+                organization=organization, name=form.cleaned_data["name"], actor=request.user, **form.limits()
+            )
+        except InvalidInput as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"API key {issued.api_key.name!r} created.")
+            return _secret_shown_once(request, issued, title="Your new API key")
+    return render(request, "console/portal/key_form.html", {"organization": organization, "form": form})
+
+
+def _key_of(request: HttpRequest, key_id: int) -> ApiKey:
+    organization = request.organization  # type: ignore[attr-defined]
+    return get_object_or_404(api_keys_of(organization_id=organization.pk), pk=key_id)
+
+
+@org_member_required(admin=True)
+@require_http_methods(["GET", "POST"])
+def key_revoke(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
+    """GET: are you sure? POST: revoke (refused by every gateway within a second)."""
+    api_key = _key_of(request, key_id)
+    if request.method == "POST":
+        if api_key.is_active:
+            api_key_revoke(api_key=api_key, actor=request.user)
+            messages.success(request, f"API key {api_key.name!r} ({api_key.prefix}…) revoked.")
+        else:
+            messages.info(request, f"API key {api_key.name!r} was revoked already.")
+        return redirect("console:portal-keys", org_id=org_id)
+    context = {"organization": request.organization, "api_key": api_key}  # type: ignore[attr-defined]
+    return render(request, "console/portal/key_revoke.html", context)
+
+
+@org_member_required(admin=True)
+@require_http_methods(["GET", "POST"])
+def key_rotate(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
+    """GET: choose how long the old key keeps working. POST: a new key with the same grants,
+    its secret shown once."""
+    api_key = _key_of(request, key_id)
+    form = ApiKeyRotateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            issued = api_key_rotate(
+                api_key=api_key, grace=timedelta(seconds=form.cleaned_data["grace_seconds"]), actor=request.user
+            )
+        except InvalidInput as exc:
+            form.add_error("grace_seconds" if exc.field == "grace_seconds" else None, exc.message)
+        except ValueError as exc:  # revoked, expired or rotated already
+            messages.error(request, f"API key {api_key.name!r} cannot be rotated: {exc}.")
+            return redirect("console:portal-keys", org_id=org_id)
+        else:
+            messages.success(request, f"API key {api_key.name!r} rotated.")
+            return _secret_shown_once(request, issued, title="Your rotated API key")
+    context = {"organization": request.organization, "api_key": api_key, "form": form}  # type: ignore[attr-defined]
+    return render(request, "console/portal/key_rotate.html", context)
+
+
+# --- Invoices --------------------------------------------------------------------------
+
+
+def _invoices(request: HttpRequest) -> QuerySet[Invoice]:
+    return invoicing.invoices_of(organization=request.organization)  # type: ignore[attr-defined]
+
+
+@org_member_required(admin=True)
+def invoices(request: HttpRequest, org_id: int) -> HttpResponse:
+    found = _invoices(request).order_by("-period", "-number")
+    form = InvoiceFilterForm(request.GET or None)
+    if form.is_valid() and form.cleaned_data["status"]:
+        found = found.filter(status=form.cleaned_data["status"])
+    page = _page(request, found, INVOICES_PER_PAGE)
+    context = {
+        "organization": request.organization,  # type: ignore[attr-defined]
+        "form": form,
+        "page": page,
+        "rows": [{"invoice": i, "number": invoicing.display_number(i)} for i in page.object_list],
+        "query": _query_without_page(request),
+    }
+    return render(request, "console/portal/invoices.html", context)
+
+
+def _invoice_of(request: HttpRequest, invoice_id: int) -> Invoice:
+    return get_object_or_404(_invoices(request), pk=invoice_id)
+
+
+@org_member_required(admin=True)
+def invoice_detail(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_of(request, invoice_id)
+    context = {
+        "organization": request.organization,  # type: ignore[attr-defined]
+        "invoice": invoice,
+        "number": invoicing.display_number(invoice),
+        "lines": list(invoice.lines.order_by("id")),
+    }
+    return render(request, "console/portal/invoice_detail.html", context)
+
+
+def _download(content: str | bytes, *, content_type: str, filename: str) -> HttpResponse:
+    response = HttpResponse(content, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@org_member_required(admin=True)
+def invoice_pdf_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_of(request, invoice_id)
+    return _download(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
+
+
+@org_member_required(admin=True)
+def invoice_csv_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_of(request, invoice_id)
+    return _download(
+        invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
+    )
+
+
+P = "portal/<int:org_id>/"
+urlpatterns: list[URLPattern | URLResolver] = [
+    path(P, usage, name="portal-usage"),
+    path(f"{P}keys/", keys, name="portal-keys"),
+    path(f"{P}keys/new/", key_create, name="portal-key-create"),
+    path(f"{P}keys/<int:key_id>/revoke/", key_revoke, name="portal-key-revoke"),
+    path(f"{P}keys/<int:key_id>/rotate/", key_rotate, name="portal-key-rotate"),
+    path(f"{P}invoices/", invoices, name="portal-invoices"),
+    path(f"{P}invoices/<int:invoice_id>/", invoice_detail, name="portal-invoice"),
+    path(f"{P}invoices/<int:invoice_id>/pdf/", invoice_pdf_download, name="portal-invoice-pdf"),
+    path(f"{P}invoices/<int:invoice_id>/csv/", invoice_csv_download, name="portal-invoice-csv"),
+]
+NAV: list[NavItem] = [
+    NavItem("Usage", "portal-usage", PORTAL),
+    NavItem("API keys", "portal-keys", PORTAL),
+    NavItem("Invoices", "portal-invoices", PORTAL, admin_only=True),
+]

@@ -1,0 +1,213 @@
+"""The portal's usage page, as data: an organisation's daily rollups summed into totals, per-model
+rows, plotly figures and its budget status for the month.
+
+Everything is read through ``billing.usage_selectors`` (daily rollups, never raw usage
+records), so the page shows what ``GET /api/orgs/{id}/usage/`` reports for the same days.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Any
+
+import plotly.graph_objects as go
+
+from billing import invoicing
+from billing.models import BudgetAlert, Organization
+from billing.selectors import budget_alerts_of
+from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
+
+# Rows read per selector call; a 90-day window of a few models is one or two pages.
+_PAGE = 500
+
+
+_MICRO = Decimal("0.000001")
+
+
+def money_text(amount: Decimal) -> str:
+    """An amount for people: grouped, at least cents, at most micro-units (requests cost
+    fractions of a cent, and 0.00 would hide them)."""
+    text = f"{amount.quantize(_MICRO):,f}"
+    whole, _, fraction = text.partition(".")
+    fraction = fraction.rstrip("0").ljust(2, "0")
+    return f"{whole}.{fraction}"
+
+
+@dataclass
+class UsageTotals:
+    requests: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost: Decimal = field(default_factory=lambda: Decimal(0))
+
+    @property
+    def cost_text(self) -> str:
+        return money_text(self.cost)
+
+    @property
+    def tokens(self) -> int:
+        """Every token the requests used: input, cached input and output."""
+        return self.input_tokens + self.cached_tokens + self.output_tokens
+
+    def add(self, row: DailyUsage) -> None:
+        self.requests += row.requests
+        self.errors += row.errors
+        self.input_tokens += row.input_tokens
+        self.output_tokens += row.output_tokens
+        self.cached_tokens += row.cached_tokens
+        self.cost += row.cost
+
+
+def daily_usage(*, organization_id: int, start: date, end: date, api_key_id: int | None = None) -> list[DailyUsage]:
+    """Every (day, model) row of the window, both days inclusive, oldest first."""
+    rows: list[DailyUsage] = []
+    after: UsageCursor | None = None
+    while True:
+        page = usage_daily_for_organization(
+            organization_id=organization_id,
+            start=start,
+            end=end,
+            api_key_id=api_key_id,
+            by_key=False,
+            limit=_PAGE,
+            after=after,
+        )
+        rows.extend(page.rows)
+        after = page.next_page
+        if after is None:
+            return rows
+
+
+def totals_of(rows: Iterable[DailyUsage]) -> UsageTotals:
+    totals = UsageTotals()
+    for row in rows:
+        totals.add(row)
+    return totals
+
+
+def by_model(rows: Iterable[DailyUsage]) -> dict[str, UsageTotals]:
+    """Totals per model, models in name order."""
+    models: dict[str, UsageTotals] = defaultdict(UsageTotals)
+    for row in rows:
+        models[row.model].add(row)
+    return dict(sorted(models.items()))
+
+
+def _days(start: date, end: date) -> list[date]:
+    return [start + timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def _layout(title: str, y_title: str, **more: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "font": {"size": 15}},
+        "barmode": "stack",
+        "margin": {"l": 56, "r": 16, "t": 44, "b": 40},
+        "height": 320,
+        "showlegend": True,  # the model name, even when there is one
+        "legend": {"orientation": "h", "y": -0.2},
+        "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+        "paper_bgcolor": "#fff",
+        "plot_bgcolor": "#fff",
+        **more,
+    }
+
+
+def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) -> dict[str, dict[str, Any]]:
+    """Cost and requests per day (a stacked bar per model) and tokens per model, as plotly
+    figure dicts for ``Plotly.newPlot``. Every day of the window is on the axis, used or not.
+
+    Chart values are floats (plotly.js draws numbers); the totals on the page stay Decimal.
+    """
+    days = _days(start, end)
+    day_axis = {"type": "date", "range": [str(start - timedelta(hours=12)), str(end + timedelta(hours=12))]}
+    cost: dict[str, dict[date, Decimal]] = defaultdict(dict)
+    requests: dict[str, dict[date, int]] = defaultdict(dict)
+    for row in rows:
+        cost[row.model][row.date] = cost[row.model].get(row.date, Decimal(0)) + row.cost
+        requests[row.model][row.date] = requests[row.model].get(row.date, 0) + row.requests
+    models = sorted(cost)
+    cost_figure = go.Figure(
+        [go.Bar(name=m, x=[str(d) for d in days], y=[float(cost[m].get(d, 0)) for d in days]) for m in models],
+        layout=_layout(f"Cost per day ({currency})", currency, xaxis=day_axis),
+    )
+    requests_figure = go.Figure(
+        [go.Bar(name=m, x=[str(d) for d in days], y=[requests[m].get(d, 0) for d in days]) for m in models],
+        layout=_layout("Requests per day", "requests", xaxis=day_axis),
+    )
+    per_model = by_model(rows)
+    names = list(per_model)
+    tokens_figure = go.Figure(
+        [
+            go.Bar(name="Input", x=names, y=[t.input_tokens for t in per_model.values()]),
+            go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per_model.values()]),
+            go.Bar(name="Output", x=names, y=[t.output_tokens for t in per_model.values()]),
+        ],
+        layout=_layout("Tokens per model", "tokens", xaxis={"type": "category"}),
+    )
+    return {
+        name: json.loads(figure.to_json())
+        for name, figure in (("cost", cost_figure), ("requests", requests_figure), ("tokens", tokens_figure))
+    }
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One monthly budget of the organisation: its limit, what is used, the share used."""
+
+    label: str
+    limit: Decimal | int | None
+    used: Decimal | int
+    unit: str
+
+    @property
+    def used_text(self) -> str:
+        return money_text(Decimal(self.used)) if self.unit == "currency" else f"{self.used:,}"
+
+    @property
+    def limit_text(self) -> str:
+        if self.limit is None:
+            return ""
+        return money_text(Decimal(self.limit)) if self.unit == "currency" else f"{self.limit:,}"
+
+    @property
+    def percent(self) -> int | None:
+        if not self.limit:
+            return None
+        return min(999, int(Decimal(self.used) * 100 / Decimal(self.limit)))
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    month: str  # YYYY-MM, UTC
+    lines: list[BudgetLine]
+    alert_percent: int
+    alerts: list[BudgetAlert]
+    spent: Decimal
+
+
+def budget_status(*, organization: Organization, today: date) -> BudgetStatus:
+    """The organisation's spend cap and token quota for the UTC month of ``today``, with
+    what the daily rollups hold for the month so far and the alerts crossed.
+
+    The limiter also counts requests in flight and the last minute not rolled up yet, so it
+    may be a little ahead of these figures; they agree with the usage API's."""
+    first = invoicing.month_start(today)
+    month = totals_of(daily_usage(organization_id=organization.pk, start=first, end=today))
+    label = invoicing.period_label(first)
+    return BudgetStatus(
+        month=label,
+        lines=[
+            BudgetLine("Spend", organization.monthly_spend_cap, month.cost, "currency"),
+            BudgetLine("Tokens", organization.monthly_token_quota, month.tokens, "tokens"),
+        ],
+        alert_percent=organization.budget_alert_percent,
+        alerts=list(budget_alerts_of(organization_id=organization.pk, month=label)[:50]),
+        spent=month.cost,
+    )

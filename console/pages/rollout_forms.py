@@ -1,0 +1,163 @@
+"""The forms of the console's deployment and canary pages; each maps a service's refusal onto its field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django import forms
+
+from core.errors import InvalidInput
+from registry.autoscaler import AutoscalePolicy
+from registry.canary import DEFAULT_MIN_SAMPLES, DEFAULT_STEPS, MAX_INTERVAL_SECONDS
+
+SMALLINT = 32767
+
+
+def refuse(form: forms.Form, exc: InvalidInput, rename: Mapping[str, str] | None = None) -> None:
+    """Show a service's ``InvalidInput`` on the field it names (after ``rename``; a dotted name
+    ``parent.key`` on ``key``), else above the form."""
+    field = (rename or {}).get(exc.field, exc.field)
+    key = field.rpartition(".")[2]
+    form.add_error(key if key in form.fields else None, exc.message)
+
+
+def _choices(values: Iterable[str]) -> list[tuple[str, str]]:
+    return [(value, value) for value in values]
+
+
+def _set_choices(form: forms.Form, name: str, choices: list[tuple[str, str]]) -> None:
+    field = form.fields[name]
+    assert isinstance(field, forms.ChoiceField)
+    field.choices = choices
+
+
+class DeployForm(forms.Form):
+    """Deploy one of a model's versions."""
+
+    version = forms.ChoiceField()
+    traffic_percent = forms.IntegerField(
+        min_value=0, max_value=100, initial=0, label="Traffic %",
+        help_text="its weight at once; set the whole split in the editor",
+    )  # fmt: skip
+    replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, initial=1)
+
+    def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, "version", _choices(versions))
+
+
+class TrafficSplitForm(forms.Form):
+    """One whole percentage per serving version; the service checks that they sum to 100."""
+
+    PREFIX = "weight-"
+
+    def __init__(self, *args: Any, split: Mapping[str, int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for version, weight in sorted(split.items()):
+            self.fields[self.PREFIX + version] = forms.IntegerField(
+                label=version, min_value=0, max_value=100, initial=weight,
+                widget=forms.NumberInput(attrs={"data-weight": version, "inputmode": "numeric"}),
+            )  # fmt: skip
+
+    def weights(self) -> dict[str, object]:
+        return {name.removeprefix(self.PREFIX): value for name, value in self.cleaned_data.items()}
+
+
+class ScaleForm(forms.Form):
+    replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, help_text="wanted now")
+    min_replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, label="Min")
+    max_replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, label="Max")
+
+
+class AutoscaleForm(forms.Form):
+    """The autoscaling policy (``registry.autoscaler.AutoscalePolicy``); a blank field is its default."""
+
+    enabled = forms.BooleanField(required=False)
+    target_queue_per_replica = forms.FloatField(required=False, label="Queue per replica")
+    target_in_flight_per_replica = forms.FloatField(required=False, label="In flight per replica")
+    target_p99_ms = forms.FloatField(required=False, label="p99 latency ms", help_text="blank: not a target")
+    target_p99_ttft_ms = forms.FloatField(required=False, label="p99 TTFT ms", help_text="blank: not a target")
+    cooldown_seconds = forms.FloatField(required=False, label="Cooldown s")
+    scale_in_quiet_seconds = forms.FloatField(required=False, label="Quiet before scale-in s")
+    scale_in_utilisation = forms.FloatField(required=False, label="Scale-in utilisation (0-1]")
+    max_step = forms.IntegerField(required=False, min_value=1, label="Max step", help_text="blank: double")
+
+    NULLABLE = ("target_p99_ms", "target_p99_ttft_ms", "max_step")
+
+    @classmethod
+    def initial_from(cls, autoscale: Mapping[str, Any]) -> dict[str, Any]:
+        defaults = AutoscalePolicy().as_json()
+        return {name: autoscale.get(name, defaults.get(name)) for name in cls.base_fields}
+
+    def policy(self) -> dict[str, Any]:
+        """The policy to set: a blank default-able field is left out, a blank target cleared."""
+        policy: dict[str, Any] = {}
+        for name, value in self.cleaned_data.items():
+            if value is not None or name in self.NULLABLE:
+                policy[name] = value
+        return policy
+
+
+class SwapForm(forms.Form):
+    version = forms.ChoiceField(label="Swap to version")
+
+    def __init__(self, *args: Any, versions: Iterable[str], current: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The current version stays a choice, marked: the service says why it cannot be swapped to.
+        others = [(v, v) for v in versions if v != current]
+        _set_choices(self, "version", [*others, (current, f"{current} (serving now)")])
+
+
+class CanaryStartForm(forms.Form):
+    """The canary wizard; the service (``registry.canary.canary_create``) has the last word."""
+
+    base_version = forms.ChoiceField(help_text="the version serving now")
+    canary_version = forms.ChoiceField(help_text="the candidate; both need a pending or running deployment")
+    steps = forms.CharField(
+        initial=",".join(str(step) for step in DEFAULT_STEPS),
+        help_text="the canary's percentage at each step, increasing, e.g. 5,25,50,100",
+    )
+    interval_seconds = forms.IntegerField(
+        min_value=1, max_value=MAX_INTERVAL_SECONDS, initial=300, label="Interval (seconds)",
+        help_text="how long each judgement's window lasts",
+    )  # fmt: skip
+    min_samples = forms.IntegerField(
+        min_value=1, initial=DEFAULT_MIN_SAMPLES, help_text="requests each arm needs before any verdict"
+    )
+    max_p99_latency_ms = forms.FloatField(required=False, label="Max p99 latency (ms)")
+    min_success_rate = forms.FloatField(
+        required=False, label="Min success rate", help_text="a share from 0 to 1: 0.99 is 99 %"
+    )
+    max_ttft_p99_ms = forms.FloatField(required=False, label="Max p99 TTFT (ms)")
+    auto_promote = forms.BooleanField(required=False, help_text="promote without a person once every step passed")
+
+    CRITERIA = ("max_p99_latency_ms", "min_success_rate", "max_ttft_p99_ms")
+
+    def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = _choices(versions)
+        _set_choices(self, "base_version", choices)
+        _set_choices(self, "canary_version", choices)
+
+    def clean_steps(self) -> list[int]:
+        raw = [part.strip().rstrip("%") for part in str(self.cleaned_data["steps"]).split(",")]
+        try:
+            return [int(part) for part in raw if part]
+        except ValueError:
+            raise forms.ValidationError("Give whole percentages separated by commas, e.g. 5,25,50,100.") from None
+
+    def criteria(self) -> dict[str, float]:
+        return {key: self.cleaned_data[key] for key in self.CRITERIA if self.cleaned_data.get(key) is not None}
+
+
+class ShadowForm(forms.Form):
+    version = forms.ChoiceField(label="Candidate version", help_text="deployed (its weight may be 0)")
+    percent = forms.DecimalField(
+        min_value=0, max_value=100, max_digits=5, decimal_places=2, initial=10,
+        label="Mirror %", help_text="share of the model's requests copied to it",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _set_choices(self, "version", _choices(versions))

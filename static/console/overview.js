@@ -1,0 +1,103 @@
+// The overview's charts: drawn from the figures the server built, then kept fresh by the live
+// WebSocket (ws/console/live), which sends the same payload every few seconds.
+"use strict";
+
+(function () {
+  const script = document.getElementById("overview-script");
+  const initial = JSON.parse(document.getElementById("overview-data").textContent);
+  const status = document.getElementById("live-status");
+  const toggle = document.getElementById("live-toggle");
+  const config = { responsive: true, displaylogo: false };
+  let socket = null;
+  let paused = false;
+  let updates = 0;
+
+  function draw(data, first) {
+    for (const [key, figure] of Object.entries(data.figures)) {
+      const element = document.getElementById("chart-" + key);
+      if (!element) continue;
+      if (first) {
+        Plotly.newPlot(element, figure.data, figure.layout, config);
+      } else {
+        Plotly.react(element, figure.data, figure.layout, config);
+      }
+    }
+    for (const [key, value] of Object.entries(data.headline)) {
+      const element = document.querySelector('[data-headline="' + key + '"]');
+      if (element) element.textContent = value;
+    }
+    if (!first) renderRows(data.rows);
+  }
+
+  function cell(text) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    return td;
+  }
+
+  function renderRows(rows) {
+    const body = document.querySelector("#version-table tbody");
+    const columns = ["model", "version", "requests", "requests_per_second", "output_tokens_per_second",
+      "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "error_rate", "cache_hit_rate"];
+    const fresh = [];
+    for (const row of rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.versionRow = row.model + ":" + row.version;
+      for (const column of columns) tr.appendChild(cell(row[column]));
+      fresh.push(tr);
+    }
+    if (fresh.length === 0) {
+      const tr = document.createElement("tr");
+      const td = cell("No traffic in this window.");
+      td.colSpan = columns.length;
+      td.className = "empty";
+      tr.appendChild(td);
+      fresh.push(tr);
+    }
+    body.replaceChildren(...fresh);
+  }
+
+  function showGateway(gateway) {
+    for (const [key, value] of Object.entries(gateway || {})) {
+      const element = document.querySelector('[data-gateway="' + key + '"]');
+      if (element) element.textContent = value;
+    }
+  }
+
+  function connect() {
+    const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    const url = scheme + window.location.host + script.dataset.livePath + "?range=" + encodeURIComponent(script.dataset.range);
+    socket = new WebSocket(url);
+    socket.addEventListener("open", function () { status.textContent = "Connected, waiting for the first update…"; });
+    socket.addEventListener("message", function (event) {
+      const message = JSON.parse(event.data);
+      if (message.type !== "overview") return;
+      draw(message, false);
+      showGateway(message.gateway);
+      updates += 1;
+      status.dataset.updates = String(updates);
+      status.textContent = "Live · updated " + new Date(message.at).toLocaleTimeString();
+    });
+    socket.addEventListener("close", function () {
+      socket = null;
+      if (paused) return;
+      status.textContent = "Disconnected; retrying in 5 s…";
+      window.setTimeout(function () { if (!paused && socket === null) connect(); }, 5000);
+    });
+  }
+
+  toggle.addEventListener("click", function () {
+    paused = !paused;
+    toggle.setAttribute("aria-pressed", String(!paused));
+    toggle.textContent = paused ? "Resume live view" : "Pause live view";
+    if (paused) {
+      if (socket) socket.close();
+      status.textContent = "Paused.";
+    } else {
+      connect();
+    }
+  });
+
+  draw(initial, true);
+  connect();
+})();

@@ -1,0 +1,292 @@
+"""The console's canary pages: the list, a canary with its charts and decisions, the start
+wizard, the pause/resume/promote/rollback buttons, and the shadow policy."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import Membership, Role
+from registry.canary import canary_create
+from registry.canary_stats import RequestSample, judge
+from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion
+from serving.models import ShadowPolicy
+
+pytestmark = pytest.mark.django_db
+
+
+def make_version(model: Model, version: str) -> ModelVersion:
+    return ModelVersion.objects.create(
+        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
+        artifact_sha256="0" * 64, artifact_size=1,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def chat_model() -> Model:
+    """gpt-tiny: v1 running at 100 %, v2 running at 0 %."""
+    model = Model.objects.create(name="gpt-tiny", task="chat")
+    for name, weight in (("v1", 100), ("v2", 0)):
+        Deployment.objects.create(version=make_version(model, name), status="running", traffic_weight=weight)
+    return model
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser(username="ops", password="x"))
+    return client
+
+
+def weights(model: Model) -> dict[str, int]:
+    return dict(Deployment.objects.filter(version__model=model).values_list("version__version", "traffic_weight"))
+
+
+def served(n: int, *, seed: int, slow: float = 1.0) -> list[RequestSample]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        tokens = rng.randint(10, 60)
+        ttft = int(rng.lognormvariate(4.5, 0.3) * slow)
+        out.append(RequestSample(200, ttft + int(18 * slow) * (tokens - 1), ttft, tokens, "stop"))
+    return out
+
+
+def decide(canary: Canary, *, slow: float, verdict: str, seed: int = 1) -> CanaryDecision:
+    """A decision as registry.canary.canary_decide stores it: the judgement's figures and reasons."""
+    judgement = judge(served(400, seed=seed), served(120, seed=seed + 1, slow=slow), min_samples=50)
+    return CanaryDecision.objects.create(
+        canary=canary, at=timezone.now(), step=canary.current_step, canary_percent=canary.canary_percent,
+        verdict=verdict, reasons=judgement.reasons,
+        figures={**judgement.figures, "window_start": canary.step_started_at.isoformat()},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def canary(chat_model) -> Canary:
+    return canary_create(
+        actor=None, model=chat_model, base_version="v1", canary_version="v2", steps=[5, 25, 50, 100],
+        interval_seconds=60,
+    )  # fmt: skip
+
+
+class TestAccess:
+    def test_anonymous_visitors_go_to_the_login_page(self, chat_model):
+        for url in ("/console/canaries/", "/console/canaries/gpt-tiny/", "/console/canaries/gpt-tiny/new/"):
+            response = Client().get(url)
+            assert response.status_code == 302
+            assert response["Location"].startswith("/accounts/login/")
+
+    def test_organisation_users_are_refused(self, canary, alice_org):
+        for role in (Role.ORG_ADMIN, Role.ORG_MEMBER):
+            user = get_user_model().objects.create_user(username=f"u-{role}", password="x")
+            Membership.objects.create(user=user, organization=alice_org, role=role)
+            client = Client()
+            client.force_login(user)
+            for url in ("/console/canaries/", "/console/canaries/gpt-tiny/", "/console/canaries/gpt-tiny/new/",
+                        "/console/canaries/gpt-tiny/state/"):  # fmt: skip
+                assert client.get(url).status_code == 403
+            for action in ("pause", "rollback"):
+                response = client.post(f"/console/canaries/gpt-tiny/{action}/", {"confirm": "yes"})
+                assert response.status_code == 403
+        canary.refresh_from_db()
+        assert canary.status == "running"
+
+
+class TestList:
+    def test_it_lists_models_with_their_canary(self, admin_client, canary):
+        Model.objects.create(name="embedder", task="embedding")
+        html = admin_client.get("/console/canaries/").content.decode()
+        assert 'href="/console/canaries/gpt-tiny/"' in html
+        assert "v1 → v2" in html
+        assert "never canaried" in html
+        filtered = admin_client.get("/console/canaries/?status=active").content.decode()
+        assert 'data-model="gpt-tiny"' in filtered
+        assert 'data-model="embedder"' not in filtered
+        assert 'data-model="gpt-tiny"' not in admin_client.get("/console/canaries/?model=emb").content.decode()
+
+
+class TestCanaryPage:
+    def test_it_shows_state_split_and_decisions_with_their_statistics(self, admin_client, canary):
+        hold = decide(canary, slow=1.0, verdict="promote_step", seed=3)
+        worse = decide(canary, slow=1.6, verdict="rollback", seed=5)
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "Running" in html
+        assert "v1 95 %" in html
+        assert "v2 5 %" in html
+        assert f'data-decision="{hold.pk}"' in html
+        assert f'data-decision="{worse.pk}"' in html
+        assert 'data-test="latency_ms"' in html
+        assert "mann_whitney_u" in html
+        latency = worse.figures["tests"]["latency_ms"]
+        assert f"{latency['n_base']} / {latency['n_canary']}" in html  # sample sizes
+        assert f"{latency['p_value']:.3g}" in html  # p-value as the page rounds it
+        for reason in worse.reasons:
+            assert reason.replace(">", "&gt;") in html
+        # The comparison charts, built server-side: both arms, four panels, one point per window.
+        figure = json.loads(html.split('id="canary-figure" type="application/json">')[1].split("</script>")[0])
+        titles = [a["text"] for a in figure["layout"]["annotations"]]
+        assert titles == ["Success rate (%)", "p99 latency (ms)", "p99 TTFT (ms)", "Time per output token, median (ms)"]
+        assert len(figure["data"]) == 8
+        assert {t["name"] for t in figure["data"]} == {"base", "canary"}
+        canary_latency = next(t for t in figure["data"] if t["name"] == "canary" and t["yaxis"] == "y2")
+        assert canary_latency["y"][1] == worse.figures["arms"]["canary"]["latency_ms"]["p99"]
+        assert 'src="/static/plotly/plotly.min.js"' in html
+
+    def test_a_page_without_decisions_says_when_the_first_comes(self, admin_client, canary):
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "No judged window yet" in html
+        assert "canary-figure" not in html
+
+    def test_a_model_without_canary_offers_the_wizard(self, admin_client, chat_model):
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "never had a canary" in html
+        assert 'action="/console/canaries/gpt-tiny/new/"' in html
+        assert admin_client.get("/console/canaries/nope/").status_code == 404
+
+    def test_the_state_changes_with_a_decision_and_the_fragment_shows_it(self, admin_client, canary):
+        before = admin_client.get("/console/canaries/gpt-tiny/state/").json()
+        decision = decide(canary, slow=1.0, verdict="hold")
+        after = admin_client.get("/console/canaries/gpt-tiny/state/").json()
+        assert before["stamp"] != after["stamp"]
+        assert after["decisions"] == 1
+        fragment = admin_client.get("/console/canaries/gpt-tiny/?fragment=1").content.decode()
+        assert f'data-decision="{decision.pk}"' in fragment
+        assert "<html" not in fragment
+
+
+class TestWizard:
+    def form(self, **changes: str) -> dict[str, str]:
+        return {
+            "base_version": "v1", "canary_version": "v2", "steps": "10, 50, 100", "interval_seconds": "120",
+            "min_samples": "40", "max_p99_latency_ms": "2000", "min_success_rate": "0.99", "max_ttft_p99_ms": "",
+            "auto_promote": "on", **changes,
+        }  # fmt: skip
+
+    def test_it_starts_a_canary_through_the_service(self, admin_client, chat_model):
+        assert "Start a canary of gpt-tiny" in admin_client.get("/console/canaries/gpt-tiny/new/").content.decode()
+        response = admin_client.post("/console/canaries/gpt-tiny/new/", self.form())
+        assert response.status_code == 302
+        assert response["Location"] == "/console/canaries/gpt-tiny/"
+        canary = Canary.objects.get(model=chat_model)
+        assert canary.steps == [10, 50, 100]
+        assert canary.interval_seconds == 120
+        assert canary.min_samples == 40
+        assert canary.success_criteria == {"max_p99_latency_ms": 2000.0, "min_success_rate": 0.99}
+        assert canary.auto_promote is True
+        assert canary.created_by is not None
+        assert canary.created_by.username == "ops"
+        assert weights(chat_model) == {"v1": 90, "v2": 10}
+        assert AuditEntry.objects.filter(action="canary.create", actor_name="ops").exists()
+        assert "Canary of gpt-tiny started" in admin_client.get(response["Location"]).content.decode()
+
+    @pytest.mark.parametrize(
+        ("changes", "message"),
+        [
+            ({"steps": "50, 25"}, "Steps must increase."),
+            ({"steps": "five"}, "Give whole percentages separated by commas"),
+            ({"canary_version": "v1"}, "Must differ from base_version."),
+            ({"min_success_rate": "5"}, "Must be a share between 0 and 1 (0.99 is 99 %)."),
+            ({"interval_seconds": "0"}, "Ensure this value is greater than or equal to 1."),
+        ],
+    )
+    def test_errors_show_on_their_fields(self, admin_client, chat_model, changes, message):
+        response = admin_client.post("/console/canaries/gpt-tiny/new/", self.form(**changes))
+        assert response.status_code == 200
+        assert message.replace("'", "&#x27;") in response.content.decode()
+        assert not Canary.objects.exists()
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+    def test_a_second_active_canary_is_refused(self, admin_client, canary):
+        assert "has an active canary already" in admin_client.get("/console/canaries/gpt-tiny/new/").content.decode()
+        response = admin_client.post("/console/canaries/gpt-tiny/new/", self.form())
+        assert "has an active canary already; promote or roll it back first." in response.content.decode()
+        assert Canary.objects.count() == 1
+
+
+class TestButtons:
+    def test_pause_and_resume(self, admin_client, canary):
+        response = admin_client.post("/console/canaries/gpt-tiny/pause/")
+        assert response.status_code == 302
+        canary.refresh_from_db()
+        assert canary.status == "paused"
+        assert "Canary of gpt-tiny paused" in admin_client.get(response["Location"]).content.decode()
+        admin_client.post("/console/canaries/gpt-tiny/resume/")
+        canary.refresh_from_db()
+        assert canary.status == "running"
+        refused = admin_client.post("/console/canaries/gpt-tiny/resume/", follow=True).content.decode()
+        assert "The canary is running: it cannot resume." in refused
+
+    @pytest.mark.parametrize(("action", "status", "split"), [
+        ("promote", "promoted", {"v1": 0, "v2": 100}),
+        ("rollback", "rolled_back", {"v1": 100, "v2": 0}),
+    ])  # fmt: skip
+    def test_promote_and_rollback_ask_first(self, admin_client, canary, action, status, split):
+        confirm = admin_client.get(f"/console/canaries/gpt-tiny/{action}/").content.decode()
+        assert 'name="confirm" value="yes"' in confirm
+        unconfirmed = admin_client.post(f"/console/canaries/gpt-tiny/{action}/")
+        assert unconfirmed.status_code == 200
+        assert 'name="confirm"' in unconfirmed.content.decode()
+        canary.refresh_from_db()
+        assert canary.status == "running"
+        response = admin_client.post(f"/console/canaries/gpt-tiny/{action}/", {"confirm": "yes"})
+        assert response.status_code == 302
+        canary.refresh_from_db()
+        assert canary.status == status
+        assert weights(canary.model) == split
+        page = admin_client.get(response["Location"]).content.decode()
+        assert "by ops" in page  # the person's decision in the timeline
+        assert (
+            admin_client.post(f"/console/canaries/gpt-tiny/{action}/", {"confirm": "yes"}, follow=True)
+            .content.decode()
+            .count("has no active canary")
+            == 1
+        )
+
+    def test_an_unknown_action_is_404(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/explode/").status_code == 404
+
+
+class TestShadow:
+    def test_it_sets_and_stops_a_shadow(self, admin_client, chat_model):
+        response = admin_client.post("/console/canaries/gpt-tiny/shadow/", {"version": "v2", "percent": "12.5"})
+        assert response.status_code == 302
+        policy = ShadowPolicy.objects.get(model=chat_model)
+        assert policy.candidate.version == "v2"
+        assert str(policy.percent) == "12.50"
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "Mirroring 12.5 % of gpt-tiny" in html
+        assert 'data-arm="candidate"' in html
+        assert admin_client.post("/console/canaries/gpt-tiny/shadow/stop/").status_code == 302
+        assert not ShadowPolicy.objects.exists()
+        again = admin_client.post("/console/canaries/gpt-tiny/shadow/stop/", follow=True).content.decode()
+        assert "gpt-tiny has no shadow policy." in again
+
+    def test_a_bad_percent_is_a_field_error(self, admin_client, chat_model):
+        response = admin_client.post("/console/canaries/gpt-tiny/shadow/", {"version": "v2", "percent": "150"})
+        assert response.status_code == 200
+        assert "Ensure this value is less than or equal to 100." in response.content.decode()
+        assert not ShadowPolicy.objects.exists()
+
+
+def test_the_controllers_decision_is_shown(admin_client, canary):
+    """A decision the controller itself made (canary_decide with its own loader) shows, figures and all."""
+    from registry.canary import canary_decide
+
+    def loader(*, model: str, version: str, since: object) -> list[RequestSample]:
+        return served(300, seed=7) if version == "v1" else served(80, seed=8)
+
+    decision = canary_decide(canary_id=canary.pk, load_samples=loader, now=timezone.now() + timedelta(seconds=61))
+    assert decision is not None
+    assert decision.verdict == "promote_step"
+    html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+    assert f'data-decision="{decision.pk}"' in html
+    assert "Promote to the next step" in html
+    assert "v1 75 %" in html
+    assert "v2 25 %" in html

@@ -1,0 +1,314 @@
+"""The console's deployments page: who may open it, and each form's success and refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+from billing.models import Membership, Role
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from registry.services import deployment_scale, deployment_swap_version, replica_record_load_time
+
+pytestmark = pytest.mark.django_db
+
+
+def make_version(model: Model, version: str) -> ModelVersion:
+    return ModelVersion.objects.create(
+        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
+        artifact_sha256="0" * 64, artifact_size=1,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def chat_model() -> Model:
+    """gpt-tiny: v1 running at 100 %, v2 running at 0 %, v3 registered only."""
+    model = Model.objects.create(name="gpt-tiny", task="chat")
+    for name, weight in (("v1", 100), ("v2", 0)):
+        Deployment.objects.create(
+            version=make_version(model, name), status="running", traffic_weight=weight, max_replicas=4
+        )
+    make_version(model, "v3")
+    return model
+
+
+def deployment_of(model: Model, version: str) -> Deployment:
+    return Deployment.objects.get(version__model=model, version__version=version)
+
+
+def weights(model: Model) -> dict[str, int]:
+    return dict(Deployment.objects.filter(version__model=model).values_list("version__version", "traffic_weight"))
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser(username="ops", password="x"))
+    return client
+
+
+class TestAccess:
+    URLS = ("/console/deployments/", "/console/deployments/scaling/")
+
+    def test_anonymous_visitors_go_to_the_login_page(self, chat_model):
+        for url in self.URLS:
+            response = Client().get(url)
+            assert response.status_code == 302
+            assert response["Location"].startswith("/accounts/login/")
+        response = Client().post(f"/console/deployments/models/{chat_model.name}/traffic/", {})
+        assert response.status_code == 302
+
+    def test_organisation_users_are_refused(self, chat_model, alice_org):
+        for role in (Role.ORG_ADMIN, Role.ORG_MEMBER):
+            user = get_user_model().objects.create_user(username=f"u-{role}", password="x")
+            Membership.objects.create(user=user, organization=alice_org, role=role)
+            client = Client()
+            client.force_login(user)
+            for url in self.URLS:
+                assert client.get(url).status_code == 403
+            posted = client.post(f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": 50})
+            assert posted.status_code == 403
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+    def test_a_platform_admin_role_is_enough(self, chat_model, alice_org):
+        user = get_user_model().objects.create_user(username="ml-lead", password="x")
+        Membership.objects.create(user=user, organization=alice_org, role=Role.PLATFORM_ADMIN)
+        client = Client()
+        client.force_login(user)
+        assert client.get("/console/deployments/").status_code == 200
+
+    def test_the_navigation_lists_deployments_and_canaries(self, admin_client, chat_model):
+        html = admin_client.get("/console/deployments/").content.decode()
+        assert f'href="{reverse("console:deployments")}"' in html
+        assert f'href="{reverse("console:canaries")}"' in html
+
+
+class TestBoard:
+    def test_it_shows_deployments_replicas_and_load_times(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        replica = Replica.objects.create(
+            deployment=deployment, host="gpu-7", endpoint="http://10.0.0.7:8001", state="ready"
+        )
+        replica_record_load_time(replica=replica, seconds=12.345, host="gpu-7")
+        response = admin_client.get("/console/deployments/")
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert f'data-deployment="{deployment.pk}"' in html
+        assert f'data-replica="{replica.pk}"' in html
+        assert "gpu-7" in html
+        assert "http://10.0.0.7:8001" in html
+        assert "12.3 s" in html
+
+    def test_it_filters_by_model_and_hides_stopped_deployments(self, admin_client, chat_model):
+        other = Model.objects.create(name="embedder", task="embedding")
+        Deployment.objects.create(version=make_version(other, "e1"), status="running")
+        stopped = Deployment.objects.create(version=ModelVersion.objects.get(model=chat_model, version="v3"))
+        Deployment.objects.filter(pk=stopped.pk).update(status="stopped")
+        html = admin_client.get("/console/deployments/?model=gpt").content.decode()
+        assert 'data-model="gpt-tiny"' in html
+        assert 'data-model="embedder"' not in html
+        assert f'data-deployment="{stopped.pk}"' not in html
+        html = admin_client.get("/console/deployments/?model=gpt&stopped=1").content.decode()
+        assert f'data-deployment="{stopped.pk}"' in html
+
+    def test_it_paginates_models(self, admin_client):
+        for index in range(30):
+            Model.objects.create(name=f"m-{index:02d}", task="chat")
+        first = admin_client.get("/console/deployments/").content.decode()
+        assert 'data-model="m-24"' in first
+        assert 'data-model="m-25"' not in first
+        second = admin_client.get("/console/deployments/?page=2").content.decode()
+        assert 'data-model="m-25"' in second
+        assert "Page 2 of 2" in second
+
+
+class TestTrafficSplit:
+    def test_it_sets_the_split_and_says_so(self, admin_client, chat_model):
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": "70", "weight-v2": "30"}
+        )
+        assert response.status_code == 302
+        assert weights(chat_model) == {"v1": 70, "v2": 30}
+        page = admin_client.get(response["Location"]).content.decode()
+        assert "Traffic of gpt-tiny split: v1 70 %, v2 30 %." in page
+        assert AuditEntry.objects.filter(action="traffic.set", actor_name="ops").exists()
+
+    def test_a_split_not_summing_to_100_is_refused_and_changes_nothing(self, admin_client, chat_model):
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": "70", "weight-v2": "20"}
+        )
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "The percentages must sum to 100, not 90." in html
+        assert 'value="70"' in html
+        assert 'value="20"' in html
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+        assert not AuditEntry.objects.filter(action="traffic.set").exists()
+
+    def test_a_negative_or_missing_weight_is_a_field_error(self, admin_client, chat_model):
+        response = admin_client.post(f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": "-5"})
+        html = response.content.decode()
+        assert "Ensure this value is greater than or equal to 0." in html
+        assert "This field is required." in html
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+    def test_the_form_needs_the_csrf_token(self, chat_model):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(get_user_model().objects.create_superuser(username="ops2", password="x"))
+        page = client.get("/console/deployments/").content.decode()
+        assert 'name="csrfmiddlewaretoken"' in page
+        response = client.post(
+            f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": "50", "weight-v2": "50"}
+        )
+        assert response.status_code == 403
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+
+class TestDeployAndScale:
+    def test_it_deploys_a_version(self, admin_client, chat_model):
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/deploy/",
+            {f"deploy-{chat_model.pk}-version": "v3", f"deploy-{chat_model.pk}-traffic_percent": "0",
+             f"deploy-{chat_model.pk}-replicas": "2"},
+        )  # fmt: skip
+        assert response.status_code == 302
+        created = deployment_of(chat_model, "v3")
+        assert (created.replicas, created.traffic_weight, created.status) == (2, 0, "pending")
+        assert "Deployed gpt-tiny:v3" in admin_client.get(response["Location"]).content.decode()
+
+    def test_a_bad_deploy_shows_field_errors(self, admin_client, chat_model):
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/deploy/",
+            {f"deploy-{chat_model.pk}-version": "v9", f"deploy-{chat_model.pk}-traffic_percent": "120",
+             f"deploy-{chat_model.pk}-replicas": "0"},
+        )  # fmt: skip
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert "Select a valid choice. v9 is not one of the available choices." in html
+        assert "Ensure this value is less than or equal to 100." in html
+        assert Deployment.objects.filter(version__model=chat_model).count() == 2
+
+    def test_it_scales_within_new_bounds(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/scale/",
+            {f"scale-{deployment.pk}-replicas": "3", f"scale-{deployment.pk}-min_replicas": "2",
+             f"scale-{deployment.pk}-max_replicas": "6"},
+        )  # fmt: skip
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert (deployment.replicas, deployment.min_replicas, deployment.max_replicas) == (3, 2, 6)
+        entry = AuditEntry.objects.get(action="deployment.scale", target=str(deployment.pk))
+        assert entry.after["reasons"] == ["set by a platform admin"]
+
+    def test_replicas_outside_the_bounds_are_refused_on_the_field(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/scale/",
+            {f"scale-{deployment.pk}-replicas": "9", f"scale-{deployment.pk}-min_replicas": "1",
+             f"scale-{deployment.pk}-max_replicas": "4"},
+        )  # fmt: skip
+        html = response.content.decode()
+        assert "Must lie between 1 (min_replicas, at least 1) and 4." in html
+        deployment.refresh_from_db()
+        assert (deployment.replicas, deployment.max_replicas) == (1, 4)  # bounds rolled back with it
+
+    def test_max_below_min_is_refused(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/scale/",
+            {f"scale-{deployment.pk}-replicas": "1", f"scale-{deployment.pk}-min_replicas": "3",
+             f"scale-{deployment.pk}-max_replicas": "2"},
+        )  # fmt: skip
+        assert "Must be at least min_replicas (3)." in response.content.decode()
+
+
+class TestAutoscaling:
+    def test_it_sets_the_policy(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        p = f"autoscale-{deployment.pk}-"
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/autoscale/",
+            {p + "enabled": "on", p + "target_queue_per_replica": "2", p + "target_p99_ms": "1500"},
+        )
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert deployment.autoscale["enabled"] is True
+        assert deployment.autoscale["target_queue_per_replica"] == 2.0
+        assert deployment.autoscale["target_p99_ms"] == 1500.0
+        assert deployment.autoscale["cooldown_seconds"] == 60.0  # blank: the default
+        assert "Autoscaling of deployment" in admin_client.get(response["Location"]).content.decode()
+
+    def test_a_bad_value_is_refused_on_its_field(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        p = f"autoscale-{deployment.pk}-"
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/autoscale/", {p + "enabled": "on", p + "scale_in_utilisation": "3"}
+        )
+        assert response.status_code == 200
+        assert "Must be at most 1." in response.content.decode()
+        deployment.refresh_from_db()
+        assert deployment.autoscale == {}
+
+    def test_decisions_show_with_their_reasons_and_figures(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        deployment_scale(
+            actor=None, deployment=deployment, replicas=3,
+            reasons=["queue 9.0 per replica > target 4"], observations={"queue_per_replica": 9.0},
+        )  # fmt: skip
+        for url in ("/console/deployments/", f"/console/deployments/scaling/?model={chat_model.name}"):
+            html = admin_client.get(url).content.decode()
+            assert "queue 9.0 per replica &gt; target 4" in html
+            assert "queue_per_replica: 9.0" in html
+            assert "1 → 3" in html
+            assert "autoscaler" in html
+        assert "queue 9.0" not in admin_client.get("/console/deployments/scaling/?model=other").content.decode()
+
+
+class TestHotSwap:
+    def test_it_starts_a_swap_and_shows_its_phase(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/swap/", {f"swap-{deployment.pk}-version": "v3"}
+        )
+        assert response.status_code == 302
+        entry = AuditEntry.objects.get(action="deployment.swap", target=str(deployment.pk))
+        html = admin_client.get(response["Location"]).content.decode()
+        assert "Hot-swap of deployment" in html
+        assert f'data-swap-id="{entry.pk}"' in html
+        assert 'data-swap-open="true"' in html
+        status = admin_client.get(f"/console/deployments/swaps/{entry.pk}/status/").json()
+        assert status["phase"] == "starting"
+        assert status["open"] is True
+
+    def test_swapping_to_the_same_version_is_refused(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/swap/", {f"swap-{deployment.pk}-version": "v1"}
+        )
+        assert response.status_code == 200
+        assert f"Deployment {deployment.pk} serves gpt-tiny:v1 already." in response.content.decode()
+        assert not AuditEntry.objects.filter(action="deployment.swap").exists()
+
+    def test_a_swap_is_cancelled(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        new = deployment_swap_version(
+            actor=None, deployment=deployment, version=ModelVersion.objects.get(model=chat_model, version="v3")
+        )
+        entry = AuditEntry.objects.get(action="deployment.swap")
+        response = admin_client.post(f"/console/deployments/swaps/{entry.pk}/cancel/")
+        assert response.status_code == 302
+        new.refresh_from_db()
+        assert new.status == "stopped"
+        assert admin_client.get(f"/console/deployments/swaps/{entry.pk}/status/").json()["phase"] == "cancelled"
+        again = admin_client.post(f"/console/deployments/swaps/{entry.pk}/cancel/", follow=True)
+        assert "The swap was not cancelled: The swap is over already." in again.content.decode()
+
+
+def test_unknown_things_are_404(admin_client: Any) -> None:
+    assert admin_client.post("/console/deployments/models/nope/traffic/", {}).status_code == 404
+    assert admin_client.post("/console/deployments/999999/scale/", {}).status_code == 404
+    assert admin_client.get("/console/deployments/swaps/999999/status/").status_code == 404

@@ -1,0 +1,284 @@
+"""The playground and the quickstart pages (who may open them, what they offer), the member's
+playground key, and the WebSocket API's signed-in-session path (against a real daphne)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+from websockets.sync.client import connect
+
+from billing.models import ApiKey, Membership, Organization, Role, Tier
+from billing.services import (
+    api_key_create,
+    api_key_hash,
+    api_key_revoke,
+    organization_create,
+    playground_key_get_or_create,
+    playground_key_hash,
+)
+from tests.console.conftest import PASSWORD
+from tests.serving.conftest import committed, register_fake_replica
+
+CHAT = "smollm2-135m-instruct"
+
+
+def user(name: str, *, org: Organization | None = None, role: str = Role.ORG_MEMBER) -> Any:
+    made = get_user_model().objects.create_user(username=name, password=PASSWORD)
+    if org is not None:
+        Membership.objects.create(user=made, organization=org, role=role)
+    return made
+
+
+def signed_in(who: Any) -> Client:
+    client = Client()
+    client.force_login(who)
+    return client
+
+
+@pytest.fixture
+def served(db: None) -> dict[str, str]:
+    """A chat model with two served versions (2 takes no unpinned traffic) and an embedding model."""
+    tag = uuid.uuid4().hex[:6]
+    chat, embedding = f"chat-{tag}", f"embed-{tag}"
+    register_fake_replica(chat, "http://127.0.0.1:9", version="1")
+    register_fake_replica(chat, "http://127.0.0.1:9", version="2", weight=0)
+    register_fake_replica(embedding, "http://127.0.0.1:9", task="embedding")
+    return {"chat": chat, "embedding": embedding}
+
+
+@pytest.mark.django_db
+class TestWhoMayOpen:
+    @pytest.mark.parametrize("page", ["playground", "quickstart"])
+    def test_anonymous_visitors_are_sent_to_log_in(self, alice_org, page):
+        response = Client().get(f"/portal/{alice_org.pk}/{page}/")
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+    @pytest.mark.parametrize("page", ["playground", "quickstart"])
+    def test_another_organisations_member_gets_404(self, alice_org, bob_org, page):
+        response = signed_in(user("bob", org=bob_org)).get(f"/portal/{alice_org.pk}/{page}/")
+        assert response.status_code == 404
+
+    @pytest.mark.parametrize("role", [Role.ORG_MEMBER, Role.ORG_ADMIN])
+    @pytest.mark.parametrize("page", ["playground", "quickstart"])
+    def test_members_and_admins_open_them(self, alice_org, page, role):
+        response = signed_in(user("ann", org=alice_org, role=role)).get(f"/portal/{alice_org.pk}/{page}/")
+        assert response.status_code == 200
+
+    def test_a_platform_admin_opens_any_organisations(self, alice_org):
+        admin = get_user_model().objects.create_superuser(username="root", password=PASSWORD)
+        assert signed_in(admin).get(f"/portal/{alice_org.pk}/playground/").status_code == 200
+
+    def test_members_see_both_in_the_navigation(self, alice_org):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/").content.decode()
+        assert f'href="/portal/{alice_org.pk}/playground/"' in page
+        assert f'href="/portal/{alice_org.pk}/quickstart/" aria-current="page"' in page
+
+
+@pytest.mark.django_db
+class TestPlaygroundPage:
+    def test_it_offers_the_served_chat_models_and_their_versions(self, alice_org, served):
+        response = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/")
+        config = json.loads(response.content.decode().split('id="playground-config" type="application/json">')[1]
+                            .split("</script>")[0])  # fmt: skip
+        assert config["organization"] == alice_org.pk
+        assert config["socketPath"] == "/ws/v1/chat/completions"
+        models = {m["name"]: m for m in config["models"]}
+        assert models[served["chat"]] == {"name": served["chat"], "versions": ["1", "2"], "weighted": ["1"]}
+        assert served["embedding"] not in models  # not a chat model
+        for label in ("System prompt", "Temperature", "Max tokens", "Compare side by side"):
+            assert f">{label}</label>" in response.content.decode()
+
+    def test_no_secret_is_in_the_page(self, alice_org, served):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/").content.decode()
+        assert "sk-" not in page
+        assert not ApiKey.objects.exists()  # the key is made on first use, by the socket
+
+    def test_with_no_chat_model_served_it_says_so(self, alice_org):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/").content.decode()
+        assert "No chat model is being served right now" in page
+        assert "playground.js" not in page
+
+
+@pytest.mark.django_db
+class TestQuickstart:
+    def test_snippets_use_this_servers_address_and_the_organisations_models(self, alice_org, served):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/").content.decode()
+        assert "curl http://testserver/v1/chat/completions" in page
+        assert "OpenAI(base_url=&quot;http://testserver/v1&quot;)" in page
+        assert "ws://testserver/ws/v1/chat/completions" in page
+        assert f"&quot;model&quot;: &quot;{served['chat']}&quot;" in page
+        assert f"model=&quot;{served['embedding']}&quot;" in page
+        assert page.count('<button type="button" class="qs-copy"') == 7
+        assert f'href="/portal/{alice_org.pk}/keys/"' in page
+        assert 'href="/api/docs/"' in page
+
+    def test_behind_https_the_socket_is_wss(self, alice_org, served):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/", secure=True)
+        assert "wss://testserver/ws/v1/chat/completions" in page.content.decode()
+
+
+@pytest.mark.django_db
+class TestPlaygroundKey:
+    def test_one_key_per_member_and_organisation_made_on_first_use(self, alice_org, bob_org):
+        ann, bea = user("ann", org=alice_org), user("bea", org=alice_org)
+        first = playground_key_get_or_create(organization=alice_org, user=ann)
+        assert playground_key_get_or_create(organization=alice_org, user=ann).pk == first.pk
+        assert playground_key_get_or_create(organization=alice_org, user=bea).pk != first.pk
+        assert playground_key_get_or_create(organization=bob_org, user=ann).pk != first.pk
+        assert (first.name, first.prefix, first.organization_id) == ("Playground (ann)", "playground", alice_org.pk)
+        assert first.key_hash == playground_key_hash(organization_id=alice_org.pk, user_id=ann.pk)
+
+    def test_it_stays_within_the_organisations_plan(self):
+        free = organization_create(name="Free Co", tier=Tier.FREE)
+        key = playground_key_get_or_create(organization=free, user=user("ann", org=free))
+        assert key.tier == Tier.FREE
+        assert key.max_concurrent == 4  # the free plan's ceiling, not "no limit"
+        assert key.rate_limit_rpm == 60
+
+    def test_no_bearer_secret_opens_it(self, alice_org):
+        """Its hash is an HMAC, not the SHA-256 of a secret: not even the hash itself, sent as a key, works."""
+        ann = user("ann", org=alice_org)
+        key = playground_key_get_or_create(organization=alice_org, user=ann)
+        assert api_key_hash(key.key_hash) != key.key_hash
+        assert not ApiKey.objects.filter(key_hash=api_key_hash(f"playground-key:{alice_org.pk}:{ann.pk}")).exists()
+
+    def test_a_revoked_one_stays_revoked(self, alice_org):
+        ann = user("ann", org=alice_org)
+        api_key_revoke(api_key=playground_key_get_or_create(organization=alice_org, user=ann))
+        assert not playground_key_get_or_create(organization=alice_org, user=ann).is_active
+
+
+# --- The WebSocket API's session path, against a real daphne process ---------------------
+
+
+@pytest.fixture(scope="module")
+def sessions(committed_users, django_db_blocker) -> dict[str, str]:
+    """A committed session cookie for each role (the daphne process reads the same database)."""
+
+    def log_in(who: Any) -> str:
+        client = Client()
+        client.force_login(who)
+        return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+    names = ("platform_admin", "org_admin", "org_member", "outsider")
+    return committed(django_db_blocker, lambda: {name: log_in(committed_users[name]) for name in names})
+
+
+def ws_url(gateway: Any) -> str:
+    return gateway.base_url.replace("http://", "ws://") + "/ws/v1/chat/completions"
+
+
+def open_socket(gateway: Any, *, session: str | None = None, origin: str | None = "same", **headers: str) -> Any:
+    if session is not None:
+        headers["Cookie"] = f"{settings.SESSION_COOKIE_NAME}={session}"
+    if origin == "same":
+        origin = gateway.base_url
+    return connect(ws_url(gateway), additional_headers=headers, origin=origin)
+
+
+def auth_answer(socket: Any, **message: Any) -> dict[str, Any]:
+    socket.send(json.dumps({"type": "auth", **message}))
+    answer: dict[str, Any] = json.loads(socket.recv(timeout=10))
+    return answer
+
+
+def first_answer_to_a_request(socket: Any, model: str = "no-such-model") -> dict[str, Any]:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    socket.send(json.dumps({"type": "chat.completion", "id": "r", "body": body}))
+    answer: dict[str, Any] = json.loads(socket.recv(timeout=10))
+    return answer
+
+
+@pytest.mark.django_db  # only so that pytest-django sets the test database up when these run alone
+class TestSessionSocket:
+    def test_a_member_signs_in_by_session_and_requests_run_under_their_playground_key(
+        self, console_gateway, committed_users, sessions, django_db_blocker
+    ):
+        org = committed_users["org"]
+        with open_socket(console_gateway, session=sessions["org_member"]) as socket:
+            assert auth_answer(socket, organization=org.pk) == {"type": "auth", "ok": True}
+            # Past authentication: refused for the model, as any key would be.
+            answer = first_answer_to_a_request(socket)
+        assert answer["type"] == "error"
+        assert answer["error"]["code"] == "model_not_found"
+        member = committed_users["org_member"]
+        key = committed(
+            django_db_blocker,
+            lambda: ApiKey.objects.get(key_hash=playground_key_hash(organization_id=org.pk, user_id=member.pk)),
+        )
+        assert key.organization_id == org.pk
+
+    def test_a_platform_admin_may_use_any_organisation(self, console_gateway, committed_users, sessions):
+        with open_socket(console_gateway, session=sessions["platform_admin"]) as socket:
+            assert auth_answer(socket, organization=committed_users["org"].pk)["ok"] is True
+
+    def test_a_non_member_cannot_stream_for_the_organisation(self, console_gateway, committed_users, sessions):
+        with open_socket(console_gateway, session=sessions["outsider"]) as socket:
+            refused = auth_answer(socket, organization=committed_users["org"].pk)
+            assert refused["ok"] is False
+            assert refused["error"]["code"] == "organization_not_found"
+            assert first_answer_to_a_request(socket, CHAT)["error"]["code"] == "missing_api_key"
+            # An organisation that does not exist reads the same.
+            assert auth_answer(socket, organization=10**9)["error"]["code"] == "organization_not_found"
+            assert auth_answer(socket, organization="x")["error"]["param"] == "organization"
+
+    def test_a_foreign_origin_is_refused(self, console_gateway, committed_users, sessions):
+        with open_socket(console_gateway, session=sessions["org_member"], origin="http://evil.example") as socket:
+            refused = auth_answer(socket, organization=committed_users["org"].pk)
+        assert refused["ok"] is False
+        assert refused["error"]["code"] == "origin_not_allowed"
+
+    def test_no_origin_is_refused_too(self, console_gateway, committed_users, sessions):
+        with open_socket(console_gateway, session=sessions["org_member"], origin=None) as socket:
+            assert auth_answer(socket, organization=committed_users["org"].pk)["error"]["code"] == "origin_not_allowed"
+
+    def test_without_a_session_the_socket_is_not_signed_in(self, console_gateway, committed_users):
+        with open_socket(console_gateway) as socket:
+            refused = auth_answer(socket, organization=committed_users["org"].pk)
+        assert refused["error"]["code"] == "not_signed_in"
+
+    def test_a_forged_or_ended_session_is_not_signed_in(self, console_gateway, committed_users, django_db_blocker):
+        member = committed_users["org_member"]
+
+        def session_then_log_out() -> str:
+            client = Client()
+            client.force_login(member)
+            cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
+            client.logout()
+            return cookie
+
+        ended = committed(django_db_blocker, session_then_log_out)
+        for cookie in (ended, "forged-session-key"):
+            with open_socket(console_gateway, session=cookie) as socket:
+                assert auth_answer(socket, organization=committed_users["org"].pk)["error"]["code"] == "not_signed_in"
+
+    def test_a_revoked_playground_key_stops_the_member(self, console_gateway, committed_users, django_db_blocker):
+        admin, org = committed_users["org_admin"], committed_users["org"]
+
+        def revoked_session() -> str:
+            api_key_revoke(api_key=playground_key_get_or_create(organization=org, user=admin))
+            client = Client()
+            client.force_login(admin)
+            return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+        cookie = committed(django_db_blocker, revoked_session)
+        with open_socket(console_gateway, session=cookie) as socket:
+            assert auth_answer(socket, organization=org.pk)["error"]["code"] == "revoked_api_key"
+
+    def test_the_api_key_path_is_unchanged(self, console_gateway, committed_users, django_db_blocker):
+        secret = committed(
+            django_db_blocker, lambda: api_key_create(organization=committed_users["other_org"], name="ws").secret
+        )
+        # From anywhere: a key is its own credential, whatever page opened the socket.
+        with open_socket(console_gateway, origin="http://elsewhere.example") as socket:
+            assert auth_answer(socket, api_key=secret) == {"type": "auth", "ok": True}
+            assert first_answer_to_a_request(socket)["error"]["code"] == "model_not_found"
+        with open_socket(console_gateway, origin=None, Authorization=f"Bearer {secret}") as socket:
+            assert first_answer_to_a_request(socket)["error"]["code"] == "model_not_found"

@@ -1,0 +1,415 @@
+"""The customer portal with Django's test client: who may open what, keys (the secret shown
+once), usage and budget figures from the rollups, invoices and their downloads."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from billing import invoicing
+from billing.models import ApiKey, BudgetAlert, Invoice, Membership, Organization, Plan, Role, Tier, UsageRollup
+from billing.services import api_key_create, api_key_hash, invoice_draft, invoice_finalize, organization_create
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "pw-portal-123456"
+
+
+@dataclass
+class World:
+    org: Organization
+    other_org: Organization
+    admin: Any
+    member: Any
+    outsider: Any
+    platform_admin: Any
+    key: ApiKey
+    other_key: ApiKey
+
+    def client(self, who: str | None) -> Client:
+        client = Client()
+        if who is not None:
+            client.force_login(getattr(self, who))
+        return client
+
+
+@pytest.fixture
+def world() -> World:
+    users = get_user_model().objects
+    org = organization_create(name="Alice Corp")
+    other_org = organization_create(name="Bob Corp")
+    made = {
+        "admin": users.create_user(username="alice-admin", password=PASSWORD),
+        "member": users.create_user(username="alice-member", password=PASSWORD),
+        "outsider": users.create_user(username="bob-admin", password=PASSWORD),
+        "platform_admin": users.create_superuser(username="ml-team", password=PASSWORD),
+    }
+    Membership.objects.create(user=made["admin"], organization=org, role=Role.ORG_ADMIN)
+    Membership.objects.create(user=made["member"], organization=org, role=Role.ORG_MEMBER)
+    Membership.objects.create(user=made["outsider"], organization=other_org, role=Role.ORG_ADMIN)
+    key = api_key_create(organization=org, name="production").api_key
+    other_key = api_key_create(organization=other_org, name="bob's key").api_key
+    return World(org=org, other_org=other_org, key=key, other_key=other_key, **made)
+
+
+def url(name: str, org: Organization, **kwargs: int) -> str:
+    return reverse(f"console:{name}", kwargs={"org_id": org.pk, **kwargs})
+
+
+def rollup(key: ApiKey, day: datetime, model: str, *, requests: int, cost: str, tokens: tuple[int, int, int]) -> None:
+    start = datetime.combine(day.date(), time.min, UTC)
+    UsageRollup.objects.create(
+        period=UsageRollup.Period.DAY, start=start, organization_id=key.organization_id, api_key=key, model=model,
+        model_version="1", requests=requests, input_tokens=tokens[0], output_tokens=tokens[1],
+        cached_tokens=tokens[2], cost=Decimal(cost),
+    )  # fmt: skip
+
+
+class TestWhoMayOpenWhat:
+    @pytest.fixture
+    def invoice(self, world: World) -> Invoice:
+        return invoice_draft(organization=world.org, period=invoicing.month_start(timezone.now()))
+
+    def pages(self, world: World, invoice: Invoice) -> dict[str, str]:
+        org = world.org
+        return {
+            "usage": url("portal-usage", org),
+            "keys": url("portal-keys", org),
+            "key-create": url("portal-key-create", org),
+            "key-revoke": url("portal-key-revoke", org, key_id=world.key.pk),
+            "key-rotate": url("portal-key-rotate", org, key_id=world.key.pk),
+            "invoices": url("portal-invoices", org),
+            "invoice": url("portal-invoice", org, invoice_id=invoice.pk),
+            "invoice-pdf": url("portal-invoice-pdf", org, invoice_id=invoice.pk),
+            "invoice-csv": url("portal-invoice-csv", org, invoice_id=invoice.pk),
+        }
+
+    def test_anonymous_visitors_go_to_the_login_page(self, world, invoice):
+        for page in self.pages(world, invoice).values():
+            response = world.client(None).get(page)
+            assert response.status_code == 302, page
+            assert response["Location"].startswith("/accounts/login/?next=")
+
+    def test_another_organisations_member_gets_404_everywhere(self, world, invoice):
+        for page in self.pages(world, invoice).values():
+            assert world.client("outsider").get(page).status_code == 404, page
+
+    @pytest.mark.parametrize("who", ["admin", "platform_admin"])
+    def test_admins_open_every_page(self, world, invoice, who):
+        for name, page in self.pages(world, invoice).items():
+            assert world.client(who).get(page).status_code == 200, name
+
+    def test_members_see_usage_and_keys_but_manage_nothing(self, world, invoice):
+        allowed = {"usage", "keys"}
+        client = world.client("member")
+        for name, page in self.pages(world, invoice).items():
+            assert client.get(page).status_code == (200 if name in allowed else 403), name
+        for name in ("key-create", "key-revoke", "key-rotate"):
+            assert client.post(self.pages(world, invoice)[name], {"name": "x"}).status_code == 403
+        world.key.refresh_from_db()
+        assert world.key.is_active
+        assert ApiKey.objects.filter(organization=world.org).count() == 1
+
+    def test_the_navigation_offers_invoices_to_admins_only(self, world, invoice):
+        invoices = url("portal-invoices", world.org)
+        assert invoices in world.client("admin").get(url("portal-keys", world.org)).content.decode()
+        member_page = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        assert invoices not in member_page
+        assert url("portal-key-create", world.org) not in member_page
+
+    def test_a_key_of_another_organisation_is_404(self, world):
+        client = world.client("admin")
+        for name in ("portal-key-revoke", "portal-key-rotate"):
+            assert client.get(url(name, world.org, key_id=world.other_key.pk)).status_code == 404
+            assert client.post(url(name, world.org, key_id=world.other_key.pk)).status_code == 404
+        world.other_key.refresh_from_db()
+        assert world.other_key.is_active
+        assert world.other_key.rotated_to_id is None
+
+    def test_an_invoice_of_another_organisation_is_404(self, world):
+        theirs = invoice_draft(organization=world.other_org, period=invoicing.month_start(timezone.now()))
+        for name in ("portal-invoice", "portal-invoice-pdf", "portal-invoice-csv"):
+            assert world.client("admin").get(url(name, world.org, invoice_id=theirs.pk)).status_code == 404
+
+    def test_forms_need_the_csrf_token(self, world):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(world.admin)
+        assert client.post(url("portal-key-create", world.org), {"name": "no token"}).status_code == 403
+        assert not ApiKey.objects.filter(name="no token").exists()
+
+
+def secret_in(html: str) -> str:
+    match = re.search(r'id="api-key-secret"[^>]*value="(sk-[^"]+)"', html)
+    assert match, "no secret on the page"
+    return match.group(1)
+
+
+class TestKeys:
+    def test_it_lists_the_organisations_keys_only(self, world):
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        assert world.key.prefix in html
+        assert "production" in html
+        assert world.other_key.prefix not in html
+
+    def test_creating_a_key_shows_its_secret_once(self, world):
+        client = world.client("admin")
+        response = client.post(url("portal-key-create", world.org), {"name": "ci", "rate_limit_rpm": "30"})
+        assert response.status_code == 200
+        assert "no-store" in response["Cache-Control"]
+        html = response.content.decode()
+        secret = secret_in(html)
+        assert "API key &#x27;ci&#x27; created." in html or "API key 'ci' created." in html
+        created = ApiKey.objects.get(key_hash=api_key_hash(secret))
+        assert (created.organization_id, created.name, created.rate_limit_rpm) == (world.org.pk, "ci", 30)
+        # Never again: not on the list, not on a second visit, not in the session.
+        for page in (
+            url("portal-keys", world.org),
+            url("portal-usage", world.org),
+            url("portal-key-create", world.org),
+        ):
+            assert secret not in client.get(page).content.decode()
+        assert secret not in str(dict(client.session.items()))
+        assert created.prefix in client.get(url("portal-keys", world.org)).content.decode()
+
+    def test_an_empty_name_is_a_field_error(self, world):
+        response = world.client("admin").post(url("portal-key-create", world.org), {"name": "  "})
+        assert response.status_code == 200
+        assert "This field is required." in response.content.decode()
+        assert 'id="id_name-errors"' in response.content.decode()
+        assert ApiKey.objects.filter(organization=world.org).count() == 1
+
+    def test_a_limit_above_the_plan_is_a_field_error(self, world):
+        Plan.objects.update_or_create(tier=Tier.PAID, defaults={"name": "Paid", "rate_limit_rpm": 100})
+        page = world.client("admin").get(url("portal-key-create", world.org)).content.decode()
+        assert "your plan allows at most 100" in page
+        response = world.client("admin").post(
+            url("portal-key-create", world.org), {"name": "big", "rate_limit_rpm": 500}
+        )
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert "must be at most 100 under this organisation" in html
+        assert 'id="id_rate_limit_rpm-errors"' in html
+        assert not ApiKey.objects.filter(name="big").exists()
+
+    def test_a_platform_admin_is_not_held_to_the_plan(self, world):
+        Plan.objects.update_or_create(tier=Tier.PAID, defaults={"name": "Paid", "rate_limit_rpm": 100})
+        response = world.client("platform_admin").post(
+            url("portal-key-create", world.org), {"name": "big", "rate_limit_rpm": 500}
+        )
+        assert ApiKey.objects.get(key_hash=api_key_hash(secret_in(response.content.decode()))).rate_limit_rpm == 500
+
+    def test_a_negative_limit_is_a_field_error(self, world):
+        response = world.client("admin").post(url("portal-key-create", world.org), {"name": "x", "rate_limit_tpm": -5})
+        assert "greater than or equal to 1" in response.content.decode()
+        assert not ApiKey.objects.filter(name="x").exists()
+
+    def test_revoking_asks_first_then_revokes(self, world):
+        client = world.client("admin")
+        revoke = url("portal-key-revoke", world.org, key_id=world.key.pk)
+        confirm = client.get(revoke)
+        assert confirm.status_code == 200
+        assert "Revoke key" in confirm.content.decode()
+        world.key.refresh_from_db()
+        assert world.key.is_active  # a GET changes nothing
+        response = client.post(revoke, follow=True)
+        assert response.redirect_chain == [(url("portal-keys", world.org), 302)]
+        assert "revoked." in response.content.decode()
+        world.key.refresh_from_db()
+        assert not world.key.is_active
+        assert world.key.revoked_at is not None
+
+    def test_rotating_shows_the_new_secret_once_and_keeps_the_old_key_for_the_grace(self, world):
+        client = world.client("admin")
+        rotate = url("portal-key-rotate", world.org, key_id=world.key.pk)
+        assert "The old key stops working" in client.get(rotate).content.decode()
+        before = timezone.now()
+        response = client.post(rotate, {"grace_seconds": "3600"})
+        assert response.status_code == 200
+        assert "no-store" in response["Cache-Control"]
+        new = ApiKey.objects.get(key_hash=api_key_hash(secret_in(response.content.decode())))
+        world.key.refresh_from_db()
+        assert world.key.rotated_to_id == new.pk
+        assert new.name == "production"
+        assert before + timedelta(minutes=59) < world.key.expires_at < timezone.now() + timedelta(minutes=61)
+        # A second rotation of the old key is refused with a message, not an error page.
+        again = client.post(rotate, {"grace_seconds": "0"}, follow=True)
+        assert "cannot be rotated" in again.content.decode()
+        assert ApiKey.objects.filter(organization=world.org).count() == 2
+
+    def test_a_grace_not_offered_is_a_field_error(self, world):
+        response = world.client("admin").post(
+            url("portal-key-rotate", world.org, key_id=world.key.pk), {"grace_seconds": "-1"}
+        )
+        assert response.status_code == 200
+        assert "Select a valid choice" in response.content.decode()
+        world.key.refresh_from_db()
+        assert world.key.rotated_to_id is None
+
+    def test_the_list_filters_and_paginates(self, world):
+        for n in range(30):
+            api_key_create(organization=world.org, name=f"batch-{n:02d}")
+        revoked = api_key_create(organization=world.org, name="old").api_key
+        ApiKey.objects.filter(pk=revoked.pk).update(is_active=False)
+        client = world.client("member")
+        first = client.get(url("portal-keys", world.org)).content.decode()
+        assert first.count('<tr id="key-') == 25
+        assert "Page 1 of 2" in first
+        second = client.get(url("portal-keys", world.org) + "?page=2").content.decode()
+        assert second.count('<tr id="key-') == 7
+        only_revoked = client.get(url("portal-keys", world.org) + "?state=revoked").content.decode()
+        assert only_revoked.count('<tr id="key-') == 1
+        assert "old" in only_revoked
+        by_name = client.get(url("portal-keys", world.org) + "?q=batch-0").content.decode()
+        assert by_name.count('<tr id="key-') == 10
+
+
+class TestUsage:
+    @pytest.fixture
+    def usage(self, world: World) -> dict[str, Any]:
+        today = timezone.now()
+        second = api_key_create(organization=world.org, name="staging").api_key
+        rollup(world.key, today, "chat-a", requests=3, cost="0.000120000001", tokens=(30, 60, 5))
+        rollup(second, today, "chat-a", requests=2, cost="0.00008", tokens=(20, 40, 0))
+        rollup(world.key, today - timedelta(days=2), "embed-b", requests=7, cost="0.0000014", tokens=(70, 0, 0))
+        rollup(world.key, today - timedelta(days=40), "chat-a", requests=100, cost="1.5", tokens=(1, 1, 1))
+        rollup(world.other_key, today, "chat-a", requests=999, cost="9", tokens=(9, 9, 9))  # another tenant
+        return {"today": today.astimezone(UTC).date(), "second": second}
+
+    def test_totals_and_charts_match_the_rollups(self, world, usage):
+        response = world.client("member").get(url("portal-usage", world.org), {"days": "7"})
+        assert response.status_code == 200
+        totals = response.context["totals"]
+        assert (totals.requests, totals.input_tokens, totals.output_tokens, totals.cached_tokens) == (12, 120, 100, 5)
+        assert totals.cost == Decimal("0.000201400001")
+        figures = response.context["figures"]
+        today, two_days_ago = str(usage["today"]), str(usage["today"] - timedelta(days=2))
+        cost = {trace["name"]: dict(zip(trace["x"], trace["y"], strict=True)) for trace in figures["cost"]["data"]}
+        assert set(cost) == {"chat-a", "embed-b"}
+        assert len(cost["chat-a"]) == 7  # every day of the window is on the axis
+        assert cost["chat-a"][today] == pytest.approx(0.000200000001)
+        assert cost["embed-b"][two_days_ago] == pytest.approx(0.0000014)
+        requests = {t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["requests"]["data"]}
+        assert requests["chat-a"][today] == 5
+        assert requests["embed-b"][two_days_ago] == 7
+        tokens = {t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["tokens"]["data"]}
+        assert tokens["Input"] == {"chat-a": 50, "embed-b": 70}
+        assert tokens["Output"]["chat-a"] == 100
+        html = response.content.decode()
+        assert 'id="figure-cost"' in html
+        assert "plotly/plotly.min.js" in html
+
+    def test_the_page_agrees_with_the_usage_api(self, world, usage):
+        client = world.client("member")
+        start = usage["today"] - timedelta(days=29)
+        api = client.get(f"/api/orgs/{world.org.pk}/usage/", {"start_date": str(start), "limit": 100}).json()
+        page = client.get(url("portal-usage", world.org), {"days": "30"}).context["totals"]
+        assert page.requests == sum(row["requests"] for row in api["data"])
+        assert page.cost == sum(Decimal(row["cost"]) for row in api["data"])
+
+    def test_a_window_and_one_key(self, world, usage):
+        client = world.client("admin")
+        old = usage["today"] - timedelta(days=40)
+        wide = client.get(url("portal-usage", world.org), {"start": str(old), "end": str(usage["today"])})
+        assert wide.context["totals"].requests == 112
+        one_key = client.get(url("portal-usage", world.org), {"days": "7", "api_key": usage["second"].pk})
+        assert (one_key.context["totals"].requests, one_key.context["totals"].cost) == (2, Decimal("0.00008"))
+
+    def test_a_window_ending_before_it_starts_is_a_field_error(self, world, usage):
+        today = usage["today"]
+        response = world.client("member").get(
+            url("portal-usage", world.org), {"start": str(today), "end": str(today - timedelta(days=3))}
+        )
+        assert response.status_code == 200
+        assert "The first day is after the last one." in response.content.decode()
+        assert response.context["start"] == today - timedelta(days=29)  # the default window meanwhile
+
+    def test_a_key_of_another_organisation_is_not_a_choice(self, world, usage):
+        response = world.client("admin").get(url("portal-usage", world.org), {"api_key": world.other_key.pk})
+        assert "Select a valid choice" in response.content.decode()
+        assert response.context["totals"].requests == 12 + 0  # the default window: this org only
+
+    def test_the_budget_shows_the_month_so_far_and_its_alerts(self, world, usage):
+        Organization.objects.filter(pk=world.org.pk).update(monthly_spend_cap=Decimal("0.0004"))
+        month = invoicing.period_label(invoicing.month_start(usage["today"]))
+        BudgetAlert.objects.create(
+            organization=world.org, budget=BudgetAlert.Budget.SPEND, month=month, threshold_percent=50,
+            limit=Decimal("0.0004"), used=Decimal("0.0002"), notified_at=timezone.now(),
+        )  # fmt: skip
+        BudgetAlert.objects.create(
+            organization=world.other_org, budget=BudgetAlert.Budget.SPEND, month=month, threshold_percent=80,
+            limit=Decimal(1), used=Decimal(1),
+        )  # fmt: skip
+        response = world.client("member").get(url("portal-usage", world.org))
+        budget = response.context["budget"]
+        spend = budget.lines[0]
+        first = invoicing.month_start(usage["today"])
+        in_month = Decimal("0.000200000001") + (
+            Decimal("0.0000014") if usage["today"] - timedelta(days=2) >= first else Decimal(0)
+        )
+        assert (spend.limit, spend.used) == (Decimal("0.0004"), in_month)
+        assert spend.percent == int(in_month * 100 / Decimal("0.0004"))
+        assert [a.threshold_percent for a in budget.alerts] == [50]
+        html = response.content.decode()
+        assert 'id="budget-alerts"' in html
+        assert "no limit" in html
+
+    def test_no_usage_says_so(self, world):
+        html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        assert 'id="no-usage"' in html
+
+
+class TestInvoices:
+    @pytest.fixture
+    def invoice(self, world: World) -> Invoice:
+        draft = invoice_draft(
+            organization=world.org, period=invoicing.previous_month(invoicing.month_start(timezone.now()))
+        )
+        return invoice_finalize(invoice=draft)
+
+    def test_the_list_shows_number_period_state_and_total(self, world, invoice):
+        html = world.client("admin").get(url("portal-invoices", world.org)).content.decode()
+        assert invoicing.display_number(invoice) in html
+        assert f"{invoice.period:%Y-%m}" in html
+        assert "Finalized" in html
+        assert invoice.currency in html
+
+    def test_the_list_filters_by_state(self, world, invoice):
+        client = world.client("admin")
+        assert (
+            invoicing.display_number(invoice)
+            not in client.get(url("portal-invoices", world.org), {"status": "paid"}).content.decode()
+        )
+        assert (
+            invoicing.display_number(invoice)
+            in client.get(url("portal-invoices", world.org), {"status": "finalized"}).content.decode()
+        )
+
+    def test_the_detail_shows_its_lines_and_totals(self, world, invoice):
+        html = world.client("admin").get(url("portal-invoice", world.org, invoice_id=invoice.pk)).content.decode()
+        assert 'id="invoice-lines"' in html
+        assert f"{invoice.total} {invoice.currency}" in html
+
+    def test_the_pdf_downloads(self, world, invoice):
+        response = world.client("admin").get(url("portal-invoice-pdf", world.org, invoice_id=invoice.pk))
+        assert response.status_code == 200
+        assert response["Content-Type"] == "application/pdf"
+        assert response.content.startswith(b"%PDF")
+        assert len(response.content) > 500
+        assert f'filename="{invoicing.display_number(invoice)}-' in response["Content-Disposition"]
+
+    def test_the_csv_downloads_with_the_invoices_total(self, world, invoice):
+        response = world.client("admin").get(url("portal-invoice-csv", world.org, invoice_id=invoice.pk))
+        assert response.status_code == 200
+        assert response["Content-Type"].startswith("text/csv")
+        rows = response.content.decode().splitlines()
+        assert rows[0].startswith("invoice,period,kind")
+        assert rows[-1].split(",")[8] == f"{invoice.total:f}"

@@ -1,0 +1,297 @@
+"""The console's registry pages and audit log: who may open them, the lists, the version detail,
+registering a version from the form, and searching the audit log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import Membership, Role
+from registry import artifacts
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from registry.services import audit_record, deployment_create, model_version_create, replica_record_load_time
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ("/console/models/", "/console/models/register/", "/console/audit/")
+
+
+@pytest.fixture(autouse=True)
+def empty_audit_log(db) -> None:
+    """Session fixtures elsewhere commit audit entries; this test's transaction hides them."""
+    AuditEntry.objects.all().delete()
+
+
+@pytest.fixture
+def store(settings, tmp_path) -> Iterator[artifacts.ArtifactStore]:
+    settings.ARTIFACT_STORE = {"BACKEND": "registry.artifacts.LocalArtifactStore",
+                               "OPTIONS": {"root": str(tmp_path / "store")}}  # fmt: skip
+    artifacts.get_artifact_store.cache_clear()
+    yield artifacts.get_artifact_store()
+    artifacts.get_artifact_store.cache_clear()
+
+
+def put_artifact(store: artifacts.ArtifactStore, tmp_path: Path, key: str) -> artifacts.StoredArtifact:
+    source = tmp_path / "src" / key
+    source.mkdir(parents=True)
+    (source / "config.json").write_text('{"max_position_embeddings": 2048}')
+    (source / "model.safetensors").write_bytes(b"w" * 1000)
+    return store.put_directory(source=source, key=key)
+
+
+@pytest.fixture
+def admin(db):
+    return get_user_model().objects.create_superuser(username="registrar", password="pw-123456789")
+
+
+@pytest.fixture
+def admin_browser(admin) -> Client:
+    client = Client()
+    client.force_login(admin)
+    return client
+
+
+def make_version(name: str, version: str, **fields) -> ModelVersion:
+    model, _ = Model.objects.get_or_create(name=name, defaults={"task": "chat"})
+    values = {"framework": "pytorch", "artifact_uri": f"local://{name}/{version}", "artifact_sha256": "ab" * 32,
+              "artifact_size": 1000, **fields}  # fmt: skip
+    return ModelVersion.objects.create(model=model, version=version, **values)
+
+
+class TestPermissions:
+    def test_anonymous_visitors_go_to_the_login_page(self):
+        make_version("perm", "1")
+        for url in (*PAGES, "/console/models/perm/1/"):
+            response = Client().get(url)
+            assert response.status_code == 302, url
+            assert response["Location"].startswith("/accounts/login/"), url
+
+    @pytest.mark.parametrize("role", [Role.ORG_MEMBER, Role.ORG_ADMIN])
+    def test_organisation_users_get_403(self, alice_org, role):
+        make_version("perm", "1")
+        user = get_user_model().objects.create_user(username="someone", password="pw-123456789")
+        Membership.objects.create(user=user, organization=alice_org, role=role)
+        client = Client()
+        client.force_login(user)
+        for url in (*PAGES, "/console/models/perm/1/"):
+            assert client.get(url).status_code == 403, url
+        assert client.post("/console/models/register/", {"name": "x"}).status_code == 403
+
+    def test_the_navigation_lists_the_console_pages_for_admins_only(self, admin_browser, alice_org):
+        html = admin_browser.get("/console/models/").content.decode()
+        for label, url in (("Overview", "/console/"), ("Models", "/console/models/"), ("Audit log", "/console/audit/")):
+            assert f'<a href="{url}"' in html
+            assert f">{label}</a>" in html
+
+
+class TestModelList:
+    def test_it_lists_the_bundled_models(self, bundled_models, admin_browser):
+        html = admin_browser.get("/console/models/").content.decode()
+        for name, version in bundled_models["versions"].items():
+            assert f'data-model="{name}" data-version="{version.version}"' in html
+            assert version.artifact_sha256[:12] in html
+
+    def test_it_filters_and_paginates(self, admin_browser):
+        for n in range(30):
+            make_version("paged", f"v{n:02d}", status="active" if n % 2 else "registered")
+        make_version("other", "1", framework="onnx")
+
+        first = admin_browser.get("/console/models/?q=paged").content.decode()
+        assert first.count('data-model="paged"') == 25
+        assert "Page 1 of 2" in first
+        assert "q=paged&amp;page=2" in first  # the pager keeps the filters
+        second = admin_browser.get("/console/models/?q=paged&page=2").content.decode()
+        assert second.count('data-model="paged"') == 5
+
+        active = admin_browser.get("/console/models/?q=paged&status=active").content.decode()
+        assert active.count('data-model="paged"') == 15
+        onnx = admin_browser.get("/console/models/?framework=onnx").content.decode()
+        assert 'data-model="other"' in onnx
+        assert 'data-model="paged"' not in onnx
+        assert "No version matches" in admin_browser.get("/console/models/?q=nothing-like-it").content.decode()
+
+
+class TestVersionDetail:
+    def test_it_shows_the_artifact_history_deployments_and_replicas(self, admin_browser, admin, store, tmp_path):
+        stored = put_artifact(store, tmp_path, "detail/1")
+        version, _ = model_version_create(actor=admin, name="detail", version="1", framework="pytorch",
+                                          artifact_uri=stored.uri, config={"max_seq_len": 4096})  # fmt: skip
+        deployment = deployment_create(version=version, actor=admin)
+        replica = Replica.objects.create(deployment=deployment, host="gpu-1", state=Replica.State.READY,
+                                         endpoint="http://10.0.0.1:8000", last_heartbeat=timezone.now())  # fmt: skip
+        stale = Replica.objects.create(deployment=deployment, host="gpu-2", state=Replica.State.READY,
+                                       last_heartbeat=timezone.now() - timedelta(minutes=5))  # fmt: skip
+        replica_record_load_time(replica=replica, seconds=12.345, host="gpu-1")
+
+        response = admin_browser.get("/console/models/detail/1/")
+
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert stored.uri in html
+        assert stored.sha256 in html
+        assert "&quot;max_seq_len&quot;: 4096" in html
+        assert "model_version.register" in html
+        assert "by registrar" in html
+        assert f'data-deployment="{deployment.pk}"' in html
+        row = html.split(f'data-replica="{replica.pk}"', 1)[1].split("</tr>", 1)[0]
+        assert "healthy" in row
+        assert "12.3 s" in row
+        stale_row = html.split(f'data-replica="{stale.pk}"', 1)[1].split("</tr>", 1)[0]
+        assert "heartbeat 300 s ago" in stale_row or "heartbeat 30" in stale_row
+
+    def test_an_unknown_version_is_404(self, admin_browser):
+        assert admin_browser.get("/console/models/nope/1/").status_code == 404
+
+
+class TestRegisterForm:
+    def test_a_good_uri_registers_the_version_and_shows_its_checksum(self, admin_browser, store, tmp_path):
+        stored = put_artifact(store, tmp_path, "fresh/2")
+        page = admin_browser.get("/console/models/register/").content.decode()
+        assert 'name="csrfmiddlewaretoken"' in page
+        assert '<label for="id_artifact_uri">' in page
+
+        response = admin_browser.post("/console/models/register/", {
+            "name": "fresh", "version": "2", "framework": "pytorch", "artifact_uri": stored.uri,
+            "task": "", "config": '{"max_seq_len": 2048}',
+        })  # fmt: skip
+
+        assert response.status_code == 302
+        assert response["Location"] == "/console/models/fresh/2/"
+        version = ModelVersion.objects.get(model__name="fresh", version="2")
+        assert version.artifact_sha256 == stored.sha256
+        assert version.config == {"max_seq_len": 2048}
+        entry = AuditEntry.objects.get(action="model_version.register", target="fresh:2")
+        assert entry.actor_name == "registrar"
+        shown = [str(m) for m in get_messages(response.wsgi_request)]
+        assert any(stored.sha256 in m for m in shown)
+        detail = admin_browser.get(response["Location"]).content.decode()
+        assert stored.sha256 in detail
+
+    def test_a_missing_artifact_is_an_error_on_its_field(self, admin_browser, store):
+        response = admin_browser.post("/console/models/register/", {
+            "name": "ghost", "version": "1", "framework": "pytorch", "artifact_uri": "local://not/there",
+            "config": "{}",
+        })  # fmt: skip
+
+        assert response.status_code == 200
+        assert response.context["form"].errors == {"artifact_uri": ["There is no artifact at local://not/there."]}
+        html = response.content.decode()
+        assert 'id="id_artifact_uri_error"' in html
+        assert not ModelVersion.objects.filter(model__name="ghost").exists()
+        assert not AuditEntry.objects.exists()
+
+    def test_bad_fields_are_shown_on_the_form(self, admin_browser, store):
+        response = admin_browser.post("/console/models/register/", {
+            "name": "not a slug", "version": "", "framework": "pytorch", "artifact_uri": "local://x", "config": "[1",
+        })  # fmt: skip
+        errors = response.context["form"].errors
+        assert set(errors) == {"name", "version", "config"}
+        response = admin_browser.post("/console/models/register/", {
+            "name": "ok", "version": "1", "framework": "pytorch", "artifact_uri": "local://x", "config": "[1, 2]",
+        })  # fmt: skip
+        assert response.context["form"].errors == {"config": ["Must be a JSON object, e.g. {}."]}
+
+    def test_a_conflicting_version_is_an_error_on_the_version(self, admin_browser, admin, store, tmp_path):
+        one = put_artifact(store, tmp_path, "dup/1")
+        two = put_artifact(store, tmp_path, "dup/1b")
+        (store.local_path(two.uri) / "extra.bin").write_bytes(b"different")
+        model_version_create(actor=admin, name="dup", version="1", framework="pytorch", artifact_uri=one.uri,
+                             config={})  # fmt: skip
+        response = admin_browser.post("/console/models/register/", {
+            "name": "dup", "version": "1", "framework": "pytorch", "artifact_uri": two.uri, "config": "{}",
+        })  # fmt: skip
+        assert response.status_code == 200
+        assert "register a new version instead" in response.context["form"].errors["version"][0]
+
+    def test_the_same_values_again_change_nothing(self, admin_browser, admin, store, tmp_path):
+        stored = put_artifact(store, tmp_path, "again/1")
+        model_version_create(actor=admin, name="again", version="1", framework="pytorch", artifact_uri=stored.uri,
+                             config={})  # fmt: skip
+        response = admin_browser.post("/console/models/register/", {
+            "name": "again", "version": "1", "framework": "pytorch", "artifact_uri": stored.uri, "config": "{}",
+        }, follow=True)  # fmt: skip
+        assert "registered already with these values" in response.content.decode()
+        assert AuditEntry.objects.filter(action="model_version.register").count() == 1
+
+
+class TestAuditLog:
+    def entries(self, admin) -> None:
+        for n in range(60):
+            audit_record(actor=admin if n % 2 else None, action="traffic.set" if n % 3 else "deployment.scale",
+                         target_type="model", target=f"model-{n % 5}", before={"v1": 100, "n": n},
+                         after={"v1": 90, "v2": 10, "n": n})  # fmt: skip
+
+    def test_it_shows_who_what_when_and_a_readable_diff(self, admin_browser, admin):
+        audit_record(actor=admin, action="traffic.set", target_type="model", target="diffed",
+                     before={"v1": 100, "same": "x"}, after={"v1": 90, "v2": 10, "same": "x"})  # fmt: skip
+        html = admin_browser.get("/console/audit/").content.decode()
+        entry = html.split('class="audit-entry"', 1)[1].split("</li>", 1)[0]
+        assert "traffic.set" in entry
+        assert "diffed" in entry
+        assert "by registrar" in entry
+        assert '<th scope="row">v1</th><td class="diff-before">100</td><td class="diff-after">90</td>' in entry
+        assert '<th scope="row">v2</th><td class="diff-before">—</td><td class="diff-after">10</td>' in entry
+        assert "1 unchanged field" in entry
+
+    def test_it_paginates(self, admin_browser, admin):
+        self.entries(admin)
+        first = admin_browser.get("/console/audit/").content.decode()
+        assert first.count('class="audit-entry"') == 50
+        assert "Page 1 of 2" in first
+        second = admin_browser.get("/console/audit/?page=2").content.decode()
+        assert second.count('class="audit-entry"') == 10
+
+    def test_it_searches_by_action_target_actor_and_text(self, admin_browser, admin):
+        self.entries(admin)
+
+        def count(query: str) -> int:
+            response = admin_browser.get(f"/console/audit/?{query}")
+            assert response.status_code == 200
+            return response.context["page"].paginator.count
+
+        assert count("action=deployment.scale") == 20
+        assert count("target=model-3") == 12
+        assert count("actor=registrar") == 30
+        assert count("q=model-4") == 12
+        assert count("action=traffic.set&target=model-1&actor=registrar") == len(
+            [n for n in range(60) if n % 3 and n % 5 == 1 and n % 2]
+        )
+
+    def test_it_searches_by_date_range(self, admin_browser, admin):
+        self.entries(admin)
+        old = AuditEntry.objects.filter(target="model-0")
+        old.update(created_at=timezone.now() - timedelta(days=10))
+        today = timezone.now().date()
+
+        def count(query: str) -> int:
+            return admin_browser.get(f"/console/audit/?{query}").context["page"].paginator.count
+
+        assert count(f"since={today}") == 48
+        assert count(f"until={today - timedelta(days=5)}") == 12
+        assert count(f"since={today - timedelta(days=11)}&until={today - timedelta(days=9)}") == 12
+        response = admin_browser.get(f"/console/audit/?since={today}&until={today - timedelta(days=1)}")
+        assert "Must be on or after the From date." in response.content.decode()
+
+    def test_a_version_detail_shows_its_own_history_only(self, admin_browser, admin):
+        version = make_version("hist", "1")
+        audit_record(actor=admin, action="model_version.register", target_type="model_version", target="hist:1",
+                     before=None, after={"status": "registered"})  # fmt: skip
+        audit_record(actor=admin, action="model_version.register", target_type="model_version", target="hist:2",
+                     before=None, after={"status": "registered"})  # fmt: skip
+        response = admin_browser.get(f"/console/models/hist/{version.version}/")
+        assert len(response.context["history"]) == 1
+        assert response.context["history"][0].entry.target == "hist:1"
+
+
+def test_deployments_are_listed_with_their_versions(admin_browser):
+    version = make_version("deployed", "1")
+    deployment = Deployment.objects.create(version=version, traffic_weight=70)
+    html = admin_browser.get("/console/models/?q=deployed").content.decode()
+    assert f"#{deployment.pk} Pending · 70%" in html

@@ -1,0 +1,205 @@
+"""Rollouts in real Chromium: a platform admin edits a traffic split, then starts a canary
+with the wizard and watches the controller's first decision appear on the canary page.
+
+The decision is driven by the controller's own task (``registry.tasks.canary_tick``) over
+usage records committed by the test, as the gateway would have written them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.console.conftest import log_in, screenshot
+
+pytestmark = pytest.mark.browser
+
+T = TypeVar("T")
+
+
+def in_db_thread(django_db_blocker: Any, work: Callable[[], T]) -> T:
+    """Run ORM work outside playwright's event-loop thread (where Django refuses it), committed."""
+    from django.db import connection
+
+    def run() -> T:
+        try:
+            return work()
+        finally:
+            connection.close()
+
+    with django_db_blocker.unblock(), ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+@pytest.fixture(scope="module")
+def rollout_model(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
+    """A committed chat model with v1 (running, 100 %) and v2 (running, 0 %), and an API key of
+    ``org`` whose usage records the controller will judge."""
+    from billing.models import UsageRecord
+    from billing.services import api_key_create
+    from registry.models import Canary, Deployment, Model, ModelVersion
+
+    name = f"rollout-{uuid.uuid4().hex[:6]}"
+    with django_db_blocker.unblock():
+        model = Model.objects.create(name=name, task="chat")
+        for version, weight in (("v1", 100), ("v2", 0)):
+            Deployment.objects.create(
+                version=ModelVersion.objects.create(
+                    model=model, version=version, framework="pytorch", artifact_uri=f"local://{name}/{version}",
+                    artifact_sha256="0" * 64, artifact_size=1,
+                ),
+                status="running", traffic_weight=weight,
+            )  # fmt: skip
+        key = api_key_create(organization=committed_users["org"], name="rollout traffic").api_key
+    yield {"model": model, "key": key}
+    with django_db_blocker.unblock():
+        UsageRecord.objects.filter(model=name).delete()
+        key.delete()
+        Canary.objects.filter(model=model).delete()
+        Deployment.objects.filter(version__model=model).delete()
+        ModelVersion.objects.filter(model=model).delete()
+        model.delete()
+
+
+def serve_requests(model: str, key: Any) -> None:
+    """Usage records of both versions, answered well, as the gateway writes them."""
+    from django.utils import timezone
+
+    from billing.models import UsageRecord
+
+    rng = random.Random(11)
+    records = []
+    for version, count in (("v1", 240), ("v2", 60)):
+        for _ in range(count):
+            tokens = rng.randint(10, 60)
+            ttft = int(rng.lognormvariate(4.5, 0.3))
+            records.append(
+                UsageRecord(
+                    api_key=key, organization_id=key.organization_id, model=model, model_version=version,
+                    prompt_tokens=12, completion_tokens=tokens, total_tokens=12 + tokens,
+                    latency_ms=ttft + 18 * (tokens - 1), ttft_ms=ttft, status_code=200, finish_reason="stop",
+                    created_at=timezone.now(),
+                )
+            )  # fmt: skip
+    UsageRecord.objects.bulk_create(records)
+
+
+def tick_until_decided(deadline_s: float = 20.0) -> int:
+    """The controller's beat, as Celery runs it, until it has judged a canary."""
+    from registry.tasks import canary_tick
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        decided = canary_tick()
+        if decided:
+            return decided
+        time.sleep(0.5)
+    return 0
+
+
+# Elements whose right edge lies past the viewport, outside a horizontally scrolling .table-wrap.
+OVERFLOWING = """() => [...document.querySelectorAll("body *")]
+  .filter((el) => !el.closest(".table-wrap, .chart") && el.getBoundingClientRect().right > window.innerWidth + 1)
+  .map((el) => el.tagName.toLowerCase() + (typeof el.className === "string" ? "." + el.className : ""))"""
+
+
+def assert_no_sideways_scroll(page: Any) -> None:
+    page.wait_for_timeout(300)  # plotly redraws its charts for the new width (debounced)
+    assert page.evaluate(OVERFLOWING) == []
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+
+
+def weight_cells(page: Any, model: str) -> dict[str, str]:
+    rows = page.locator(f"section[data-model='{model}'] table.deployments tbody tr")
+    return {rows.nth(i).locator("td").nth(1).inner_text(): rows.nth(i).locator("td.weight").inner_text()
+            for i in range(rows.count())}  # fmt: skip
+
+
+class TestRollout:
+    def test_traffic_split_then_canary_wizard_then_a_decision(
+        self, console_gateway, committed_users, rollout_model, chromium, django_db_blocker
+    ):
+        name = rollout_model["model"].name
+        base = console_gateway.base_url
+        page = chromium.new_page(viewport={"width": 1280, "height": 900})
+        log_in(page, base, committed_users["platform_admin"].username)
+        screenshot(page, "rollout-01-logged-in")
+
+        # The traffic split editor: the sum updates as the admin types; the server sets it.
+        page.goto(f"{base}/console/deployments/?model={name}")
+        panel = page.locator(f"section[data-model='{name}']")
+        assert weight_cells(page, name) == {"v1": "100 %", "v2": "0 %"}
+        screenshot(page, "rollout-02-deployments")
+        panel.locator("#id_weight-v1").fill("60")
+        panel.locator("#id_weight-v2").fill("30")
+        assert panel.locator("[data-split-sum]").inner_text() == "90"
+        assert "bad" in (panel.locator(".split-sum").get_attribute("class") or "")
+        screenshot(page, "rollout-03-split-sum-90")
+        panel.locator("#id_weight-v2").fill("40")
+        assert panel.locator("[data-split-sum]").inner_text() == "100"
+        assert "good" in (panel.locator(".split-sum").get_attribute("class") or "")
+        screenshot(page, "rollout-04-split-sum-100")
+        panel.locator("form[data-split-editor] button[type=submit]").click()
+        page.wait_for_selector(".message-success")
+        assert f"Traffic of {name} split: v1 60 %, v2 40 %." in page.locator(".messages").inner_text()
+        assert weight_cells(page, name) == {"v1": "60 %", "v2": "40 %"}
+        screenshot(page, "rollout-05-split-set")
+
+        # At phone width the page does not scroll sideways.
+        page.set_viewport_size({"width": 390, "height": 844})
+        assert_no_sideways_scroll(page)
+        screenshot(page, "rollout-06-deployments-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        # The canary wizard.
+        page.goto(f"{base}/console/canaries/")
+        page.locator(f"tr[data-model='{name}'] a:has-text('Start a canary')").click()
+        page.wait_for_selector("h1:has-text('Start a canary')")
+        page.select_option("#id_base_version", "v1")
+        page.select_option("#id_canary_version", "v2")
+        page.fill("#id_steps", "10,50,100")
+        page.fill("#id_interval_seconds", "2")
+        page.fill("#id_min_samples", "20")
+        page.fill("#id_max_p99_latency_ms", "60000")
+        page.fill("#id_min_success_rate", "0.95")
+        screenshot(page, "rollout-07-wizard")
+        page.click("main button:has-text('Start canary')")
+        page.wait_for_selector("[data-canary-status]")
+        assert page.locator("[data-canary-status]").inner_text() == "Running"
+        assert "v1 90 % · v2 10 %" in page.locator(".facts").inner_text()
+        assert page.locator("[data-decision]").count() == 0
+        screenshot(page, "rollout-08-canary-started")
+
+        # Requests are served; the controller's beat judges the window; the page, left
+        # alone, shows the decision with its statistics and the charts.
+        in_db_thread(django_db_blocker, lambda: serve_requests(name, rollout_model["key"]))
+        assert in_db_thread(django_db_blocker, tick_until_decided) == 1
+        page.wait_for_selector("[data-decision]", timeout=15_000)
+        decision = page.locator("[data-decision]").first
+        assert decision.get_attribute("data-verdict") == "promote_step"
+        assert "Promote to the next step" in decision.inner_text()
+        assert decision.locator("tr[data-test='latency_ms'] td").first.inner_text() == "mann_whitney_u"
+        assert "240 / 60" in decision.locator("tr[data-test='latency_ms']").inner_text()
+        page.wait_for_selector("#canary-live .chart .main-svg")
+        assert "v1 50 % · v2 50 %" in page.locator(".facts").inner_text()
+        screenshot(page, "rollout-09-decision-appeared")
+        page.set_viewport_size({"width": 390, "height": 844})
+        assert_no_sideways_scroll(page)
+        screenshot(page, "rollout-09b-canary-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        # Roll back, with the confirm step.
+        page.click("main button:has-text('Roll back')")
+        page.wait_for_selector("h1:has-text('Roll back the canary')")
+        screenshot(page, "rollout-10-confirm-rollback")
+        page.click("main form button[type=submit]")
+        page.wait_for_selector(".message-success")
+        assert page.locator("[data-canary-status]").inner_text() == "Rolled back"
+        screenshot(page, "rollout-11-rolled-back")
+        page.close()

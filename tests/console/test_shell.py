@@ -1,0 +1,187 @@
+"""The console's frame: where each user lands, the navigation each may follow, sign-in with
+its rate limit, password change and reset, and plotly.js served from our own static files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.staticfiles import finders
+from django.core import mail
+from django.test import Client
+
+from billing.models import Membership, Organization, Role
+from core import keys
+from core.redis import sync_redis
+
+pytestmark = pytest.mark.django_db
+PASSWORD = "pw-correct-horse-42"
+
+
+@pytest.fixture(autouse=True)
+def no_failed_logins_counted():
+    """Failed-login counts live in Redis and would outlive a test's transaction."""
+    client = sync_redis()
+    for key in client.scan_iter(match=keys.namespaced("login", "failures", "*")):
+        client.delete(key)
+    yield
+    for key in client.scan_iter(match=keys.namespaced("login", "failures", "*")):
+        client.delete(key)
+
+
+def user(name: str, *, org: Organization | None = None, role: str = Role.ORG_MEMBER, email: str = ""):
+    made = get_user_model().objects.create_user(username=name, password=PASSWORD, email=email)
+    if org is not None:
+        Membership.objects.create(user=made, organization=org, role=role)
+    return made
+
+
+def signed_in(who) -> Client:
+    client = Client()
+    client.force_login(who)
+    return client
+
+
+class TestLanding:
+    def test_anonymous_visitors_are_sent_to_log_in(self):
+        response = Client().get("/")
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+    def test_a_customer_lands_in_the_portal(self, alice_org):
+        response = signed_in(user("ann", org=alice_org)).get("/")
+        assert (response.status_code, response["Location"]) == (302, "/portal/")
+
+    def test_a_member_of_one_organisation_goes_straight_to_it(self, alice_org):
+        response = signed_in(user("ann", org=alice_org)).get("/portal/")
+        assert response.status_code == 302
+        assert response["Location"] == f"/portal/{alice_org.pk}/"
+
+    def test_a_member_of_several_picks_one(self, alice_org, bob_org):
+        ann = user("ann", org=alice_org)
+        Membership.objects.create(user=ann, organization=bob_org, role=Role.ORG_ADMIN)
+        html = signed_in(ann).get("/portal/").content.decode()
+        assert f'href="/portal/{alice_org.pk}/"' in html
+        assert f'href="/portal/{bob_org.pk}/"' in html
+
+    def test_someone_in_no_organisation_is_told_how_to_get_in(self):
+        html = signed_in(user("lone")).get("/portal/").content.decode()
+        assert "Ask an organisation admin to invite you" in html
+
+
+class TestNavigation:
+    def test_a_customer_sees_the_portal_of_their_organisation_and_no_console(self, alice_org):
+        response = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/")
+        nav = response.context["nav"]
+        assert nav["console"] == []
+        assert nav["portal"], "the portal's pages are listed"
+        assert all(link["url"].startswith(f"/portal/{alice_org.pk}/") for link in nav["portal"])
+        assert [link["url"] for link in nav["portal"] if link["active"]] == [f"/portal/{alice_org.pk}/"]
+
+    def test_a_platform_admin_sees_the_console(self, alice_org):
+        root = get_user_model().objects.create_superuser(username="root", password=PASSWORD)
+        response = signed_in(root).get("/portal/")
+        assert [link for link in response.context["nav"]["console"] if link["url"].startswith("/console/")]
+
+    def test_the_navigation_points_at_the_organisation_in_the_url(self, alice_org, bob_org):
+        ann = user("ann", org=alice_org)
+        Membership.objects.create(user=ann, organization=bob_org, role=Role.ORG_MEMBER)
+        response = signed_in(ann).get(f"/portal/{bob_org.pk}/")
+        assert response.context["portal_org"] == bob_org
+
+
+class TestLogin:
+    def login(self, client: Client, username: str, password: str):
+        return client.post("/accounts/login/", {"username": username, "password": password})
+
+    def test_a_good_login_goes_home(self, alice_org):
+        user("ann", org=alice_org)
+        response = self.login(Client(), "ann", PASSWORD)
+        assert (response.status_code, response["Location"]) == (302, "/")
+
+    def test_after_five_failures_the_account_is_refused_for_a_while_even_with_the_right_password(self, alice_org):
+        user("ann", org=alice_org)
+        client = Client()
+        for _ in range(5):
+            assert self.login(client, "ann", "wrong").status_code == 200
+        refused = self.login(client, "ann", PASSWORD)
+        assert refused.status_code == 429
+        assert int(refused["Retry-After"]) > 0
+        assert "Too many failed logins" in refused.content.decode()
+        assert "_auth_user_id" not in client.session
+
+    def test_another_account_is_not_locked_out(self, alice_org):
+        user("ann", org=alice_org)
+        user("bob", org=alice_org)
+        for _ in range(5):
+            self.login(Client(), "ann", "wrong")
+        assert self.login(Client(), "bob", PASSWORD).status_code == 302
+
+    def test_a_good_login_clears_the_accounts_failures(self, alice_org):
+        user("ann", org=alice_org)
+        for _ in range(4):
+            self.login(Client(), "ann", "wrong")
+        assert self.login(Client(), "ann", PASSWORD).status_code == 302
+        for _ in range(4):
+            self.login(Client(), "ann", "wrong")
+        assert self.login(Client(), "ann", PASSWORD).status_code == 302
+
+    def test_one_address_trying_many_accounts_is_refused_too(self, settings, alice_org):
+        settings.LOGIN_MAX_FAILURES = 2  # so the address's budget is 10
+        for i in range(10):
+            self.login(Client(), f"nobody-{i}", "wrong")
+        user("ann", org=alice_org)
+        assert self.login(Client(), "ann", PASSWORD).status_code == 429
+
+    def test_the_form_carries_a_csrf_token(self):
+        client = Client(enforce_csrf_checks=True)
+        assert client.post("/accounts/login/", {"username": "x", "password": "y"}).status_code == 403
+        assert 'name="csrfmiddlewaretoken"' in client.get("/accounts/login/").content.decode()
+
+
+class TestPasswords:
+    def test_a_signed_in_user_changes_their_password(self, alice_org):
+        ann = user("ann", org=alice_org)
+        client = signed_in(ann)
+        assert client.get("/accounts/password_change/").status_code == 200
+        bad = client.post("/accounts/password_change/", {"old_password": "nope", "new_password1": "x",
+                                                          "new_password2": "y"})  # fmt: skip
+        assert bad.status_code == 200
+        assert 'role="alert"' in bad.content.decode()
+        new = "a-new-and-long-pass-77"
+        done = client.post("/accounts/password_change/", {"old_password": PASSWORD, "new_password1": new,
+                                                           "new_password2": new})  # fmt: skip
+        assert (done.status_code, done["Location"]) == (302, "/accounts/password_change/done/")
+        ann.refresh_from_db()
+        assert ann.check_password(new)
+
+    def test_a_reset_link_by_email_sets_a_new_password(self, settings, alice_org):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+        ann = user("ann", org=alice_org, email="ann@example.com")
+        client = Client()
+        assert client.post("/accounts/password_reset/", {"email": "ann@example.com"}).status_code == 302
+        assert len(mail.outbox) == 1
+        link = re.search(r"https?://[^/]+(/accounts/reset/\S+/)", mail.outbox[0].body)
+        assert link is not None, mail.outbox[0].body
+        form = client.get(link.group(1), follow=True)
+        assert "Set a new password" in form.content.decode()
+        new = "another-long-pass-88"
+        done = client.post(form.redirect_chain[-1][0], {"new_password1": new, "new_password2": new})
+        assert (done.status_code, done["Location"]) == (302, "/accounts/reset/done/")
+        ann.refresh_from_db()
+        assert ann.check_password(new)
+
+    def test_an_unknown_address_gets_the_same_answer_and_no_mail(self, settings):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+        response = Client().post("/accounts/password_reset/", {"email": "nobody@example.com"})
+        assert (response.status_code, response["Location"]) == (302, "/accounts/password_reset/done/")
+        assert mail.outbox == []
+
+
+def test_plotly_js_is_one_of_our_static_files():
+    found = finders.find("plotly/plotly.min.js")
+    assert found is not None
+    assert Path(found).stat().st_size > 1_000_000
+    assert finders.find("plotly/datasets/iris.csv") is None  # nothing else of the package
