@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from billing.models import ApiKey, BudgetAlert, Invitation, Membership, Organization, Plan, Price, Role, Tier
+from billing.models import (
+    ApiKey,
+    BudgetAlert,
+    Invitation,
+    Invoice,
+    Membership,
+    Organization,
+    Plan,
+    Price,
+    Reconciliation,
+    Role,
+    Tier,
+)
 
 
 def api_key_by_hash(*, key_hash: str) -> ApiKey | None:
@@ -83,3 +97,71 @@ def budget_alerts_of(*, organization_id: int, month: str) -> QuerySet[BudgetAler
         .select_related("api_key")
         .order_by("-created_at")
     )
+
+
+# --- The console's customer pages (platform admins: every organisation) ---------------
+
+
+def organizations_listed(*, q: str = "", tier: str = "") -> QuerySet[Organization]:
+    """Organisations by name, with ``member_count`` and ``active_key_count``; ``q`` matches
+    the name or slug, ``tier`` one tier."""
+    found = Organization.objects.all()
+    if q:
+        found = found.filter(Q(name__icontains=q) | Q(slug__icontains=q))
+    if tier:
+        found = found.filter(tier=tier)
+    return found.annotate(
+        member_count=Count("memberships", distinct=True),
+        active_key_count=Count("api_keys", filter=Q(api_keys__is_active=True), distinct=True),
+    ).order_by("name")
+
+
+def memberships_of(*, organization_id: int) -> QuerySet[Membership]:
+    """An organisation's members, by username."""
+    return Membership.objects.filter(organization_id=organization_id).select_related("user").order_by("user__username")
+
+
+def membership_of(*, organization_id: int, username: str) -> Membership | None:
+    return memberships_of(organization_id=organization_id).filter(user__username=username).first()
+
+
+def user_named(*, username: str) -> Any:
+    """The user with this username, or None."""
+    return get_user_model().objects.filter(username=username).first()
+
+
+def invoices_listed(
+    *, status: str = "", period: date | None = None, organization_id: int | None = None, organization_q: str = ""
+) -> QuerySet[Invoice]:
+    """Every organisation's invoices, newest month first, filtered by state, month and
+    organisation (its id, or its name containing ``organization_q``)."""
+    found = Invoice.objects.select_related("organization")
+    if status:
+        found = found.filter(status=status)
+    if period is not None:
+        found = found.filter(period=period)
+    if organization_id is not None:
+        found = found.filter(organization_id=organization_id)
+    if organization_q:
+        found = found.filter(organization__name__icontains=organization_q)
+    return found.order_by("-period", "-number")
+
+
+def invoice_get(*, invoice_id: int) -> Invoice | None:
+    return Invoice.objects.select_related("organization", "reissue_of").filter(pk=invoice_id).first()
+
+
+def prices_listed(*, model: str = "", include_ended: bool = False) -> QuerySet[Price]:
+    """Prices by model, newest first: those in effect or scheduled, or every one."""
+    prices = Price.objects.select_related("model", "version").order_by("model__name", "version_id", "-effective_from")
+    if not include_ended:
+        prices = prices.exclude(effective_to__lte=timezone.now())
+    if model:
+        prices = prices.filter(model__name__icontains=model)
+    return prices
+
+
+def reconciliations_latest(*, ok: bool | None = None) -> QuerySet[Reconciliation]:
+    """Reconciliations, newest first; only agreeing (``ok``) or only mismatching ones."""
+    found = Reconciliation.objects.order_by("-created_at")
+    return found if ok is None else found.filter(ok=ok)

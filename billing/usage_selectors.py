@@ -157,3 +157,22 @@ def usage_daily_for_organization(
     if api_key_id is not None:
         rollups = rollups.filter(api_key_id=api_key_id)
     return _daily(rollups, start=start, end=end, by_key=by_key, limit=limit, after=after)
+
+
+def cost_by_organization(*, organization_ids: list[int], start: date, end: date) -> dict[int, Decimal]:
+    """Each organisation's cost over UTC days ``start`` to ``end`` inclusive, from the daily
+    rollups, in one query (0 for an organisation without usage)."""
+    rows = (
+        UsageRollup.objects.filter(
+            organization_id__in=organization_ids,
+            period=UsageRollup.Period.DAY,
+            start__gte=_midnight(start),
+            start__lt=_midnight(end + timedelta(days=1)),
+        )
+        .values("organization_id")
+        .annotate(cost=Sum("cost"))
+        .order_by()
+    )
+    costs = {organization_id: Decimal(0) for organization_id in organization_ids}
+    costs.update({row["organization_id"]: Decimal(row["cost"]) for row in rows})
+    return costs

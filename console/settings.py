@@ -218,6 +218,9 @@ ARTIFACT_STORE: dict[str, Any] = {
     "BACKEND": os.environ.get("ARTIFACT_STORE_BACKEND", "registry.artifacts.LocalArtifactStore"),
     "OPTIONS": {"root": os.environ.get("ARTIFACT_ROOT", str(embedded.VAR_DIR / "artifacts"))},
 }
+# The largest artifact the console accepts as an upload (the request body: a folder's files or
+# one .tar/.zip, and the unpacked size of an archive). Uploads stream to temporary files.
+ARTIFACT_UPLOAD_MAX_BYTES = envint("ARTIFACT_UPLOAD_MAX_BYTES", 2 * 1024**3)
 
 # --- Data plane -----------------------------------------------------------------------
 ENGINE_CONNECT_TIMEOUT = envfloat("ENGINE_CONNECT_TIMEOUT", 2.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -201,6 +202,60 @@ def model_version_create(
     if differing:
         raise VersionConflict(existing, differing)
     return existing, False
+
+
+def model_version_create_from_upload(
+    *,
+    actor: Actor,
+    name: str,
+    version: str,
+    framework: str,
+    source: Path,
+    config: dict[str, Any],
+    task: str | None = None,
+) -> ModelVersion:
+    """Store the files under ``source`` (an uploaded artifact, unpacked) as ``local://<name>/<version>``
+    or the store's equivalent, then register the version from it exactly as
+    ``model_version_create`` registers one by URI (hashed, audited).
+
+    Refuses a version that is registered already, and a store key some version points at:
+    storing replaces what is there, and a registered artifact never changes under a deployment.
+    """
+    if ModelVersion.objects.filter(model__name=name, version=version).exists():
+        raise InvalidInput("version", f"{name}:{version} is registered already; upload it as a new version.")
+    if task is not None and task not in Task.values:
+        raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    existing_model = Model.objects.filter(name=name).first()
+    if existing_model is not None and task is not None and task != existing_model.task:
+        raise InvalidInput("task", f"{name} is a {existing_model.task} model.")
+    store = get_artifact_store()
+    key = f"{name}/{version}"
+    if ModelVersion.objects.filter(artifact_uri=f"{store.scheme}://{key}").exists():
+        raise InvalidInput("version", f"{store.scheme}://{key} belongs to another version already.")
+    try:
+        stored = store.put_directory(source=source, key=key)
+    except ValueError as exc:  # an empty folder, or a key the store refuses
+        raise InvalidInput("artifact_files", f"The artifact cannot be stored: {exc}.") from exc
+    created, _ = model_version_create(
+        actor=actor, name=name, version=version, framework=framework, artifact_uri=stored.uri, config=config, task=task
+    )
+    return created
+
+
+def bundled_import_start(*, actor: Actor, force: bool = False) -> bool:
+    """Queue the import of the bundled models (``registry.tasks.bundled_models_import``, on
+    commit); False when a run is queued or running already. Audited."""
+    from registry.bundled_import import import_claim
+    from registry.tasks import bundled_models_import
+
+    user = actor if actor is not None and actor.is_authenticated else None
+    if not import_claim(started_by=user.get_username() if user is not None else ""):
+        return False
+    with transaction.atomic():
+        audit_record(actor=actor, action="bundled.import", target_type="model", target="bundled models", before=None,
+                     after={"force": force})  # fmt: skip
+        transaction.on_commit(lambda: bundled_models_import.delay(force=force))
+    return True
 
 
 def replica_heartbeat(*, replica: Replica) -> None:

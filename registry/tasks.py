@@ -15,3 +15,15 @@ def canary_tick() -> int:
     """Judge every running canary whose interval boundary has come (every few seconds,
     idempotent: each canary's row is locked and its boundary moved on in one transaction)."""
     return len(canary_controller_tick(load_samples=served_requests))
+
+
+@shared_task(ignore_result=True, acks_late=False)
+def bundled_models_import(force: bool = False) -> int:
+    """Import the bundled models (``registry.bundled``), recording progress for the console.
+
+    Idempotent: a model whose stored artifact is current is left alone. Acknowledged on
+    receipt, not at the end: a worker lost mid-import must not start a minutes-long
+    conversion again on its own (the console's button does, once the claim lapses)."""
+    from registry.bundled_import import import_run
+
+    return len(import_run(force=force))

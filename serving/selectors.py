@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from billing.models import UsageRecord
-from serving.models import ShadowPolicy, ShadowRecord
+from serving.models import CacheEntry, CachePolicy, ShadowPolicy, ShadowRecord
 
 # The comparison reads at most this many of the newest mirrored requests: enough for stable
 # percentiles, bounded however long a shadow runs (the console shows the same figures).
@@ -68,3 +68,23 @@ def shadow_comparison(*, model: str, since: datetime) -> dict[str, Any]:
 def shadow_policy_of(*, model_id: int) -> ShadowPolicy | None:
     """The model's shadow policy, with its candidate version, if it has one."""
     return ShadowPolicy.objects.select_related("candidate").filter(model_id=model_id).first()
+
+
+def cache_policies_by_model() -> dict[int, CachePolicy]:
+    """Every model's semantic-cache policy, by model id (a model without one gets the defaults)."""
+    return {policy.model_id: policy for policy in CachePolicy.objects.all()}
+
+
+def cache_entries_count(
+    *, model: str | None = None, version: str | None = None, organization_id: int | None = None
+) -> int:
+    """How many cache entries match every filter given (what ``serving.services.cache_purge``
+    with the same filters would delete, entries stored meanwhile aside)."""
+    entries = CacheEntry.objects.all()
+    if model is not None:
+        entries = entries.filter(model=model)
+    if version is not None:
+        entries = entries.filter(model_version=version)
+    if organization_id is not None:
+        entries = entries.filter(organization_id=organization_id)
+    return entries.count()

@@ -1,4 +1,5 @@
-"""Writes of the data plane's own tables that operators start: purging the semantic cache, shadow policies."""
+"""Writes of the data plane's own tables that operators start: the semantic cache (purge, per-model
+policy) and shadow policies."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from billing.services import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
 from registry.services import Actor, audit_record
-from serving.models import ShadowPolicy
+from serving.models import CachePolicy, ShadowPolicy
 from serving.semcache.store import TABLE, delete_in_batches, scope_sizes_refresh
 
 logger = logging.getLogger(__name__)
@@ -109,3 +110,67 @@ def shadow_policy_delete(*, model: Model, actor: Actor = None) -> bool:
                      after=None)  # fmt: skip
         publish_routing_change("shadow")
     return True
+
+
+def _cache_policy_snapshot(policy: CachePolicy | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    return {
+        "enabled": policy.enabled,
+        "max_temperature": str(policy.max_temperature),
+        "max_prompt_tokens": policy.max_prompt_tokens,
+        "ttl_seconds": policy.ttl_seconds,
+        "shared_scope": policy.shared_scope,
+    }
+
+
+# Bounds of the policy's fields (the model's validators, and what a gateway may sensibly hold).
+MAX_CACHE_TEMPERATURE = Decimal(2)
+MAX_CACHE_TTL_SECONDS = 30 * 24 * 3600
+
+
+def cache_policy_set(
+    *,
+    model: Model,
+    enabled: bool,
+    max_temperature: Decimal | float | str,
+    max_prompt_tokens: int,
+    ttl_seconds: int,
+    shared_scope: bool,
+    actor: Actor = None,
+) -> CachePolicy:
+    """Set ``model``'s semantic-cache rules (``serving.semcache.policy``), creating its policy
+    if it had none; every gateway applies them at once (they are part of the routing
+    snapshot). Entries already stored keep their expiry. Audited."""
+    try:
+        temperature = Decimal(str(max_temperature))
+    except InvalidOperation:
+        raise InvalidInput("max_temperature", "Give a number from 0 to 2.") from None
+    if not temperature.is_finite() or not 0 <= temperature <= MAX_CACHE_TEMPERATURE:
+        raise InvalidInput("max_temperature", "Give a number from 0 to 2.")
+    if temperature != temperature.quantize(Decimal("0.01")):
+        raise InvalidInput("max_temperature", "At most two decimals.")
+    if isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
+        raise InvalidInput("max_prompt_tokens", "Give a whole number of tokens, at least 1.")
+    if (
+        isinstance(ttl_seconds, bool)
+        or not isinstance(ttl_seconds, int)
+        or not 1 <= ttl_seconds <= MAX_CACHE_TTL_SECONDS
+    ):
+        raise InvalidInput("ttl_seconds", f"Give a whole number of seconds from 1 to {MAX_CACHE_TTL_SECONDS:,}.")
+    values = {
+        "enabled": bool(enabled),
+        "max_temperature": temperature.quantize(Decimal("0.01")),
+        "max_prompt_tokens": max_prompt_tokens,
+        "ttl_seconds": ttl_seconds,
+        "shared_scope": bool(shared_scope),
+    }
+    with transaction.atomic():
+        before = _cache_policy_snapshot(CachePolicy.objects.select_for_update().filter(model=model).first())
+        policy, _ = CachePolicy.objects.update_or_create(model=model, defaults=values)
+        after = _cache_policy_snapshot(policy)
+        if after != before:
+            audit_record(actor=actor, action="cache_policy.set", target_type="model", target=model.name,
+                         before=before, after=after)  # fmt: skip
+            publish_routing_change("cache policy")
+    return policy

@@ -20,7 +20,8 @@ from typing import Any, TypeAlias
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -168,6 +169,39 @@ def _clean_text(field: str, value: Any, *, max_length: int) -> str:
     return text
 
 
+EMAIL_MAX_LENGTH = 254
+_TAX_RATE_QUANTUM = Decimal("0.0001")
+
+
+def _clean_billing_email(value: Any) -> str:
+    """An address for invoices and budget alerts, or "" for none."""
+    if not isinstance(value, str):
+        raise InvalidInput("billing_email", "must be an email address")
+    text = value.strip()
+    if not text:
+        return ""
+    if len(text) > EMAIL_MAX_LENGTH:
+        raise InvalidInput("billing_email", f"must be at most {EMAIL_MAX_LENGTH} characters")
+    try:
+        validate_email(text)
+    except ValidationError:
+        raise InvalidInput("billing_email", "must be an email address") from None
+    return text
+
+
+def _clean_tax_rate(value: Any) -> Decimal:
+    """A fraction of the subtotal (0.2 is 20 %), as the invoice applies it."""
+    try:
+        rate = value if isinstance(value, Decimal) else Decimal(str(value))
+    except (InvalidOperation, ValueError, TypeError):
+        raise InvalidInput("tax_rate", "must be a decimal number") from None
+    if not rate.is_finite() or not Decimal(0) <= rate <= Decimal(1):
+        raise InvalidInput("tax_rate", "must be between 0 and 1 (0.2 is 20 %)")
+    if rate != rate.quantize(_TAX_RATE_QUANTUM):
+        raise InvalidInput("tax_rate", "must have at most 4 decimal places")
+    return rate
+
+
 def _validate_tier(tier: Any) -> None:
     if tier not in Tier.values:
         raise InvalidInput("tier", f"must be one of {', '.join(Tier.values)}")
@@ -256,9 +290,17 @@ def _check_organization_name_free(*, name: str, exclude: Organization | None = N
 
 
 def organization_create(
-    *, name: str, slug: str | None = None, tier: str = Tier.PAID, actor: Actor = None, **limits: Any
+    *,
+    name: str,
+    slug: str | None = None,
+    tier: str = Tier.PAID,
+    billing_email: str = "",
+    tax_rate: Decimal | str = Decimal(0),
+    actor: Actor = None,
+    **limits: Any,
 ) -> Organization:
-    """A new organisation (platform admins only): its tier and limits are its plan."""
+    """A new organisation (platform admins only): its tier and limits are its plan; invoices
+    and budget alerts go to ``billing_email`` and carry ``tax_rate`` (a fraction)."""
     if not _acts_as_platform_admin(actor):
         raise PermissionDenied("Only platform admins create organisations.")
     unknown = set(limits) - set(LIMIT_FIELDS)
@@ -274,9 +316,10 @@ def organization_create(
             raise InvalidInput("slug", "another organisation already has this slug")
     _validate_tier(tier)
     _validate_limits(limits)
+    billing = {"billing_email": _clean_billing_email(billing_email), "tax_rate": _clean_tax_rate(tax_rate)}
     try:
         with transaction.atomic():
-            return Organization.objects.create(name=name, slug=slug or derived, tier=tier, **limits)
+            return Organization.objects.create(name=name, slug=slug or derived, tier=tier, **billing, **limits)
     except IntegrityError:  # a concurrent create took the name
         raise InvalidInput("name", "another organisation already has this name") from None
 
@@ -287,12 +330,13 @@ def organization_get_or_create(*, name: str) -> Organization:
 
 
 def organization_update(*, organization: Organization, actor: Actor = None, **changes: Any) -> Organization:
-    """Change an organisation's name (its admins), tier or limits (platform admins only).
+    """Change an organisation's name (its admins), tier, limits, billing email or tax rate
+    (platform admins only).
 
     Gateways see new limits within a second. The slug stays: it is the organisation's
     stable identifier.
     """
-    allowed = {"name", "tier", *LIMIT_FIELDS}
+    allowed = {"name", "tier", "billing_email", "tax_rate", *LIMIT_FIELDS}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
@@ -304,6 +348,10 @@ def organization_update(*, organization: Organization, actor: Actor = None, **ch
         _check_organization_name_free(name=changes["name"], exclude=organization)
     if "tier" in changes:
         _validate_tier(changes["tier"])
+    if "billing_email" in changes:
+        changes["billing_email"] = _clean_billing_email(changes["billing_email"])
+    if "tax_rate" in changes:
+        changes["tax_rate"] = _clean_tax_rate(changes["tax_rate"])
     _validate_limits(changes)
     try:
         with transaction.atomic():

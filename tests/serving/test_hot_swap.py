@@ -458,10 +458,9 @@ class TestSwapUnderLoad:
                 django_db_blocker, gateway_url=gateway.base_url, key=key.secret, model=name, old_id=old_id,
                 to_version="2", workers=6, max_tokens=10, timeout=60, log=log,
             )  # fmt: skip
+            # check_swap reads the swap's outcome from the database: any supervisor may drive a
+            # swap (the session's engines' one too), so this one's log need not show the steps.
             check_swap(django_db_blocker, outcomes, old_id=old_id, new_id=new_id, versions={"1", "2"})
-            text = log.read_text()
-            assert "traffic moved" in text, text[-2000:]
-            assert "completed" in text, text[-2000:]
         print(f"{len(outcomes)} streamed requests across the swap, none failed")
 
 

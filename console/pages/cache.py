@@ -1,0 +1,321 @@
+"""The semantic cache in the console: hit rate and savings, the store's size, each model's policy, purge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import plotly.graph_objects as go
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Page, Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_http_methods
+
+from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_savings
+from billing.models import Organization
+from billing.selectors import organizations_visible_to
+from console.pages.access import platform_admin_required
+from console.pages.nav import CONSOLE, NavItem
+from core.errors import InvalidInput
+from registry.models import Model
+from registry.selectors import model_named, models_for_board
+from serving.models import CachePolicy
+from serving.selectors import cache_entries_count, cache_policies_by_model
+from serving.semcache.policy import CacheRules
+from serving.semcache.store import cache_stats
+from serving.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purge
+
+VERSIONS_PER_PAGE = 25
+POLICIES_PER_PAGE = 25
+PALETTE = ("#2f6fed", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c", "#5c940d")
+
+
+@dataclass(frozen=True)
+class Window:
+    key: str
+    label: str
+    span: timedelta
+
+
+WINDOWS = {w.key: w for w in (
+    Window("day", "Last 24 hours", timedelta(days=1)),
+    Window("7d", "Last 7 days", timedelta(days=7)),
+    Window("30d", "Last 30 days", timedelta(days=30)),
+)}  # fmt: skip
+DEFAULT_WINDOW = "day"
+
+
+def _page(items: Any, number: str | None, per_page: int) -> Page[Any]:
+    return Paginator(items, per_page).get_page(number)
+
+
+def _query_without(request: HttpRequest, name: str) -> str:
+    query = request.GET.copy()
+    query.pop(name, None)
+    return query.urlencode()
+
+
+# --- The cache page ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One model version: what the store holds now, and what the rollups say it served."""
+
+    model: str
+    version: str
+    entries: int
+    expired: int
+    hits: int  # hits recorded on the entries still stored
+    usage: CacheSavings
+
+
+class CacheFilterForm(forms.Form):
+    window = forms.ChoiceField(label="Time range", required=False, choices=[(w.key, w.label) for w in WINDOWS.values()])
+    q = forms.CharField(label="Model name", required=False, max_length=255)
+
+
+def _version_rows(stats: dict[str, Any], report: CacheSavingsReport, q: str) -> list[VersionRow]:
+    stored = {(m["model"], m["version"]): m for m in stats["models"]}
+    usage = {(u.model, u.version): u for u in report.versions}
+    rows = []
+    for model, version in sorted(stored.keys() | usage.keys()):
+        if q and q.lower() not in model.lower():
+            continue
+        held = stored.get((model, version), {})
+        rows.append(
+            VersionRow(
+                model=model,
+                version=version,
+                entries=int(held.get("entries", 0)),
+                expired=int(held.get("expired", 0)),
+                hits=int(held.get("hits", 0)),
+                usage=usage.get((model, version)) or CacheSavings(model=model, version=version),
+            )
+        )
+    return rows
+
+
+def hit_rate_figure(report: CacheSavingsReport) -> dict[str, Any]:
+    """Each model version's hit rate per hour, in percent (gaps where it had no requests)."""
+    fig = go.Figure()
+    for index, series in enumerate(report.series):
+        fig.add_trace(
+            go.Scatter(
+                x=[hour.isoformat() for hour in series.hours],
+                y=[None if rate is None else round(rate * 100, 2) for rate in series.hit_rates],
+                name=series.label,
+                mode="lines+markers",
+                connectgaps=False,
+                line={"color": PALETTE[index % len(PALETTE)], "width": 2},
+                marker={"size": 4},
+                hovertemplate="%{y:.2f} %<extra>%{fullData.name}</extra>",
+            )
+        )
+    fig.update_layout(
+        template="none",
+        height=280,
+        margin={"l": 50, "r": 10, "t": 10, "b": 30},
+        font={"family": "system-ui, sans-serif", "size": 12, "color": "#1d2330"},
+        paper_bgcolor="#fff",
+        plot_bgcolor="#fff",
+        showlegend=bool(report.series),
+        legend={"orientation": "h", "y": -0.25},
+        xaxis={"type": "date", "gridcolor": "#eef1f6", "range": [report.since.isoformat(), report.until.isoformat()]},
+        yaxis={"title": {"text": "hit rate, %"}, "gridcolor": "#eef1f6", "range": [0, 100], "zeroline": False},
+    )
+    figure: dict[str, Any] = orjson.loads(fig.to_json())
+    return figure
+
+
+class PurgeForm(forms.Form):
+    """What to purge: every entry matching all the filters given (at least one)."""
+
+    model = forms.CharField(label="Model", required=False, max_length=255, help_text="the public model name")
+    version = forms.CharField(label="Version", required=False, max_length=50,
+                              help_text="of the model given, or of every model when alone")  # fmt: skip
+    organization = forms.ModelChoiceField(
+        label="Organisation", required=False, queryset=Organization.objects.none(), empty_label="Any organisation",
+        help_text="whose requests stored the entries",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any, organizations: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["organization"].queryset = organizations  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for name in ("model", "version"):
+            cleaned[name] = (cleaned.get(name) or "").strip() or None
+        if not self.errors and not any(cleaned.get(n) for n in ("model", "version", "organization")):
+            raise forms.ValidationError("Give at least one of model, version or organisation.")
+        return cleaned
+
+    def filters(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        organization: Organization | None = data.get("organization")
+        return {"model": data["model"], "version": data["version"],
+                "organization_id": organization.pk if organization is not None else None}  # fmt: skip
+
+
+def _sizes(stats: dict[str, Any]) -> list[tuple[str, int]]:
+    return [
+        ("Table", stats["table_bytes"]),
+        ("Indexes (all)", stats["index_bytes"]),
+        ("HNSW indexes", stats["hnsw_index_bytes"]),
+    ]
+
+
+@platform_admin_required
+def cache_overview(request: HttpRequest) -> HttpResponse:
+    form = CacheFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    window = WINDOWS[filters.get("window") or DEFAULT_WINDOW]
+    report = cache_savings(span=window.span)
+    stats = cache_stats()
+    rows = _version_rows(stats, report, filters.get("q", ""))
+    context = {
+        "form": form,
+        "window": window,
+        "report": report,
+        "stats": stats,
+        "sizes": _sizes(stats),
+        "page": _page(rows, request.GET.get("page"), VERSIONS_PER_PAGE),
+        "query": _query_without(request, "page"),
+        "figure": hit_rate_figure(report),
+        "purge_form": PurgeForm(organizations=organizations_visible_to(request.user).order_by("name")),
+        "defaults": CacheRules.defaults(),
+        "min_similarity": settings.SEMANTIC_CACHE_MIN_SIMILARITY,
+        "wrong_hit_budget": settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET * 100,
+        "cache_enabled": settings.SEMANTIC_CACHE_ENABLED,
+    }
+    return render(request, "console/cache/cache.html", context)
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def cache_purge_confirm(request: HttpRequest) -> HttpResponse:
+    """GET: how many entries the filters match, and a button to purge them; POST: purge."""
+    organizations = organizations_visible_to(request.user).order_by("name")
+    form = PurgeForm(request.POST if request.method == "POST" else request.GET, organizations=organizations)
+    if not form.is_valid():
+        return render(request, "console/cache/purge.html", {"form": form, "count": None}, status=400)
+    filters = form.filters()
+    if request.method == "POST":
+        try:
+            purged = cache_purge(model=filters["model"], version=filters["version"],
+                                 organization=filters["organization_id"])  # fmt: skip
+        except InvalidInput as exc:
+            form.add_error(None, exc.message)
+            return render(request, "console/cache/purge.html", {"form": form, "count": None}, status=400)
+        messages.success(request, f"Purged {purged:,} cache entr{'y' if purged == 1 else 'ies'} ({_describe(form)}).")
+        return redirect(reverse("console:cache"))
+    context = {"form": form, "count": cache_entries_count(**filters), "described": _describe(form)}
+    return render(request, "console/cache/purge.html", context)
+
+
+def _describe(form: PurgeForm) -> str:
+    data = form.cleaned_data
+    parts = []
+    if data.get("model"):
+        parts.append(f"model {data['model']}")
+    if data.get("version"):
+        parts.append(f"version {data['version']}")
+    if data.get("organization"):
+        parts.append(f"organisation {data['organization'].name}")
+    return ", ".join(parts)
+
+
+# --- Policies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    model: Model
+    policy: CachePolicy | None  # None: the defaults apply
+
+
+class PolicyFilterForm(forms.Form):
+    q = forms.CharField(label="Model name", required=False, max_length=255)
+
+
+@platform_admin_required
+def cache_policy_list(request: HttpRequest) -> HttpResponse:
+    form = PolicyFilterForm(request.GET or None)
+    q = form.cleaned_data.get("q", "") if form.is_valid() else ""
+    page = _page(models_for_board(q=q).order_by("name"), request.GET.get("page"), POLICIES_PER_PAGE)
+    policies = cache_policies_by_model()
+    context = {
+        "form": form,
+        "page": page,
+        "rows": [PolicyRow(model=m, policy=policies.get(m.pk)) for m in page.object_list],
+        "query": _query_without(request, "page"),
+        "defaults": CacheRules.defaults(),
+    }
+    return render(request, "console/cache/policies.html", context)
+
+
+class CachePolicyForm(forms.Form):
+    enabled = forms.BooleanField(label="Cache this model's answers", required=False)
+    max_temperature = forms.DecimalField(
+        label="Highest temperature cached", min_value=Decimal(0), max_value=Decimal(2), max_digits=3, decimal_places=2,
+        help_text="requests sampling hotter than this neither use nor fill the cache (0-2)",
+    )  # fmt: skip
+    max_prompt_tokens = forms.IntegerField(label="Longest prompt cached (tokens)", min_value=1)
+    ttl_seconds = forms.IntegerField(label="Time to live (seconds)", min_value=1, max_value=MAX_CACHE_TTL_SECONDS,
+                                     help_text="how long a stored answer may be served")  # fmt: skip
+    shared_scope = forms.BooleanField(
+        label="Share entries across organisations", required=False,
+        help_text="only for models whose answers are public: one organisation's answer may be served to another",
+    )  # fmt: skip
+
+
+def _policy_initial(policy: CachePolicy | None) -> dict[str, Any]:
+    rules = CacheRules.defaults()
+    if policy is None:
+        return {"enabled": rules.enabled, "max_temperature": Decimal(str(rules.max_temperature)),
+                "max_prompt_tokens": rules.max_prompt_tokens, "ttl_seconds": rules.ttl_seconds,
+                "shared_scope": rules.shared_scope}  # fmt: skip
+    return {"enabled": policy.enabled, "max_temperature": policy.max_temperature,
+            "max_prompt_tokens": policy.max_prompt_tokens, "ttl_seconds": policy.ttl_seconds,
+            "shared_scope": policy.shared_scope}  # fmt: skip
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def cache_policy_edit(request: HttpRequest, name: str) -> HttpResponse:
+    model = model_named(name=name)
+    if model is None:
+        raise Http404("No such model.")
+    policy = cache_policies_by_model().get(model.pk)
+    form = CachePolicyForm(request.POST if request.method == "POST" else None, initial=_policy_initial(policy))
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            cache_policy_set(model=model, actor=request.user, enabled=data["enabled"],
+                             max_temperature=data["max_temperature"], max_prompt_tokens=data["max_prompt_tokens"],
+                             ttl_seconds=data["ttl_seconds"], shared_scope=data["shared_scope"])  # fmt: skip
+        except InvalidInput as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Saved the cache policy of {model.name}; gateways apply it at once.")
+            return redirect(f"{reverse('console:cache-policies')}?{urlencode({'q': model.name})}")
+    context = {"form": form, "model": model, "policy": policy}
+    return render(request, "console/cache/policy_form.html", context, status=400 if form.errors else 200)
+
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("console/cache/", cache_overview, name="cache"),
+    path("console/cache/purge/", cache_purge_confirm, name="cache-purge"),
+    path("console/cache/policies/", cache_policy_list, name="cache-policies"),
+    path("console/cache/policies/<slug:name>/", cache_policy_edit, name="cache-policy"),
+]
+NAV: list[NavItem] = [NavItem("Cache", "cache", CONSOLE)]

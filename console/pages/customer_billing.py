@@ -1,0 +1,379 @@
+"""The console's money pages: invoices (draft, refresh, finalize, pay, void, reissue, download),
+prices per model and version, and reconciliation runs.
+
+Platform admins only. Every invoice move goes through its guarded service
+(``billing.services.invoices``); a move the invoice's state does not allow comes back as
+a message naming both states, and nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import URLPattern, URLResolver, path
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from billing import invoicing
+from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
+from billing.models import Invoice, Organization
+from billing.reconciliation import reconcile_month
+from billing.selectors import invoice_get, invoices_listed, prices_listed, reconciliations_latest
+from billing.services import (
+    IllegalTransition,
+    InvalidInput,
+    InvoiceFrozen,
+    invoice_draft,
+    invoice_finalize,
+    invoice_mark_paid,
+    invoice_refresh,
+    invoice_reissue,
+    invoice_void,
+    price_set,
+)
+from console.pages.access import platform_admin_required
+from console.pages.customer_forms import (
+    InvoiceFilterForm,
+    MonthForm,
+    PriceFilterForm,
+    PriceForm,
+    ReconciliationFilterForm,
+    ReissueForm,
+    VoidForm,
+)
+from console.pages.nav import CONSOLE, NavItem
+from console.pages.rollout_forms import refuse
+from registry.selectors import model_list_with_versions, model_named, model_version_named
+
+INVOICES_PER_PAGE = 25
+PRICES_PER_PAGE = 50
+RECONCILIATIONS_PER_PAGE = 25
+
+
+def page_of(request: HttpRequest, items: QuerySet[Any], per_page: int, param: str = "page") -> Page[Any]:
+    return Paginator(items, per_page).get_page(request.GET.get(param))
+
+
+def query_without_page(request: HttpRequest, param: str = "page") -> str:
+    """The list's filters, for pagination links that keep them."""
+    query = request.GET.copy()
+    query.pop(param, None)
+    return query.urlencode()
+
+
+def _last_month() -> str:
+    return invoicing.period_label(invoicing.previous_month(invoicing.month_start(timezone.now())))
+
+
+# --- Invoices --------------------------------------------------------------------------
+
+
+def _invoice_rows(invoices: Any) -> list[dict[str, Any]]:
+    return [{"invoice": i, "number": invoicing.display_number(i)} for i in invoices]
+
+
+def _invoice_list(
+    request: HttpRequest, *, organization: Organization | None, draft_form: MonthForm | None = None
+) -> HttpResponse:
+    form = InvoiceFilterForm(request.GET or None)
+    filters: dict[str, Any] = {}
+    if form.is_valid():
+        filters = {
+            "status": form.cleaned_data["status"],
+            "period": form.cleaned_data["period"],
+            "organization_q": "" if organization is not None else form.cleaned_data["organization"].strip(),
+        }
+    if organization is not None:
+        form.fields.pop("organization")
+        filters["organization_id"] = organization.pk
+    page = page_of(request, invoices_listed(**filters), INVOICES_PER_PAGE)
+    context = {
+        "organization": organization,
+        "form": form,
+        "page": page,
+        "rows": _invoice_rows(page.object_list),
+        "query": query_without_page(request),
+        "draft_form": draft_form or MonthForm(initial={"period": _last_month()}, prefix="draft"),
+    }
+    return render(request, "console/customers/invoices.html", context)
+
+
+@platform_admin_required
+@require_GET
+def invoices(request: HttpRequest) -> HttpResponse:
+    """Every organisation's invoices, filtered by state, month and organisation."""
+    return _invoice_list(request, organization=None)
+
+
+@platform_admin_required
+@require_GET
+def customer_invoices(request: HttpRequest, org_id: int) -> HttpResponse:
+    """One organisation's invoices, and drafting one for a month."""
+    return _invoice_list(request, organization=get_object_or_404(Organization, pk=org_id))
+
+
+@platform_admin_required
+@require_POST
+def customer_invoice_draft(request: HttpRequest, org_id: int) -> HttpResponse:
+    """Draft the month's invoice, or refresh its draft (a finalized one is left as it is)."""
+    organization = get_object_or_404(Organization, pk=org_id)
+    form = MonthForm(request.POST, prefix="draft")
+    if form.is_valid():
+        try:
+            invoice = invoice_draft(organization=organization, period=form.cleaned_data["period"])
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            number, month = invoicing.display_number(invoice), invoicing.period_label(invoice.period)
+            if invoice.status == Invoice.Status.DRAFT:
+                messages.success(request, f"Invoice {number} for {month} drafted: {invoice.total} {invoice.currency}.")
+            else:
+                messages.info(request, f"Invoice {number} for {month} is {invoice.status} already: left unchanged.")
+            return redirect("console:invoice", invoice_id=invoice.pk)
+    messages.error(request, "No invoice drafted: see the errors below.")
+    return _invoice_list(request, organization=organization, draft_form=form)
+
+
+def _invoice_or_404(invoice_id: int) -> Invoice:
+    invoice = invoice_get(invoice_id=invoice_id)
+    if invoice is None:
+        raise Http404("No such invoice.")
+    return invoice
+
+
+@platform_admin_required
+@require_GET
+def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    """An invoice's lines and totals, and the moves its state allows."""
+    invoice = _invoice_or_404(invoice_id)
+    try:
+        reissued_as: Invoice | None = invoice.reissued_as
+    except Invoice.DoesNotExist:
+        reissued_as = None
+    context = {
+        "invoice": invoice,
+        "organization": invoice.organization,
+        "number": invoicing.display_number(invoice),
+        "lines": list(invoice.lines.order_by("id")),
+        "reissued_as": reissued_as,
+    }
+    return render(request, "console/customers/invoice_detail.html", context)
+
+
+def _refusal(invoice: Invoice, exc: Exception) -> str:
+    number = invoicing.display_number(invoice)
+    if isinstance(exc, IllegalTransition):
+        return f"Invoice {number} is {exc.current}: it cannot become {exc.target}."
+    if isinstance(exc, InvalidInput):
+        return f"Invoice {number} was not changed: {exc.message}."
+    return f"Invoice {number} was not changed: {exc}."
+
+
+def _move(request: HttpRequest, invoice_id: int, verb: str, move: Any) -> HttpResponse:
+    invoice = _invoice_or_404(invoice_id)
+    try:
+        moved = move(invoice=invoice)
+    except (IllegalTransition, InvoiceFrozen, ValueError) as exc:
+        messages.error(request, _refusal(invoice, exc))
+    else:
+        messages.success(request, f"Invoice {invoicing.display_number(moved)} {verb}.")
+    return redirect("console:invoice", invoice_id=invoice.pk)
+
+
+@platform_admin_required
+@require_POST
+def invoice_refresh_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    return _move(request, invoice_id, "refreshed with the usage that arrived since", invoice_refresh)
+
+
+@platform_admin_required
+@require_POST
+def invoice_finalize_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    return _move(request, invoice_id, "finalized: it is emailed to the billing address, if any", invoice_finalize)
+
+
+@platform_admin_required
+@require_POST
+def invoice_pay_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    return _move(request, invoice_id, "marked paid", invoice_mark_paid)
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def invoice_void_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    """GET: why? POST: void it (its number stays used, its usage is released)."""
+    invoice = _invoice_or_404(invoice_id)
+    form = VoidForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            invoice_void(invoice=invoice, reason=form.cleaned_data["reason"])
+        except InvalidInput as exc:
+            refuse(form, exc)
+        except (IllegalTransition, ValueError) as exc:
+            messages.error(request, _refusal(invoice, exc))
+            return redirect("console:invoice", invoice_id=invoice.pk)
+        else:
+            messages.success(request, f"Invoice {invoicing.display_number(invoice)} void.")
+            return redirect("console:invoice", invoice_id=invoice.pk)
+    context = {"invoice": invoice, "number": invoicing.display_number(invoice), "form": form, "action": "void"}
+    return render(request, "console/customers/invoice_move.html", context)
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def invoice_reissue_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    """GET: why? POST: void it and draft its replacement, which takes its usage."""
+    invoice = _invoice_or_404(invoice_id)
+    form = ReissueForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            new = invoice_reissue(invoice=invoice, reason=form.cleaned_data["reason"])
+        except InvalidInput as exc:
+            refuse(form, exc)
+        except (IllegalTransition, ValueError) as exc:
+            messages.error(request, _refusal(invoice, exc))
+            return redirect("console:invoice", invoice_id=invoice.pk)
+        else:
+            messages.success(
+                request,
+                f"Invoice {invoicing.display_number(invoice)} void; its replacement "
+                f"{invoicing.display_number(new)} is a draft.",
+            )
+            return redirect("console:invoice", invoice_id=new.pk)
+    context = {"invoice": invoice, "number": invoicing.display_number(invoice), "form": form, "action": "reissue"}
+    return render(request, "console/customers/invoice_move.html", context)
+
+
+def _download(content: str | bytes, *, content_type: str, filename: str) -> HttpResponse:
+    response = HttpResponse(content, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@platform_admin_required
+@require_GET
+def invoice_pdf_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_or_404(invoice_id)
+    return _download(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
+
+
+@platform_admin_required
+@require_GET
+def invoice_csv_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    invoice = _invoice_or_404(invoice_id)
+    return _download(
+        invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
+    )
+
+
+# --- Prices ----------------------------------------------------------------------------
+
+
+def _price_form(data: Any = None) -> PriceForm:
+    names = [model.name for model in model_list_with_versions()]
+    return PriceForm(data, models=names, currency=str(settings.BILLING_CURRENCY), prefix="price")
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def prices(request: HttpRequest) -> HttpResponse:
+    """Prices per model and version with their periods; POST sets a new one from a moment on."""
+    form = _price_form(request.POST if request.method == "POST" else None)
+    if request.method == "POST":
+        if form.is_valid():
+            data = dict(form.cleaned_data)
+            model = model_named(name=data.pop("model"))
+            version_name = data.pop("version").strip()
+            version = model_version_named(model=model, version=version_name) if model and version_name else None
+            if model is None:
+                form.add_error("model", "No such model.")
+            elif version_name and version is None:
+                form.add_error("version", f"{model.name} has no version {version_name!r}.")
+            else:
+                try:
+                    price = price_set(model=model, version=version, **data)
+                except InvalidInput as exc:
+                    refuse(form, exc)
+                else:
+                    scope = f"{model.name}:{version.version}" if version is not None else model.name
+                    messages.success(
+                        request,
+                        f"Price of {scope} set from {price.effective_from:%Y-%m-%d %H:%M} UTC: "
+                        f"{price.input_per_million} in, {price.output_per_million} out per 1M {price.currency}.",
+                    )
+                    return redirect("console:prices")
+        messages.error(request, "The price was not set: see the errors below.")
+    filters = PriceFilterForm(request.GET or None)
+    model_q, ended = "", False
+    if filters.is_valid():
+        model_q, ended = filters.cleaned_data["model"].strip(), filters.cleaned_data["ended"]
+    page = page_of(request, prices_listed(model=model_q, include_ended=ended), PRICES_PER_PAGE)
+    context = {
+        "form": form,
+        "filters": filters,
+        "page": page,
+        "query": query_without_page(request),
+        "now": timezone.now(),
+    }
+    return render(request, "console/customers/prices.html", context)
+
+
+# --- Reconciliation --------------------------------------------------------------------
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def reconciliation(request: HttpRequest) -> HttpResponse:
+    """The latest reconciliations and their differences; POST reconciles a month now."""
+    form = MonthForm(request.POST if request.method == "POST" else None, prefix="reconcile")
+    if request.method == "POST":
+        if form.is_valid():
+            period = form.cleaned_data["period"]
+            try:
+                result = reconcile_month(period=period)
+            except ValueError as exc:
+                form.add_error("period", str(exc))
+            else:
+                verdict = "everything agrees" if result.ok else "MISMATCH: see the differences below"
+                level = messages.SUCCESS if result.ok else messages.WARNING
+                messages.add_message(request, level, f"{invoicing.period_label(period)} reconciled: {verdict}.")
+                return redirect("console:reconciliation")
+        messages.error(request, "Not reconciled: see the errors below.")
+    else:
+        form = MonthForm(initial={"period": _last_month()}, prefix="reconcile")
+    filters = ReconciliationFilterForm(request.GET or None)
+    ok: bool | None = None
+    if filters.is_valid() and filters.cleaned_data["result"]:
+        ok = filters.cleaned_data["result"] == "ok"
+    page = page_of(request, reconciliations_latest(ok=ok), RECONCILIATIONS_PER_PAGE)
+    context = {"form": form, "filters": filters, "page": page, "query": query_without_page(request)}
+    return render(request, "console/customers/reconciliation.html", context)
+
+
+INVOICE = "console/invoices/<int:invoice_id>/"
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("console/customers/<int:org_id>/invoices/", customer_invoices, name="customer-invoices"),
+    path("console/customers/<int:org_id>/invoices/draft/", customer_invoice_draft, name="customer-invoice-draft"),
+    path("console/invoices/", invoices, name="invoices"),
+    path(INVOICE, invoice_detail, name="invoice"),
+    path(f"{INVOICE}refresh/", invoice_refresh_view, name="invoice-refresh"),
+    path(f"{INVOICE}finalize/", invoice_finalize_view, name="invoice-finalize"),
+    path(f"{INVOICE}pay/", invoice_pay_view, name="invoice-pay"),
+    path(f"{INVOICE}void/", invoice_void_view, name="invoice-void"),
+    path(f"{INVOICE}reissue/", invoice_reissue_view, name="invoice-reissue"),
+    path(f"{INVOICE}pdf/", invoice_pdf_download, name="invoice-pdf"),
+    path(f"{INVOICE}csv/", invoice_csv_download, name="invoice-csv"),
+    path("console/prices/", prices, name="prices"),
+    path("console/reconciliation/", reconciliation, name="reconciliation"),
+]
+NAV: list[NavItem] = [
+    NavItem("Invoices", "invoices", CONSOLE),
+    NavItem("Prices", "prices", CONSOLE),
+    NavItem("Reconciliation", "reconciliation", CONSOLE),
+]
