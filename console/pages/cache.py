@@ -12,7 +12,6 @@ import plotly.graph_objects as go
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.core.paginator import Page, Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import URLPattern, URLResolver, path, reverse
@@ -23,6 +22,7 @@ from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_saving
 from billing.models import Organization
 from billing.selectors import organizations_visible_to
 from console.pages.access import platform_admin_required
+from console.pages.lists import page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from core.errors import InvalidInput
 from registry.models import Model
@@ -51,16 +51,6 @@ WINDOWS = {w.key: w for w in (
     Window("30d", "Last 30 days", timedelta(days=30)),
 )}  # fmt: skip
 DEFAULT_WINDOW = "day"
-
-
-def _page(items: Any, number: str | None, per_page: int) -> Page[Any]:
-    return Paginator(items, per_page).get_page(number)
-
-
-def _query_without(request: HttpRequest, name: str) -> str:
-    query = request.GET.copy()
-    query.pop(name, None)
-    return query.urlencode()
 
 
 # --- The cache page ---------------------------------------------------------------------------
@@ -188,8 +178,8 @@ def cache_overview(request: HttpRequest) -> HttpResponse:
         "report": report,
         "stats": stats,
         "sizes": _sizes(stats),
-        "page": _page(rows, request.GET.get("page"), VERSIONS_PER_PAGE),
-        "query": _query_without(request, "page"),
+        "page": page_of(request, rows, VERSIONS_PER_PAGE),
+        "query": query_without_page(request),
         "figure": hit_rate_figure(report),
         "purge_form": PurgeForm(organizations=organizations_visible_to(request.user).order_by("name")),
         "defaults": CacheRules.defaults(),
@@ -251,13 +241,13 @@ class PolicyFilterForm(forms.Form):
 def cache_policy_list(request: HttpRequest) -> HttpResponse:
     form = PolicyFilterForm(request.GET or None)
     q = form.cleaned_data.get("q", "") if form.is_valid() else ""
-    page = _page(models_for_board(q=q).order_by("name"), request.GET.get("page"), POLICIES_PER_PAGE)
+    page = page_of(request, models_for_board(q=q).order_by("name"), POLICIES_PER_PAGE)
     policies = cache_policies_by_model()
     context = {
         "form": form,
         "page": page,
         "rows": [PolicyRow(model=m, policy=policies.get(m.pk)) for m in page.object_list],
-        "query": _query_without(request, "page"),
+        "query": query_without_page(request),
         "defaults": CacheRules.defaults(),
     }
     return render(request, "console/cache/policies.html", context)

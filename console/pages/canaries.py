@@ -16,7 +16,6 @@ from typing import Any
 import plotly.graph_objects as go
 from django import forms
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import URLPattern, URLResolver, path, reverse
@@ -25,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from plotly.subplots import make_subplots
 
 from console.pages.access import platform_admin_required
+from console.pages.lists import page_of
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm, refuse
 from core.errors import InvalidInput
@@ -195,7 +195,7 @@ def canary_list(request: HttpRequest) -> HttpResponse:
         rows = [(m, c) for m, c in rows if c is not None and c.status in Canary.ACTIVE_STATUSES]
     elif status in Canary.Status.values:
         rows = [(m, c) for m, c in rows if c is not None and c.status == status]
-    page = Paginator(rows, CANARIES_PER_PAGE).get_page(request.GET.get("page"))
+    page = page_of(request, rows, CANARIES_PER_PAGE)
     context = {"page": page, "q": q, "status": status, "statuses": Canary.Status.choices}
     return render(request, "console/deployments/canary_list.html", context)
 

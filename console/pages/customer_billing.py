@@ -12,8 +12,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path
@@ -47,6 +45,7 @@ from console.pages.customer_forms import (
     ReissueForm,
     VoidForm,
 )
+from console.pages.lists import attachment, page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import refuse
 from registry.selectors import model_list_with_versions, model_named, model_version_named
@@ -54,17 +53,6 @@ from registry.selectors import model_list_with_versions, model_named, model_vers
 INVOICES_PER_PAGE = 25
 PRICES_PER_PAGE = 50
 RECONCILIATIONS_PER_PAGE = 25
-
-
-def page_of(request: HttpRequest, items: QuerySet[Any], per_page: int, param: str = "page") -> Page[Any]:
-    return Paginator(items, per_page).get_page(request.GET.get(param))
-
-
-def query_without_page(request: HttpRequest, param: str = "page") -> str:
-    """The list's filters, for pagination links that keep them."""
-    query = request.GET.copy()
-    query.pop(param, None)
-    return query.urlencode()
 
 
 def _last_month() -> str:
@@ -250,24 +238,18 @@ def invoice_reissue_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
     return render(request, "console/customers/invoice_move.html", context)
 
 
-def _download(content: str | bytes, *, content_type: str, filename: str) -> HttpResponse:
-    response = HttpResponse(content, content_type=content_type)
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
-
-
 @platform_admin_required
 @require_GET
 def invoice_pdf_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
     invoice = _invoice_or_404(invoice_id)
-    return _download(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
+    return attachment(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
 
 
 @platform_admin_required
 @require_GET
 def invoice_csv_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
     invoice = _invoice_or_404(invoice_id)
-    return _download(
+    return attachment(
         invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
     )
 

@@ -18,7 +18,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
-from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing import invoicing
@@ -40,7 +39,6 @@ from billing.services import (
 from billing.usage_selectors import cost_by_organization
 from console.pages import customer_billing
 from console.pages.access import platform_admin_required
-from console.pages.customer_billing import page_of, query_without_page
 from console.pages.customer_forms import (
     ApiKeyForm,
     MemberForm,
@@ -48,6 +46,7 @@ from console.pages.customer_forms import (
     OrganizationFilterForm,
     OrganizationForm,
 )
+from console.pages.lists import never_stored, page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.portal import key_state
 from console.pages.portal_forms import ApiKeyRotateForm
@@ -256,10 +255,7 @@ def _secret_shown_once(
 ) -> HttpResponse:
     """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
     context = {"organization": organization, "issued": issued, "title": title, "currency": _currency()}
-    response = render(request, "console/customers/key_secret.html", context)
-    add_never_cache_headers(response)
-    response["Cache-Control"] += ", no-store"
-    return response
+    return never_stored(render(request, "console/customers/key_secret.html", context))
 
 
 @platform_admin_required

@@ -12,7 +12,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
@@ -21,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.pages import canaries
 from console.pages.access import platform_admin_required
+from console.pages.lists import page_of
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm, refuse
 from core.errors import InvalidInput
@@ -127,7 +127,7 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
 def _board(request: HttpRequest, refused: Refused | None = None) -> HttpResponse:
     q = request.GET.get("model", "").strip()
     include_stopped = request.GET.get("stopped") == "1"
-    page = Paginator(models_for_board(q=q), MODELS_PER_PAGE).get_page(request.GET.get("page"))
+    page = page_of(request, models_for_board(q=q), MODELS_PER_PAGE)
     models = list(page.object_list)
     grouped: dict[int, list[Deployment]] = {model.pk: [] for model in models}
     for deployment in deployment_board(model_ids=list(grouped), include_stopped=include_stopped):
@@ -338,7 +338,7 @@ def scaling(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("model", "").strip()
     model = model_named(name=q) if q else None
     entries = scale_decisions(model=model) if model is not None or not q else scale_decisions(deployment_ids=[])
-    page = Paginator(entries, DECISIONS_PER_PAGE).get_page(request.GET.get("page"))
+    page = page_of(request, entries, DECISIONS_PER_PAGE)
     rows = [_scale_row(entry) for entry in page.object_list]
     return render(request, "console/deployments/scaling.html", {"page": page, "rows": rows, "q": q})
 

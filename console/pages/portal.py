@@ -10,17 +10,14 @@ either): that answer is not cacheable, and reloading it does not show the secret
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
-from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods
 
 from billing import invoicing
@@ -29,6 +26,7 @@ from billing.models import ApiKey, Invoice
 from billing.selectors import api_keys_of, plan_key_ceilings
 from billing.services import InvalidInput, IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
 from console.pages.access import ORG_ADMIN_ROLES, org_member_required
+from console.pages.lists import attachment, never_stored, page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
     ApiKeyCreateForm,
@@ -45,17 +43,6 @@ INVOICES_PER_PAGE = 25
 
 def _is_admin(request: HttpRequest) -> bool:
     return request.org_role in ORG_ADMIN_ROLES  # type: ignore[attr-defined]
-
-
-def _page(request: HttpRequest, items: QuerySet[Any], per_page: int) -> Page[Any]:
-    return Paginator(items, per_page).get_page(request.GET.get("page"))
-
-
-def _query_without_page(request: HttpRequest) -> str:
-    """The list's filters, for pagination links that keep them."""
-    query = request.GET.copy()
-    query.pop("page", None)
-    return query.urlencode()
 
 
 # --- Usage -----------------------------------------------------------------------------
@@ -114,7 +101,7 @@ def keys(request: HttpRequest, org_id: int) -> HttpResponse:
             found = found.filter(is_active=True).exclude(expires_at__lte=timezone.now())
         elif form.cleaned_data["state"] == "revoked":
             found = found.filter(is_active=False)
-    page = _page(request, found, KEYS_PER_PAGE)
+    page = page_of(request, found, KEYS_PER_PAGE)
     rows = [{"key": key, "state": key_state(key)} for key in page.object_list]
     context = {
         "organization": organization,
@@ -122,7 +109,7 @@ def keys(request: HttpRequest, org_id: int) -> HttpResponse:
         "page": page,
         "rows": rows,
         "can_manage": _is_admin(request),
-        "query": _query_without_page(request),
+        "query": query_without_page(request),
         "currency": settings.BILLING_CURRENCY,
     }
     return render(request, "console/portal/keys.html", context)
@@ -131,10 +118,7 @@ def keys(request: HttpRequest, org_id: int) -> HttpResponse:
 def _secret_shown_once(request: HttpRequest, issued: IssuedApiKey, *, title: str) -> HttpResponse:
     """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
     context = {"organization": request.organization, "issued": issued, "title": title}  # type: ignore[attr-defined]
-    response = render(request, "console/portal/key_secret.html", context)
-    add_never_cache_headers(response)
-    response["Cache-Control"] += ", no-store"
-    return response
+    return never_stored(render(request, "console/portal/key_secret.html", context))
 
 
 @org_member_required(admin=True)
@@ -217,13 +201,13 @@ def invoices(request: HttpRequest, org_id: int) -> HttpResponse:
     form = InvoiceFilterForm(request.GET or None)
     if form.is_valid() and form.cleaned_data["status"]:
         found = found.filter(status=form.cleaned_data["status"])
-    page = _page(request, found, INVOICES_PER_PAGE)
+    page = page_of(request, found, INVOICES_PER_PAGE)
     context = {
         "organization": request.organization,  # type: ignore[attr-defined]
         "form": form,
         "page": page,
         "rows": [{"invoice": i, "number": invoicing.display_number(i)} for i in page.object_list],
-        "query": _query_without_page(request),
+        "query": query_without_page(request),
     }
     return render(request, "console/portal/invoices.html", context)
 
@@ -244,22 +228,16 @@ def invoice_detail(request: HttpRequest, org_id: int, invoice_id: int) -> HttpRe
     return render(request, "console/portal/invoice_detail.html", context)
 
 
-def _download(content: str | bytes, *, content_type: str, filename: str) -> HttpResponse:
-    response = HttpResponse(content, content_type=content_type)
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
-
-
 @org_member_required(admin=True)
 def invoice_pdf_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
     invoice = _invoice_of(request, invoice_id)
-    return _download(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
+    return attachment(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
 
 
 @org_member_required(admin=True)
 def invoice_csv_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
     invoice = _invoice_of(request, invoice_id)
-    return _download(
+    return attachment(
         invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
     )
 

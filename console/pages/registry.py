@@ -15,7 +15,6 @@ from django.contrib import messages
 from django.core.exceptions import TooManyFilesSent
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import StopUpload, TemporaryFileUploadHandler
-from django.core.paginator import Page, Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
@@ -25,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.pages.access import platform_admin_required
+from console.pages.lists import page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
@@ -51,17 +51,6 @@ VERSIONS_PER_PAGE = 25
 AUDIT_PER_PAGE = 50
 
 
-def _page(request: HttpRequest, items: Any, per_page: int) -> Page[Any]:
-    return Paginator(items, per_page).get_page(request.GET.get("page"))
-
-
-def _query_without_page(request: HttpRequest) -> str:
-    """The current filters as a query string, for the pager's links to keep."""
-    query = request.GET.copy()
-    query.pop("page", None)
-    return query.urlencode()
-
-
 # --- Models and versions ------------------------------------------------------------------
 
 
@@ -84,7 +73,11 @@ def model_list(request: HttpRequest) -> HttpResponse:
     versions = model_versions_listed(
         q=filters.get("q", ""), status=filters.get("status", ""), framework=filters.get("framework", "")
     )
-    context = {"form": form, "page": _page(request, versions, VERSIONS_PER_PAGE), "query": _query_without_page(request)}
+    context = {
+        "form": form,
+        "page": page_of(request, versions, VERSIONS_PER_PAGE),
+        "query": query_without_page(request),
+    }
     return render(request, "console/registry/models.html", context)
 
 
@@ -486,12 +479,12 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         since=_midnight(filters.get("since")),
         until=until + timedelta(days=1) if until else None,
     )
-    page = _page(request, entries, AUDIT_PER_PAGE)
+    page = page_of(request, entries, AUDIT_PER_PAGE)
     context = {
         "form": form,
         "page": page,
         "rows": [AuditRow.of(entry) for entry in page.object_list],
-        "query": _query_without_page(request),
+        "query": query_without_page(request),
     }
     return render(request, "console/registry/audit.html", context)
 

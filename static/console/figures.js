@@ -1,4 +1,4 @@
-// The console's customer pages: draws the server-built plotly figures and copies a new key's secret.
+// Customer pages (portal and console): draws the server-built plotly figures and copies a new key's secret.
 "use strict";
 
 function drawFigures() {
