@@ -65,9 +65,18 @@ pytest: services
 
 test: lint typecheck pytest
 
-# Needs `make run` in another terminal; figures go to docs/performance.md by hand.
-bench: install
-	$(PY) bench/gateway_overhead.py $(BENCH_ARGS)
+# The benchmark suite (docs/performance.md): the gateway against a mock engine beside
+# LiteLLM's proxy, scale-out and soak (bench/mock_suite.py), then through the real engine
+# (bench/engine_suite.py starts the platform itself). wrk comes from Debian, LiteLLM is
+# installed in its own virtualenv on first use. Tables are printed and kept in bench/results/.
+LITELLM_VENV := bench/.venv-litellm
+LITELLM_VERSION ?= 1.108.7
+bench: bootstrap
+	command -v wrk >/dev/null || { apt-get update -q && apt-get install -y -q wrk; }
+	test -x $(LITELLM_VENV)/bin/litellm || { $(PYTHON) -m venv $(LITELLM_VENV) && \
+		$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==$(LITELLM_VERSION)'; }
+	$(PY) bench/mock_suite.py --only overhead scale-out soak $(BENCH_ARGS)
+	$(PY) bench/engine_suite.py --start-platform $(ENGINE_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -23,3 +24,9 @@ application = ProtocolTypeRouter(
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )
+
+# Everything loaded so far lives as long as the process: move it out of the collector's
+# way, so a full collection under load walks only what requests allocate (the p99 spikes
+# of issue 12 were partly these; docs/performance.md).
+gc.collect()
+gc.freeze()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+View = Callable[..., Awaitable[HttpResponseBase]]
 
 
 def is_data_plane(scope: Scope) -> bool:
@@ -87,18 +89,31 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
             return b"".join(parts)
 
 
+@functools.cache
+def _exact_routes() -> dict[str, View]:
+    """Data-plane paths without parameters, straight to their view (no resolver on the hot path)."""
+    from serving.urls import urlpatterns
+
+    return {f"/{p.pattern}": p.callback for p in urlpatterns if "<" not in str(p.pattern)}
+
+
 async def handle(request: ApiRequest) -> HttpResponseBase:
     """Resolve and run a data-plane view; any failure becomes an OpenAI error body."""
     header = str(request.request_id)
+    view = _exact_routes().get(request.path)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    if view is None:
+        try:
+            match = resolve(request.path)
+        except Resolver404:
+            return NotFound(
+                f"Unknown request URL: {request.method} {request.path}. Please check the URL for typos.",
+                code="unknown_url",
+            ).response(header)
+        view, args, kwargs = match.func, match.args, match.kwargs
     try:
-        match = resolve(request.path)
-    except Resolver404:
-        return NotFound(
-            f"Unknown request URL: {request.method} {request.path}. Please check the URL for typos.",
-            code="unknown_url",
-        ).response(header)
-    try:
-        response: HttpResponseBase = await match.func(request, *match.args, **match.kwargs)
+        response: HttpResponseBase = await view(request, *args, **kwargs)
     except APIError as exc:
         return exc.response(header)
     except DatabaseError as exc:

@@ -36,6 +36,8 @@ REPLICA_IN_FLIGHT = Gauge(
     "inference_replica_in_flight", "Requests this gateway has running on a replica.", ["replica"],
     multiprocess_mode="livesum",
 )  # fmt: skip
+# Sampled by each gateway's routing refresher (serving.routing): a leak shows here first.
+GATEWAY_TASKS = Gauge("gateway_asyncio_tasks", "asyncio tasks alive in a gateway process.", multiprocess_mode="livesum")
 # Set by runworkers (its samples reach /metrics through PROMETHEUS_MULTIPROC_DIR under runplatform).
 REPLICA_LOAD_SECONDS = Gauge(
     "inference_replica_load_seconds", "A replica's latest load time: engine start to its first good /health.",

@@ -8,6 +8,7 @@ reach an engine's port but does not hold SECRET_KEY gets 401 from its API. (vLLM
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 
@@ -15,5 +16,11 @@ from django.conf import settings
 
 
 def replica_api_key(replica_id: int) -> str:
-    digest = hmac.new(settings.SECRET_KEY.encode(), f"engine-replica:{replica_id}".encode(), hashlib.sha256)
+    return _replica_api_key(settings.SECRET_KEY, replica_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _replica_api_key(secret_key: str, replica_id: int) -> str:
+    # Cached per (SECRET_KEY, replica): the gateway sends it on every engine call.
+    digest = hmac.new(secret_key.encode(), f"engine-replica:{replica_id}".encode(), hashlib.sha256)
     return "rk-" + digest.hexdigest()

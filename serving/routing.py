@@ -368,6 +368,7 @@ class Router:
         async def refresh_forever() -> None:
             while True:
                 await asyncio.sleep(settings.ROUTING_REFRESH_SECONDS)
+                metrics.GATEWAY_TASKS.set(len(asyncio.all_tasks(loop)))
                 try:
                     await self._reload()
                 except Exception:

@@ -1,4 +1,5 @@
-"""Real platform processes for end-to-end tests: daphne gateways on the test database."""
+"""Real platform processes for end-to-end tests: gateways (the server `make run` uses,
+``console.servers``) on the test database."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.db import connection
+
+from console.servers import server_command
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -48,7 +51,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 @dataclass
 class Gateway:
-    """One daphne process serving the whole ASGI app."""
+    """One gateway process (uvicorn, or daphne with ASGI_SERVER=daphne) serving the whole ASGI app."""
 
     port: int
     process: subprocess.Popen[bytes]
@@ -73,10 +76,10 @@ class Gateway:
 
 def start_gateway(log_dir: Path, **env: str) -> Gateway:
     port = free_port()
-    log_path = log_dir / f"daphne-{port}.log"
+    log_path = log_dir / f"gateway-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
+            server_command(sys.executable, host="127.0.0.1", port=port),
             cwd=BASE_DIR,
             env=child_env(**env),
             stdout=log,
@@ -86,7 +89,7 @@ def start_gateway(log_dir: Path, **env: str) -> Gateway:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}:\n{gateway.log()}")
+            raise RuntimeError(f"the gateway exited with {process.returncode}:\n{gateway.log()}")
         try:
             if httpx.get(f"{gateway.base_url}/healthz", timeout=1).status_code == 200:
                 return gateway
@@ -94,4 +97,4 @@ def start_gateway(log_dir: Path, **env: str) -> Gateway:
             pass
         time.sleep(0.2)
     gateway.stop()
-    raise RuntimeError(f"daphne did not become healthy in 60 s:\n{gateway.log()}")
+    raise RuntimeError(f"the gateway did not become healthy in 60 s:\n{gateway.log()}")

@@ -1,4 +1,4 @@
-"""Run the whole platform on this machine: daphne, Celery (worker + beat) and runworkers.
+"""Run the whole platform on this machine: the ASGI server (console.servers), Celery (worker + beat) and runworkers.
 
 What ``make run`` ends with. It waits until /readyz says every default model has a
 ready replica, prints where everything is, and on Ctrl-C (or SIGTERM) stops the
@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from prometheus_client import multiprocess
 
+from console.servers import server_command
 from core.embedded import VAR_DIR
 
 
@@ -148,7 +149,7 @@ class Command(BaseCommand):
             "engines": [python, "manage.py", "runworkers"],
             "celery": [python, "-m", "celery", "-A", "console", "worker", "-B", "--concurrency", "1",
                        "--loglevel", "WARNING", "--schedule", str(VAR_DIR / "celerybeat-schedule")],
-            "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"],
+            "web": server_command(python, host=host, port=port),
         }  # fmt: skip
 
         def report(message: str) -> None:
