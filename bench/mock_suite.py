@@ -54,6 +54,7 @@ LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
 WRK_SCRIPT = ROOT / "bench" / "wrk" / "post.lua"
 MODEL = "bench-mock"
 BENCH_HOST = "bench"
+ERROR_FIELDS = ("connect_errors", "read_errors", "write_errors", "timeouts", "status_errors")
 MESSAGES = [{"role": "user", "content": "Say hello to the benchmark, briefly please."}]
 
 
@@ -189,6 +190,9 @@ def start_gateway(server: str, workdir: Path, key: str) -> Server:
     env = {
         "DJANGO_SETTINGS_MODULE": "console.settings",
         "REPLICA_STALE_AFTER": "31536000",  # the mock has no supervisor sending heartbeats
+        # Backpressure caps requests queued per replica (128) for a real engine; the mock has no
+        # queue, and at concurrency 256 the cap would answer 429s instead of measuring the path.
+        "BACKPRESSURE_PAID_PER_REPLICA": "100000",
         "PYTHONUNBUFFERED": "1",
     }
     from console.servers import server_command
@@ -284,7 +288,7 @@ def measure(server: Server, workdir: Path, kind: str, concurrency: int, duration
     result = wrk(server, workdir, kind, concurrency, duration)
     cpu = server.cpu_seconds() - cpu0
     n = result["requests"]
-    errors = sum(result[k] for k in ("connect_errors", "read_errors", "write_errors", "timeouts", "status_errors"))
+    errors = sum(result[k] for k in ERROR_FIELDS)
     return {
         "side": server.name, "kind": kind, "concurrency": concurrency, "requests": n,
         "rps": n / (result["duration_us"] / 1e6), "p50_ms": result["p50_us"] / 1000, "p99_ms": result["p99_us"] / 1000,
@@ -368,11 +372,9 @@ def scale_out(args: argparse.Namespace, one: Server, two: Server, workdir: Path)
         row = measure(one, workdir, kind, c, args.duration)
         results["one"].append({"rps": row["rps"], "cpu": row["cpu_ms_per_request"]})
         cpu0 = one.cpu_seconds() + two.cpu_seconds()
-        envs = []
         procs = []
         for server in (one, two):
             env = {**os.environ, "WRK_BODY_FILE": str(body_file(workdir, server, kind)), "WRK_KEY": server.key}
-            envs.append(env)
             procs.append(subprocess.Popen(
                 ["wrk", "-t1", f"-c{c // 2}", f"-d{int(args.duration)}s", "--timeout", "30s", "-s", str(WRK_SCRIPT),
                  f"{server.base}/v1/chat/completions"], env=env, stdout=subprocess.PIPE, text=True,
@@ -382,8 +384,11 @@ def scale_out(args: argparse.Namespace, one: Server, two: Server, workdir: Path)
         parsed = [json.loads(next(x for x in o.splitlines() if x.startswith("WRK_JSON "))[9:]) for o in outs]
         n = sum(p["requests"] for p in parsed)
         rps = sum(p["requests"] / (p["duration_us"] / 1e6) for p in parsed)
-        results["two"].append({"rps": rps, "cpu": cpu * 1000 / n})
-        print(f"  scale-out c={c}: one {row['rps']:.0f} req/s, two {rps:.0f} req/s", flush=True)
+        errors = sum(p[k] for p in parsed for k in ERROR_FIELDS)
+        results["two"].append({"rps": rps, "cpu": cpu * 1000 / n, "errors": errors})
+        results["one"][-1]["errors"] = row["errors"]
+        print(f"  scale-out c={c}: one {describe(row)}", flush=True)
+        print(f"  scale-out c={c}: two {rps:8.0f} req/s  cpu/req {cpu * 1000 / n:.3f} ms  errors {errors}", flush=True)
     one_rps = statistics.median(r["rps"] for r in results["one"])
     two_rps = statistics.median(r["rps"] for r in results["two"])
     return {
@@ -420,12 +425,13 @@ def soak(args: argparse.Namespace, server: Server, workdir: Path) -> dict[str, A
     done = 0
     marks: dict[str, Any] = {}
     kinds = ("json", "sse")
-    while done < 1000:
-        done += wrk(server, workdir, kinds[done % 2], 16, 1)["requests"]
+    step = 0
+    while done < 1000:  # the same load as the rest, so pools have grown to it before the first mark
+        done += wrk(server, workdir, kinds[step % 2], 64, 1)["requests"]
+        step += 1
     time.sleep(2)
     marks["after_first"] = {"requests": done, **gateway_state(server)}
     print(f"  soak: {done} requests: {marks['after_first']}", flush=True)
-    step = 0
     while done < args.soak:
         done += wrk(server, workdir, kinds[step % 2], 64, 10)["requests"]
         step += 1

@@ -75,10 +75,17 @@ def _pinned_version(request: ApiRequest) -> str | None:
 
 
 async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
+    # Chunks already received together go out in one write (one syscall, one ASGI message).
+    held: list[bytes] = []
     async for chunk in call.chunks():
-        yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        held.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        if not call.more_ready:
+            yield b"".join(held)
+            held.clear()
     if not call.failed:
-        yield b"data: [DONE]\n\n"
+        held.append(b"data: [DONE]\n\n")
+    if held:
+        yield b"".join(held)
 
 
 async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:

@@ -100,18 +100,23 @@ class EngineStream:
         self.replica = replica
         self._response = response
         self._finished = False
+        self._buffer = b""
         self._iterator = self._events()
 
+    @property
+    def ready(self) -> bool:
+        """Whether the next event is already received (taking it will not wait)."""
+        return b"\n\n" in self._buffer
+
     async def _events(self) -> AsyncIterator[Any]:
-        buffer = b""
         try:
             async for chunk in self._response.content.iter_any():
-                buffer += chunk
+                self._buffer += chunk
                 while True:
-                    end = buffer.find(b"\n\n")
+                    end = self._buffer.find(b"\n\n")
                     if end < 0:
                         break
-                    block, buffer = buffer[:end], buffer[end + 2 :]
+                    block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
                     for line in block.split(b"\n"):
                         if not line.startswith(b"data:"):
                             continue
