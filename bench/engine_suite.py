@@ -134,9 +134,13 @@ def main() -> None:
         sides = {"direct": (direct, direct_key), "gateway": (args.gateway, key)}
         print(f"gateway {args.gateway}, replica {direct}", flush=True)
         for backend in args.backends:
-            for base, side_key in sides.values():  # warm up: prefix cache, connections
-                bench_serve(base, side_key, backend, args.model, tokenizer, 4, argparse.Namespace(
-                    **{**vars(args), "prompts": 8}), workdir)  # fmt: skip
+            # Warm up with the whole seeded dataset once (vLLM's prefix cache then holds it for
+            # both sides, which send the same prompts), and each side's connections.
+            widest = argparse.Namespace(**{**vars(args), "prompts": max(args.prompts, 3 * max(args.concurrency))})
+            bench_serve(direct, direct_key, backend, args.model, tokenizer, 16, widest, workdir)
+            for base, side_key in sides.values():
+                small = argparse.Namespace(**{**vars(args), "prompts": 8})
+                bench_serve(base, side_key, backend, args.model, tokenizer, 4, small, workdir)
             for concurrency in args.concurrency:
                 for rnd in range(args.rounds):
                     order = list(sides.items()) if rnd % 2 == 0 else list(reversed(sides.items()))

@@ -172,9 +172,9 @@ def setup_platform(mock_base: str, tokenizer: bool) -> str:
         defaults={"framework": "mock", "artifact_uri": artifact, "artifact_sha256": "0" * 64, "artifact_size": 0,
                   "config": {"max_seq_len": 2048}, "status": "active"},
     )  # fmt: skip
-    deployment = Deployment.objects.filter(version=version).first() or Deployment.objects.create(
-        version=version, status="running", traffic_weight=100
-    )
+    deployment = Deployment.objects.filter(version=version).first() or Deployment(version=version)
+    deployment.status, deployment.replicas, deployment.traffic_weight = "running", 1, 100
+    deployment.save()
     replica = Replica.objects.filter(deployment=deployment, host=BENCH_HOST).first()
     if replica is None:
         replica = Replica(deployment=deployment, host=BENCH_HOST)
@@ -183,6 +183,15 @@ def setup_platform(mock_base: str, tokenizer: bool) -> str:
     if not Price.objects.filter(model=model).exists():
         price_set(model=model, input_per_million="0.10", output_per_million="0.30")
     return bench_key()
+
+
+def retire_mock_model() -> None:
+    """Stop the bench model's deployment, so no supervisor ever tries to start it for real
+    (its one replica is the mock, with no heartbeat once the run is over)."""
+    from registry.models import Deployment, Replica
+
+    Replica.objects.filter(deployment__version__model__name=MODEL, host=BENCH_HOST).update(state="stopped")
+    Deployment.objects.filter(version__model__name=MODEL).update(status="stopped")
 
 
 def start_gateway(server: str, workdir: Path, key: str) -> Server:
@@ -509,6 +518,8 @@ def main() -> None:
     finally:
         for server in reversed(servers):
             server.stop()
+        if len(servers) > 1:  # the model was set up
+            retire_mock_model()
     out = ROOT / "bench" / "results" / f"mock_suite-{started:%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mock_suite import ROOT, setup_platform, start_gateway, start_mock, wrk
+from mock_suite import ROOT, retire_mock_model, setup_platform, start_gateway, start_mock, wrk
 
 
 def main() -> None:
@@ -55,6 +55,7 @@ def main() -> None:
     finally:
         if gateway is not None:
             gateway.stop()
+            retire_mock_model()
         mock.stop()
     inclusive: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
