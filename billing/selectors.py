@@ -85,6 +85,16 @@ def invitations_pending_for(user: Any) -> QuerySet[Invitation]:
     )
 
 
+def invitations_pending_of(*, organization_id: int) -> QuerySet[Invitation]:
+    """An organisation's invitations not yet accepted, newest first (for its admins: they
+    list the usernames invited, which say nothing of which usernames exist)."""
+    return (
+        Invitation.objects.filter(organization_id=organization_id, accepted_at__isnull=True)
+        .select_related("invited_by")
+        .order_by("-created_at", "-pk")
+    )
+
+
 def api_keys_of(*, organization_id: int) -> QuerySet[ApiKey]:
     """An organisation's keys, newest first (revoked and rotated ones included)."""
     return ApiKey.objects.filter(organization_id=organization_id).select_related("rotated_to").order_by("-created_at")

@@ -1,6 +1,6 @@
 """The registry's management API under /api/v1/, for platform admins: register model versions,
 deploy them, split a model's traffic between its versions, run canaries, hot-swap a deployment's
-version, set its replicas and autoscaling, read the audit log.
+version, set its replicas and autoscaling, restart a replica, read the audit log.
 
 Views parse, call ``registry.services`` (which hold every write and its audit entry) and
 render. A service's refusal is a 400 naming the field; registering a version again is 200
@@ -60,6 +60,7 @@ from registry.services import (
     deployment_swap_cancel,
     deployment_swap_version,
     model_version_create,
+    replica_restart_request,
     traffic_set,
 )
 
@@ -138,9 +139,13 @@ class ModelVersionRegisterSerializer(serializers.Serializer[Any]):
 
 
 class ReplicaSerializer(serializers.ModelSerializer[Replica]):
+    restart_requested_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="a restart asked for and not yet begun by its supervisor"
+    )
+
     class Meta:
         model = Replica
-        fields = ["id", "host", "endpoint", "state", "last_heartbeat"]
+        fields = ["id", "deployment", "host", "endpoint", "state", "last_heartbeat", "restart_requested_at"]
         read_only_fields = fields
 
 
@@ -692,3 +697,32 @@ def deployment_autoscale(request: Request, pk: int) -> Response:
         parent, _, key = exc.field.partition(".")
         raise ValidationError({key or parent: [exc.message]}) from exc
     return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)
+
+
+@extend_schema(
+    tags=["registry"],
+    request=None,
+    description="Restart a ready replica's engine: on its next pass the replica's supervisor drains it (no new "
+    "requests are routed to it; those in flight finish), stops the process and starts it again, so the replica "
+    "goes draining → starting → ready. `restart_requested_at` shows the request until the new process starts. "
+    "A replica that is not ready (a failed one is restarted by its supervisor already), of a deployment that is "
+    "not serving, or with a restart requested already is a 400.",
+    responses={
+        202: ReplicaSerializer,
+        400: OpenApiResponse(description="the replica cannot be restarted now"),
+        404: OpenApiResponse(description="no such replica"),
+    },
+)
+@api_view(["POST"])
+@permission_classes([IsPlatformAdmin])
+def replica_restart(request: Request, pk: int) -> Response:
+    """Ask for a graceful restart of one replica; its supervisor carries it out."""
+    replica = Replica.objects.filter(pk=pk).first()
+    if replica is None:
+        raise NotFound(f"No replica {pk}.")
+    try:
+        replica_restart_request(actor=request.user, replica=replica)
+    except InvalidInput as exc:
+        raise _refused(exc) from exc
+    replica.refresh_from_db()
+    return Response(ReplicaSerializer(replica).data, status=status.HTTP_202_ACCEPTED)

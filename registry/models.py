@@ -118,7 +118,8 @@ class Replica(models.Model):
     TRANSITIONS: dict[str, frozenset[str]] = {
         State.STARTING: frozenset({State.READY, State.FAILED, State.STOPPED}),
         State.READY: frozenset({State.DRAINING, State.FAILED}),
-        State.DRAINING: frozenset({State.STOPPED, State.FAILED}),
+        # draining → starting: a restart asked for (registry.services.replica_restart_request).
+        State.DRAINING: frozenset({State.STOPPED, State.FAILED, State.STARTING}),
         State.FAILED: frozenset({State.STARTING, State.STOPPED}),
         State.STOPPED: frozenset({State.STARTING}),
     }
@@ -129,6 +130,9 @@ class Replica(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.STARTING)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Set by ``registry.services.replica_restart_request``; its supervisor drains the engine,
+    # stops it and starts it again. Cleared when the replica next moves to starting or stopped.
+    restart_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

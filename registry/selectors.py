@@ -33,6 +33,13 @@ def replica_states(*, replica_ids: list[int]) -> dict[int, str]:
     return dict(Replica.objects.filter(pk__in=replica_ids).values_list("id", "state"))
 
 
+def replicas_restart_requested(*, replica_ids: list[int]) -> list[int]:
+    """Those of these replicas whose restart was asked for (``registry.services.replica_restart_request``)."""
+    return list(
+        Replica.objects.filter(pk__in=replica_ids, restart_requested_at__isnull=False).values_list("id", flat=True)
+    )
+
+
 def replica_get(*, replica_id: int) -> Replica | None:
     return Replica.objects.filter(pk=replica_id).first()
 

@@ -62,7 +62,13 @@ def deployment_transition(*, deployment: Deployment, status: str) -> Deployment:
 
 
 def replica_transition(*, replica: Replica, state: str, **fields: Any) -> Replica:
-    """Move a replica's state; ``fields`` (endpoint, pid, ...) are written in the same update."""
+    """Move a replica's state; ``fields`` (endpoint, pid, ...) are written in the same update.
+
+    A move to starting or stopped settles any restart request: the engine it asked to restart
+    is gone either way.
+    """
+    if state in (Replica.State.STARTING, Replica.State.STOPPED):
+        fields.setdefault("restart_requested_at", None)
     return _transition(replica, field="state", target=state, extra=fields)
 
 
@@ -277,8 +283,13 @@ def replica_record_pid(*, replica_id: int, pid: int) -> bool:
     return Replica.objects.filter(pk=replica_id).update(pid=pid) == 1
 
 
-# Replicas that still hold a place in their deployment: live, or failed and awaiting restart.
+# Replicas that still hold a place in their deployment: live, or failed and awaiting restart,
+# or draining for a restart someone asked for (the same replica starts again: no other is
+# claimed in its place meanwhile).
 _HOLDING_STATES = (Replica.State.STARTING, Replica.State.READY, Replica.State.FAILED)
+_HOLDING = models.Q(state__in=_HOLDING_STATES) | models.Q(
+    state=Replica.State.DRAINING, restart_requested_at__isnull=False
+)
 
 
 def deployment_create(
@@ -335,7 +346,7 @@ def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
     """
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
-        holding = Replica.objects.filter(deployment=locked, state__in=_HOLDING_STATES).count()
+        holding = Replica.objects.filter(_HOLDING, deployment=locked).count()
         if holding >= desired_replicas(locked):
             return None
         replica = Replica.objects.create(deployment=locked, host=host, state=Replica.State.STARTING)
@@ -348,7 +359,7 @@ def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
 def replica_surplus(*, deployment: Deployment) -> int:
     """How many replicas more than wanted the deployment holds (0 when not over)."""
     deployment.refresh_from_db(fields=["status", "replicas"])
-    holding = Replica.objects.filter(deployment=deployment, state__in=_HOLDING_STATES).count()
+    holding = Replica.objects.filter(_HOLDING, deployment=deployment).count()
     return max(0, holding - desired_replicas(deployment))
 
 
@@ -364,6 +375,61 @@ def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int) -> Replica:
         if deployment.status == Deployment.Status.PENDING:
             deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
     return replica
+
+
+# Why a replica in each other state cannot be restarted on request.
+_NOT_RESTARTABLE: dict[str, str] = {
+    Replica.State.STARTING: "it is starting already",
+    Replica.State.FAILED: "its supervisor restarts a failed replica by itself",
+    Replica.State.DRAINING: "it is draining: it is leaving its deployment",
+    Replica.State.STOPPED: "it is stopped",
+}
+
+
+def replica_restart_request(*, actor: Actor, replica: Replica) -> Replica:
+    """Ask the supervisor of ``replica``'s host to restart its engine. Audited (``replica.restart``).
+
+    On its next pass the supervisor drains the replica (no new requests are routed to it; those
+    in flight finish), stops the engine, then starts it again through its normal start path:
+    draining → starting → ready, with a new process. The request is cleared when the replica
+    moves to starting (or stopped). Only a ready replica of a serving deployment can be asked,
+    once at a time; anything else is an ``InvalidInput`` on ``replica``.
+    """
+    with transaction.atomic():
+        locked = (
+            Replica.objects.select_for_update(of=("self",))
+            .select_related("deployment__version__model")
+            .get(pk=replica.pk)
+        )
+        if locked.restart_requested_at is not None:
+            raise InvalidInput("replica", f"A restart of replica {locked.pk} is requested already.")
+        if locked.state != Replica.State.READY:
+            why = _NOT_RESTARTABLE.get(locked.state, f"it is {locked.state}")
+            raise InvalidInput("replica", f"Replica {locked.pk} cannot be restarted: {why}.")
+        deployment = locked.deployment
+        if deployment.status not in _SERVING_STATUSES:
+            raise InvalidInput(
+                "replica",
+                f"Replica {locked.pk} cannot be restarted: its deployment {deployment.pk} is {deployment.status}.",
+            )
+        requested_at = timezone.now()
+        Replica.objects.filter(pk=locked.pk).update(restart_requested_at=requested_at)
+        audit_record(
+            actor=actor,
+            action="replica.restart",
+            target_type="replica",
+            target=str(locked.pk),
+            before={"state": locked.state, "pid": locked.pid, "restart_requested_at": None},
+            after={
+                "restart_requested_at": requested_at.isoformat(),
+                "host": locked.host,
+                "deployment": deployment.pk,
+                "model": deployment.version.model.name,
+                "version": deployment.version.version,
+            },
+        )
+    locked.restart_requested_at = replica.restart_requested_at = requested_at
+    return locked
 
 
 def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:

@@ -18,5 +18,6 @@ urlpatterns = [
     path("deployments/<int:pk>/replicas", api.deployment_replicas, name="deployment-replicas"),
     path("deployments/<int:pk>/autoscale", api.deployment_autoscale, name="deployment-autoscale"),
     path("deployments/<str:model>/traffic", api.traffic_split, name="traffic"),
+    path("replicas/<int:pk>/restart", api.replica_restart, name="replica-restart"),
     path("audit", api.AuditEntryList.as_view(), name="audit"),
 ]

@@ -9,6 +9,9 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
 - announces every replica that becomes ready or leaves on the routing channel, so gateways
   reload at once;
 - restarts a crashed or unhealthy replica with exponential backoff;
+- restarts a replica a person asked to (``registry.services.replica_restart_request``):
+  drained and stopped like one no longer wanted, then started again through the same
+  restart path, at once;
 - records each replica's load time (start to first good /health) in the log, the audit
   log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
 - carries every hot-swap under way through its next step (``registry.hotswap``);
@@ -54,6 +57,7 @@ from registry.selectors import (
     live_replica_pids,
     replica_get,
     replica_states,
+    replicas_restart_requested,
     serving_deployments,
 )
 from registry.services import (
@@ -149,6 +153,8 @@ class EngineProcess:
     row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
     beat_due: bool = False  # /health answered since the last heartbeat written
     probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
+    # Draining for a restart asked for: once the process has exited it is started again.
+    restart_requested: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -401,6 +407,7 @@ class Supervisor:
             self._write_heartbeats()
             if not self.stopping:
                 self._step_swaps(now)
+                self._take_restart_requests()
                 self._restart_due(now)
                 self._claim_wanted()
                 self._record_pending()
@@ -495,6 +502,10 @@ class Supervisor:
                         replica_record_load_time(replica=replica, seconds=engine.load_seconds, host=self.host)
                 elif state == Replica.State.STARTING and engine.pid is not None:
                     replica_transition(replica=replica, state=state, pid=engine.pid)
+                elif state == Replica.State.DRAINING and not engine.restart_requested:
+                    # Leaving its deployment: a restart asked for meanwhile is moot, and must
+                    # not keep the row holding a place in the deployment.
+                    replica_transition(replica=replica, state=state, restart_requested_at=None)
                 else:
                     replica_transition(replica=replica, state=state)
         except ObjectDoesNotExist:  # the replica, or its deployment, deleted meanwhile
@@ -532,6 +543,20 @@ class Supervisor:
             replica_heartbeats(replica_ids=[engine.replica_id for engine in beating])
             for engine in beating:
                 engine.beat_due = False
+
+    def _take_restart_requests(self) -> None:
+        """Begin the restarts people asked for: each ready engine asked drains like one no
+        longer wanted; once it has exited, ``_tend`` hands it to ``_restart_due`` instead of
+        stopping it. A request for an engine in another phase is settled by the move to
+        starting or stopped that phase leads to."""
+        ready = [e.replica_id for e in self.engines.values() if e.phase == "ready" and not e.restart_requested]
+        if not ready:
+            return
+        for replica_id in replicas_restart_requested(replica_ids=ready):
+            engine = self.engines[replica_id]
+            engine.restart_requested = True
+            self.report(f"replica {replica_id}: restart requested")
+            self._begin_drain(engine)
 
     def _restart_due(self, now: float) -> None:
         for engine in list(self.engines.values()):
@@ -607,6 +632,7 @@ class Supervisor:
         engine.phase = "starting"
         engine.started_at = time.monotonic()
         engine.failed_checks = 0
+        engine.restart_requested = False
         engine.kill_sent = False
         engine.probe = None
         engine.want, engine.recorded = Replica.State.STARTING, False
@@ -620,7 +646,9 @@ class Supervisor:
             return
         if not engine.alive():
             engine.probe = None
-            if engine.phase in ("draining", "stopping") or engine.row_gone:
+            if engine.restart_requested and not engine.row_gone and not self.stopping:
+                self._restart_when_stopped(engine)
+            elif engine.phase in ("draining", "stopping") or engine.row_gone:
                 self._set_stopped(engine)
             else:
                 code = engine.popen.returncode if engine.popen else None
@@ -753,6 +781,15 @@ class Supervisor:
             self.report(f"replica {engine.replica_id}'s engine stopped")
         else:
             engine.want, engine.recorded = Replica.State.STOPPED, False
+
+    def _restart_when_stopped(self, engine: EngineProcess) -> None:
+        """A restart asked for: the engine has exited (drained, or not); ``_restart_due`` starts
+        it again at once, as it restarts a failed one, without the backoff."""
+        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.phase = "backoff"
+        engine.probe = None
+        engine.restart_at = time.monotonic()
+        self.report(f"replica {engine.replica_id} stopped for its restart; starting it again")
 
     def _lose_row(self, engine: EngineProcess, why: str) -> None:
         """The row is no longer ours to write: stop the engine and forget it."""

@@ -377,33 +377,71 @@ def _guard_platform_admin_membership(*, user: Any, membership: Membership | None
         raise PermissionDenied("Only platform admins change a platform admin's membership.")
 
 
+class LastOrgAdmin(PermissionDenied):
+    """Refused: an org admin's change would leave the organisation without an org admin, and
+    its members with no one to manage its keys, members and invoices.
+
+    A PermissionDenied like the other refusals here, so every caller refuses it the same way
+    (the management API answers 403 with this message).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("An organisation keeps at least one org admin: make another member an org admin first.")
+
+
+def _guard_last_org_admin(*, membership: Membership) -> None:
+    """LastOrgAdmin when ``membership`` is its organisation's only org admin.
+
+    Call inside transaction.atomic: it locks the organisation's row, so that two admins
+    removing (or demoting) each other at once cannot both succeed, and reads the role as
+    stored, not the caller's possibly stale copy.
+    """
+    Organization.objects.select_for_update().only("pk").get(pk=membership.organization_id)
+    admins = Membership.objects.filter(organization_id=membership.organization_id, role=Role.ORG_ADMIN)
+    if admins.filter(pk=membership.pk).exists() and not admins.exclude(pk=membership.pk).exists():
+        raise LastOrgAdmin()
+
+
 def membership_set(
     *, user: AbstractBaseUser, organization: Organization, role: Role | str, actor: Actor = None
 ) -> Membership:
     """Add ``user`` to ``organization`` with ``role``, or change their role.
 
     Platform admins add anyone directly. Org admins only change the roles of existing
-    members (new users are invited: invitation_create), never to or from platform admin.
+    members (new users are invited: invitation_create), never to or from platform admin,
+    and never demote the organisation's last org admin (LastOrgAdmin).
     """
     if role not in Role.values:
         raise InvalidInput("role", f"must be one of {', '.join(Role.values)}")
     acting = _acting_role(actor, organization)
-    if acting != Role.PLATFORM_ADMIN:
-        if role == Role.PLATFORM_ADMIN:
-            raise PermissionDenied("Only platform admins grant the platform-admin role.")
-        existing = Membership.objects.filter(user_id=user.pk, organization=organization).first()
-        if existing is None:
-            raise PermissionDenied("Org admins invite users; only platform admins add them directly.")
-        _guard_platform_admin_membership(user=user, membership=existing)
-    membership, _ = Membership.objects.update_or_create(user=user, organization=organization, defaults={"role": role})
+    with transaction.atomic():
+        if acting != Role.PLATFORM_ADMIN:
+            if role == Role.PLATFORM_ADMIN:
+                raise PermissionDenied("Only platform admins grant the platform-admin role.")
+            existing = Membership.objects.filter(user_id=user.pk, organization=organization).first()
+            if existing is None:
+                raise PermissionDenied("Org admins invite users; only platform admins add them directly.")
+            _guard_platform_admin_membership(user=user, membership=existing)
+            if role != Role.ORG_ADMIN:
+                _guard_last_org_admin(membership=existing)
+        membership, _ = Membership.objects.update_or_create(
+            user=user, organization=organization, defaults={"role": role}
+        )
     return membership
 
 
 def membership_remove(*, membership: Membership, actor: Actor = None) -> None:
-    """Remove a member; a platform admin's membership only by a platform admin."""
-    if _acting_role(actor, membership.organization) != Role.PLATFORM_ADMIN:
-        _guard_platform_admin_membership(user=membership.user, membership=membership)
-    membership.delete()
+    """Remove a member; a platform admin's membership only by a platform admin.
+
+    Org admins never remove the organisation's last org admin (LastOrgAdmin), themselves
+    included. Platform admins, who add anyone directly, may (winding an organisation down).
+    """
+    acting = _acting_role(actor, membership.organization)
+    with transaction.atomic():
+        if acting != Role.PLATFORM_ADMIN:
+            _guard_platform_admin_membership(user=membership.user, membership=membership)
+            _guard_last_org_admin(membership=membership)
+        membership.delete()
 
 
 def invitation_create(
@@ -458,6 +496,29 @@ def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Memb
         locked.save(update_fields=["accepted_at"])
     invitation.accepted_at = locked.accepted_at
     return membership
+
+
+def invitation_cancel(*, invitation: Invitation, actor: Actor = None) -> None:
+    """An org admin withdraws a pending invitation: it can no longer be accepted.
+
+    InvalidInput when it was accepted or withdrawn meanwhile (accepted ones stay, as history).
+    """
+    _acting_role(actor, invitation.organization)
+    deleted, _ = Invitation.objects.filter(pk=invitation.pk, accepted_at__isnull=True).delete()
+    if not deleted:
+        raise InvalidInput("invitation", "this invitation was accepted or cancelled already")
+
+
+def invitation_decline(*, invitation: Invitation, user: AbstractBaseUser) -> None:
+    """The invited user turns a pending invitation down; it goes, as if cancelled.
+
+    InvalidInput unless it is pending and addressed to ``user``.
+    """
+    deleted, _ = Invitation.objects.filter(
+        pk=invitation.pk, accepted_at__isnull=True, username=user.get_username()
+    ).delete()
+    if not deleted:
+        raise InvalidInput("invitation", "this invitation is not open to you")
 
 
 # --- API keys -------------------------------------------------------------------------

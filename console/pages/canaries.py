@@ -38,7 +38,13 @@ from registry.canary import (
     canary_rollback,
 )
 from registry.models import Canary, CanaryDecision, Model
-from registry.selectors import canary_latest, model_named, model_version_named, models_with_latest_canary
+from registry.selectors import (
+    canary_latest,
+    model_named,
+    model_traffic_split,
+    model_version_named,
+    models_with_latest_canary,
+)
 from registry.services import IllegalTransition
 from serving.selectors import shadow_comparison, shadow_policy_of
 from serving.services import shadow_policy_delete, shadow_policy_set
@@ -209,6 +215,9 @@ def _detail(
     hours = hours if hours in SHADOW_WINDOWS else "24"
     policy = shadow_policy_of(model_id=model.pk)
     comparison = shadow_comparison(model=model.name, since=timezone.now() - timedelta(hours=int(hours)))
+    # The split in force, as the API shows it: a canary promoted (or rolled back) from an early
+    # step keeps that step's percentage, which is no longer the traffic.
+    split = model_traffic_split(model=model) if canary else {}
     context = {
         "model": model,
         "canary": canary,
@@ -216,8 +225,7 @@ def _detail(
         "figure": comparison_figure(decisions) if judged(decisions) else None,
         "timeline": timeline(decisions),
         "weights": {
-            canary.base_version.version: 100 - canary.canary_percent,
-            canary.canary_version.version: canary.canary_percent,
+            version.version: split.get(version.version, 0) for version in (canary.base_version, canary.canary_version)
         }
         if canary
         else {},

@@ -1,4 +1,5 @@
-"""Deployments and rollouts in the console: replicas, scaling, traffic splits, hot-swaps, canaries, shadows.
+"""Deployments and rollouts in the console: replicas (and their restart), scaling, traffic splits, hot-swaps,
+canaries, shadows.
 
 One page lists each model's deployments with every form beside them; each form posts to its
 own URL, which calls the same service as the management API and redirects back (or, refused,
@@ -16,7 +17,7 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import URLPattern, URLResolver, path, reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.pages import canaries
 from console.pages.access import platform_admin_required
@@ -33,6 +34,7 @@ from registry.selectors import (
     model_traffic_split,
     model_version_named,
     models_for_board,
+    replica_get,
     replica_load_seconds,
     scale_decisions,
     swap_latest_id,
@@ -44,6 +46,7 @@ from registry.services import (
     deployment_scale,
     deployment_swap_cancel,
     deployment_swap_version,
+    replica_restart_request,
     traffic_set,
 )
 
@@ -51,12 +54,24 @@ MODELS_PER_PAGE = 25
 DECISIONS_PER_PAGE = 25
 DECISIONS_PER_MODEL = 5
 SWAP_PHASES = ("starting", "shifted", "draining", "completed")
+# Deployments whose replicas may be restarted (they serve, or are about to).
+SERVING = (Deployment.Status.PENDING, Deployment.Status.RUNNING)
 
 
 @dataclass
 class ReplicaRow:
     replica: Replica
     load_seconds: float | None
+    deployment_serving: bool = True
+
+    @property
+    def restart_requested(self) -> bool:
+        return self.replica.restart_requested_at is not None
+
+    @property
+    def restartable(self) -> bool:
+        """What ``replica_restart_request`` accepts: offer the button only then."""
+        return self.deployment_serving and self.replica.state == Replica.State.READY and not self.restart_requested
 
 
 @dataclass
@@ -71,6 +86,10 @@ class DeploymentRow:
     @property
     def swap_open(self) -> bool:
         return self.swap is not None and self.swap.outcome is None
+
+    @property
+    def restart_requested(self) -> bool:
+        return any(row.restart_requested for row in self.replicas)
 
 
 @dataclass
@@ -96,7 +115,10 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
         rows.append(
             DeploymentRow(
                 deployment=deployment,
-                replicas=[ReplicaRow(r, load.get(r.pk)) for r in deployment.replica_set.all()],
+                replicas=[
+                    ReplicaRow(r, load.get(r.pk), deployment_serving=deployment.status in SERVING)
+                    for r in deployment.replica_set.all()
+                ],
                 scale_form=refused.get(("scale", key))
                 or ScaleForm(
                     initial={
@@ -298,6 +320,32 @@ def swap_cancel(request: HttpRequest, swap_id: int) -> HttpResponse:
     return _back(request, model)
 
 
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def replica_restart(request: HttpRequest, replica_id: int) -> HttpResponse:
+    """Restart one replica's engine (drained, stopped, started again by its supervisor); asks
+    first (GET, or a POST without ``confirm``)."""
+    replica = replica_get(replica_id=replica_id)
+    if replica is None:
+        raise Http404("No such replica.")
+    deployment = _deployment_or_404(replica.deployment_id)
+    if request.method == "GET" or request.POST.get("confirm") != "yes":
+        others_ready = sum(
+            1 for other in deployment.replica_set.all() if other.pk != replica.pk and other.state == Replica.State.READY
+        )
+        context = {"replica": replica, "deployment": deployment, "others_ready": others_ready}
+        return render(request, "console/deployments/replica_restart_confirm.html", context)
+    try:
+        replica_restart_request(actor=request.user, replica=replica)
+    except InvalidInput as exc:
+        messages.error(request, f"Not restarted: {exc.message}")
+    else:
+        messages.success(
+            request, f"Restart of replica {replica.pk} requested: its supervisor drains it, then starts it again."
+        )
+    return _back(request, deployment.version.model)
+
+
 @require_GET
 @platform_admin_required
 def swap_status(request: HttpRequest, swap_id: int) -> JsonResponse:
@@ -352,6 +400,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/<int:pk>/autoscale/", autoscale, name="deployments-autoscale"),
     path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),
     path("console/deployments/swaps/<int:swap_id>/cancel/", swap_cancel, name="deployments-swap-cancel"),
+    path("console/deployments/replicas/<int:replica_id>/restart/", replica_restart, name="deployments-replica-restart"),
     path("console/deployments/swaps/<int:swap_id>/status/", swap_status, name="deployments-swap-status"),
     *canaries.urlpatterns,
 ]

@@ -7,7 +7,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 
-from billing.selectors import is_platform_admin, organizations_visible_to
+from billing.selectors import invitations_pending_for, is_platform_admin, organizations_visible_to
+from console.pages.lists import page_of
+
+INVITATIONS_PER_PAGE = 25
 
 
 @login_required
@@ -19,11 +22,14 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def portal_home(request: HttpRequest) -> HttpResponse:
-    """One organisation: straight to its portal; several: pick one; none: say how to get in."""
+    """One organisation: straight to its portal; several: pick one; none: say how to get in.
+    Invitations waiting for this user are shown first, to accept or decline (no redirect then)."""
     organizations = list(organizations_visible_to(request.user).order_by("name"))
-    if len(organizations) == 1 and not is_platform_admin(request.user):
+    invitations = page_of(request, invitations_pending_for(request.user), INVITATIONS_PER_PAGE, "invitations_page")
+    if len(organizations) == 1 and not invitations.object_list and not is_platform_admin(request.user):
         try:
             return redirect(reverse("console:portal-usage", kwargs={"org_id": organizations[0].pk}))
         except NoReverseMatch:  # the portal's pages are not installed
             pass
-    return render(request, "console/portal_home.html", {"organizations": organizations})
+    context = {"organizations": organizations, "invitations": invitations}
+    return render(request, "console/portal_home.html", context)

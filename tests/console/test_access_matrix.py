@@ -13,9 +13,9 @@ from django.test import Client
 from django.urls import URLPattern, reverse
 
 from billing.models import Membership, Role
-from billing.services import api_key_create, invoice_draft, organization_create
+from billing.services import api_key_create, invitation_create, invoice_draft, organization_create
 from console.pages import urls as page_urls
-from registry.models import Deployment, Model, ModelVersion
+from registry.models import Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_swap_version
 
 pytestmark = pytest.mark.django_db
@@ -24,8 +24,11 @@ ROLES = ("anonymous", "outsider", "member", "org_admin", "platform_admin")
 # Portal pages only an organisation's admins may open (members get 403).
 PORTAL_ADMIN_ONLY = {
     "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
-    "portal-invoice-pdf", "portal-invoice-csv",
+    "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role", "portal-member-remove",
+    "portal-invitation-cancel",
 }  # fmt: skip
+# Pages of any signed-in user, under no organisation (answering one's own invitations).
+SIGNED_IN_ANY = {"portal-invitation-accept", "portal-invitation-decline"}
 # Answers that mean "let in": the page (200), the page with the query refused on it (400), or a
 # view for POST only (405).
 LET_IN = {200, 400, 405}
@@ -55,6 +58,7 @@ def world() -> dict[str, Any]:
         for v in ("1", "2")
     ]
     deployment = Deployment.objects.create(version=versions[0], status="running", traffic_weight=100)
+    replica = Replica.objects.create(deployment=deployment, host="walk-host", state="ready")
     deployment_swap_version(actor=None, deployment=deployment, version=versions[1])
     from registry.hotswap import open_swaps
 
@@ -67,6 +71,9 @@ def world() -> dict[str, Any]:
         "pk": deployment.pk,
         "swap_id": open_swaps()[-1].entry.pk,
         "action": "pause",
+        "replica_id": replica.pk,
+        "membership_id": Membership.objects.get(user=people["member"]).pk,
+        "invitation_id": invitation_create(organization=org, username="walk-invited").pk,
     }
     return {"people": people, "kwargs": kwargs}
 
@@ -82,6 +89,8 @@ def expected(name: str, path: str, role: str) -> set[int]:
         return LET_IN if role == "platform_admin" else {403}
     if name == "portal-home":
         return {200, 302}
+    if name in SIGNED_IN_ANY:
+        return LET_IN
     if role == "outsider":
         return {404}
     if role == "member" and name in PORTAL_ADMIN_ONLY:
@@ -92,7 +101,7 @@ def expected(name: str, path: str, role: str) -> set[int]:
 def test_every_page_is_walked():
     names = {p.name for p in pages()}
     assert {"overview", "models", "audit", "deployments", "canaries", "portal-usage", "portal-keys",
-            "portal-invoices", "playground", "quickstart"} <= names  # fmt: skip
+            "portal-invoices", "portal-members", "playground", "quickstart"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -123,8 +132,11 @@ def test_posts_are_refused_to_whoever_may_not_write(world):
     posts = [
         (f"/console/deployments/models/{world['kwargs']['name']}/traffic/", {"w-1": "100"}),
         (f"/console/canaries/{world['kwargs']['name']}/pause/", {}),
+        (f"/console/deployments/replicas/{world['kwargs']['replica_id']}/restart/", {"confirm": "yes"}),
         (f"/portal/{world['kwargs']['org_id']}/keys/new/", {"name": "forged"}),
         (f"/portal/{world['kwargs']['org_id']}/keys/{world['kwargs']['key_id']}/revoke/", {"confirm": "1"}),
+        (f"/portal/{world['kwargs']['org_id']}/members/invite/", {"username": "forged", "role": "org_admin"}),
+        (f"/portal/{world['kwargs']['org_id']}/members/{world['kwargs']['membership_id']}/remove/", {}),
     ]
     member = Client()
     member.force_login(world["people"]["member"])

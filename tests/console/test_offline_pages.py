@@ -29,7 +29,7 @@ ADMIN_PAGES = [
 ]  # fmt: skip
 # The portal of an organisation (a platform admin acts as its admin): {org} is its id.
 PORTAL_PAGES = ["/portal/{org}/", "/portal/{org}/keys/", "/portal/{org}/invoices/", "/portal/{org}/playground/",
-                "/portal/{org}/quickstart/"]  # fmt: skip
+                "/portal/{org}/quickstart/", "/portal/{org}/members/"]  # fmt: skip
 
 
 def references(html: str) -> list[str]:

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from console.management.commands.runplatform import ChildProcesses
 from registry.models import Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_create, deployment_transition
+from registry.services import deployment_create, deployment_transition, replica_restart_request
 from serving.replica_keys import replica_api_key
 from serving.supervisor import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, Supervisor, marked_engines
 from tests import processes
@@ -193,6 +193,55 @@ class TestSupervisor:
         sup.stopping = True  # run() releases, then finds nothing to stop
         sup.run(once=True)
         assert set(Replica.objects.filter(deployment=deployment).values_list("state", flat=True)) == {"stopped"}
+
+
+class TestRestartOnRequest:
+    def test_a_requested_restart_drains_stops_and_starts_the_same_replica_again(self, make_supervisor, deployment):
+        from registry.models import AuditEntry
+
+        messages: list[str] = []
+        supervisor = make_supervisor(report=messages.append)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        first = supervisor.engines[replica.pk].popen
+        replica_restart_request(actor=None, replica=replica)
+        states: list[str] = []
+
+        def restarted() -> bool:
+            row = Replica.objects.get(pk=replica.pk)
+            if not states or states[-1] != row.state:
+                states.append(row.state)
+            return row.state == "ready" and row.pid != replica.pid
+
+        step_until(supervisor, restarted)
+        # Drained (no new requests routed), stopped with SIGTERM, started again: a new process.
+        assert states == ["draining", "starting", "ready"], states
+        assert first.returncode == -signal.SIGTERM
+        row = Replica.objects.get(pk=replica.pk)
+        assert row.pid == supervisor.engines[replica.pk].popen.pid != first.pid
+        assert row.restart_requested_at is None
+        # The same replica came back: none was claimed in its place, and the restart was no failure.
+        assert Replica.objects.filter(deployment=deployment).count() == 1
+        assert supervisor.engines[replica.pk].restarts == 0
+        assert AuditEntry.objects.filter(action="replica.ready", target=str(replica.pk)).count() == 2
+        assert any(f"replica {replica.pk}: restart requested" in m for m in messages), messages
+        assert any(f"replica {replica.pk} stopped for its restart" in m for m in messages), messages
+        # Done: later passes leave it alone.
+        for _ in range(3):
+            supervisor.step()
+        assert Replica.objects.get(pk=replica.pk).pid == row.pid
+
+    def test_a_replica_asked_to_restart_whose_deployment_stops_meanwhile_stays_stopped(self, supervisor, deployment):
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        replica_restart_request(actor=None, replica=replica)
+        supervisor.step()  # the restart begins: draining
+        assert supervisor.engines[replica.pk].restart_requested
+        deployment_transition(deployment=deployment, status="draining")
+        step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).state == "stopped")
+        assert supervisor.engines == {}
+        assert Replica.objects.get(pk=replica.pk).restart_requested_at is None
+        assert not alive(replica.pid)
 
 
 class TestLoadTimesAndModels:
