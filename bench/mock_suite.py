@@ -229,7 +229,7 @@ def start_mock(workdir: Path, tokens: int) -> Server:
 def start_litellm(workdir: Path, mock_base: str) -> Server | None:
     exe = LITELLM_VENV / "bin" / "litellm"
     if not exe.exists():
-        print(f"  LiteLLM is not installed ({exe} missing; `make bench-litellm` installs it): skipped", flush=True)
+        print(f"  LiteLLM is not installed ({exe} missing; `make bench` installs it): skipped", flush=True)
         return None
     port = free_port()
     master = "sk-" + secrets.token_hex(16)

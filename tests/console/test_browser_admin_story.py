@@ -5,8 +5,8 @@ starts a canary from the wizard and watches the controller promote it to all the
 restarts one of its replicas, prices the chat model, creates a customer organisation with a
 limited key (its secret shown once) and a member, and drafts, finalizes and downloads an
 invoice. Then that customer signs in to the portal, creates a key of their own, streams an
-answer from the real SmolLM2 in the playground, and sees the request and its cost on the
-usage page.
+answer from the real SmolLM2 in the playground, sees the request and its cost on the usage
+page, and opens the invoice and downloads its PDF.
 
 The story's model is served by fake engines (tests/fake_engine.py) under a supervisor of its
 own, stepped in a thread of this process on a host of its own; the canary's verdict comes
@@ -305,9 +305,9 @@ def test_the_admin_story_from_the_console_to_the_customers_portal(
                                       django_db_blocker)  # fmt: skip
         admin_sets_up_a_customer(page, story_gateway.base_url, story, django_db_blocker, tmp_path)
         context.close()
-        context = chromium.new_context(viewport={"width": 1280, "height": 900})
+        context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
         page = context.new_page()
-        customer_uses_the_portal(page, story_gateway.base_url, story, django_db_blocker)
+        customer_uses_the_portal(page, story_gateway.base_url, story, django_db_blocker, tmp_path)
     except Exception:
         screenshot(page, "story-failure")
         raise
@@ -510,7 +510,7 @@ def admin_sets_up_a_customer(page: Any, base: str, story: Story, django_db_block
     screenshot(page, "story-19-invoice-finalized-and-downloaded")
 
 
-def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_blocker: Any) -> None:
+def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_blocker: Any, tmp_path: Path) -> None:
     from billing.tasks import usage_rollups_build
     from console.pages.portal_usage import money_text
 
@@ -567,6 +567,21 @@ def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_block
     assert page.inner_text("#total-cost") == money_text(record.cost)
     assert CHAT in page.inner_text("#usage-by-model")
     screenshot(page, "story-25-customer-usage-and-cost")
+
+    # The invoice the admin finalized, in the customer's own portal, with its PDF.
+    page.get_by_role("link", name="Invoices", exact=True).click()
+    page.wait_for_selector("#invoices")
+    rows = page.locator("#invoices tbody tr")
+    assert rows.count() == 1
+    assert "Finalized" in rows.first.inner_text()
+    rows.first.locator("th a").click()
+    page.wait_for_selector("#download-pdf")
+    screenshot(page, "story-26-customer-invoice")
+    with page.expect_download() as download_info:
+        page.click("#download-pdf")
+    saved = tmp_path / f"customer-{download_info.value.suggested_filename}"
+    download_info.value.save_as(str(saved))
+    assert saved.read_bytes().startswith(b"%PDF")
 
 
 def organization_id(name: str) -> int:
