@@ -524,6 +524,12 @@ class Invoice(models.Model):
     def __str__(self) -> str:
         return f"#{self.number} {self.organization} {self.period:%Y-%m} ({self.status})"
 
+    @property
+    def tax_percent(self) -> str:
+        """The tax rate as people read it: ``0.0750`` → ``"7.5"``."""
+        text = f"{self.tax_rate * 100:f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
 
 class InvoiceLine(models.Model):
     """One line: a model's tokens of one kind at one price for the month (or, for

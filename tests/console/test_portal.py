@@ -398,6 +398,16 @@ class TestInvoices:
         assert 'id="invoice-lines"' in html
         assert f"{invoice.total} {invoice.currency}" in html
 
+    def test_the_detail_reads_the_tax_as_a_percentage_and_no_credit_without_a_sign(self, world, invoice):
+        Invoice.objects.filter(pk=invoice.pk).update(tax_rate=Decimal("0.0750"), credit=Decimal("0.00"))
+        html = world.client("admin").get(url("portal-invoice", world.org, invoice_id=invoice.pk)).content.decode()
+        assert "Tax (7.5 %)" in html
+        assert "-0.00" not in html
+
+    @pytest.mark.parametrize(("rate", "text"), [("0.1000", "10"), ("0.0750", "7.5"), ("0", "0"), ("0.0001", "0.01")])
+    def test_tax_percent(self, rate, text):
+        assert Invoice(tax_rate=Decimal(rate)).tax_percent == text
+
     def test_the_pdf_downloads(self, world, invoice):
         response = world.client("admin").get(url("portal-invoice-pdf", world.org, invoice_id=invoice.pk))
         assert response.status_code == 200
