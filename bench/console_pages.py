@@ -21,9 +21,7 @@ Writes bench/results/console_pages-<time>.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mock_suite import ROOT, django_setup
+from mock_suite import django_setup, report_start, write_report
 
 ORG = "Bench pages"
 MODELS = (("bench-pages-chat", "1"), ("bench-pages-chat", "2"), ("bench-pages-embed", "1"))
@@ -166,15 +164,11 @@ def main() -> None:
 
     from billing.models import UsageRecord
 
-    started = datetime.now(UTC)
     org, key, org_admin, staff = setup()
     clients = {"staff": Client(), "org_admin": Client()}
     clients["staff"].force_login(staff)
     clients["org_admin"].force_login(org_admin)
-    report: dict[str, Any] = {
-        "started": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "args": vars(args), "runs": {},
-    }  # fmt: skip
+    report: dict[str, Any] = {**report_start(args), "runs": {}}
     clear(org)
     try:
         for count in (args.small, args.records):
@@ -202,10 +196,7 @@ def main() -> None:
         )
     report["table"] = "\n".join(lines)
     print("\n" + report["table"] + "\n")
-    out = ROOT / "bench" / "results" / f"console_pages-{started:%Y%m%dT%H%M%S}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_report('console_pages', report)}")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mock_suite import ROOT, bench_key, django_setup, free_port
+from mock_suite import ROOT, bench_key, django_setup, free_port, report_start, write_report
 
 ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 
@@ -121,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.gateway and not args.start_platform:
         raise SystemExit("give --gateway URL (a running platform) or --start-platform")
-    started = datetime.now(UTC)
+    report = report_start(args)
     workdir = Path(tempfile.mkdtemp(prefix="engine-suite-"))
     platform_proc = None
     if args.start_platform:
@@ -180,12 +178,8 @@ def main() -> None:
             )
     table = "\n".join(lines)
     print("\n" + table + "\n")
-    out = ROOT / "bench" / "results" / f"engine_suite-{started:%Y%m%dT%H%M%S}.json"
-    out.parent.mkdir(exist_ok=True)
-    report = {"started": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
-              "args": vars(args), "rows": rows, "table": table}  # fmt: skip
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    report = {**report, "rows": rows, "table": table}
+    print(f"wrote {write_report('engine_suite', report)}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,23 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 # --- the platform's side ------------------------------------------------------------------
 
 
+def report_start(args: argparse.Namespace) -> dict[str, Any]:
+    """A results report's heading: when, where and with what arguments the run started."""
+    return {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
+        "cpus": os.cpu_count(), "python": platform.python_version(), "args": vars(args),
+    }  # fmt: skip
+
+
+def write_report(name: str, report: dict[str, Any]) -> Path:
+    """bench/results/<name>-<start time>.json (git-ignored); returns the path."""
+    started = datetime.fromisoformat(report["started"])
+    out = ROOT / "bench" / "results" / f"{name}-{started:%Y%m%dT%H%M%S}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    return out
+
+
 def django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
@@ -474,11 +491,7 @@ def main() -> None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk (make bench does)")
 
     workdir = Path(tempfile.mkdtemp(prefix="mock-suite-"))
-    started = datetime.now(UTC)
-    report: dict[str, Any] = {
-        "started": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "args": vars(args),
-    }  # fmt: skip
+    report = report_start(args)
     servers: list[Server] = []
     try:
         mock = start_mock(workdir, args.tokens)
@@ -520,10 +533,7 @@ def main() -> None:
             server.stop()
         if len(servers) > 1:  # the model was set up
             retire_mock_model()
-    out = ROOT / "bench" / "results" / f"mock_suite-{started:%Y%m%dT%H%M%S}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_report('mock_suite', report)}")
 
 
 if __name__ == "__main__":

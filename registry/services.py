@@ -386,6 +386,21 @@ _NOT_RESTARTABLE: dict[str, str] = {
 }
 
 
+def replica_restart_refusal(*, replica: Replica, deployment_status: str) -> str | None:
+    """Why ``replica_restart_request`` would refuse ``replica`` now, or None when it would
+    accept it: only a ready replica of a serving deployment, once at a time. The console
+    offers its Restart button by this same rule."""
+    if replica.restart_requested_at is not None:
+        return f"A restart of replica {replica.pk} is requested already."
+    if replica.state != Replica.State.READY:
+        why = _NOT_RESTARTABLE.get(replica.state, f"it is {replica.state}")
+        return f"Replica {replica.pk} cannot be restarted: {why}."
+    if deployment_status not in _SERVING_STATUSES:
+        deployment = replica.deployment_id
+        return f"Replica {replica.pk} cannot be restarted: its deployment {deployment} is {deployment_status}."
+    return None
+
+
 def replica_restart_request(*, actor: Actor, replica: Replica) -> Replica:
     """Ask the supervisor of ``replica``'s host to restart its engine. Audited (``replica.restart``).
 
@@ -401,17 +416,10 @@ def replica_restart_request(*, actor: Actor, replica: Replica) -> Replica:
             .select_related("deployment__version__model")
             .get(pk=replica.pk)
         )
-        if locked.restart_requested_at is not None:
-            raise InvalidInput("replica", f"A restart of replica {locked.pk} is requested already.")
-        if locked.state != Replica.State.READY:
-            why = _NOT_RESTARTABLE.get(locked.state, f"it is {locked.state}")
-            raise InvalidInput("replica", f"Replica {locked.pk} cannot be restarted: {why}.")
         deployment = locked.deployment
-        if deployment.status not in _SERVING_STATUSES:
-            raise InvalidInput(
-                "replica",
-                f"Replica {locked.pk} cannot be restarted: its deployment {deployment.pk} is {deployment.status}.",
-            )
+        refusal = replica_restart_refusal(replica=locked, deployment_status=deployment.status)
+        if refusal is not None:
+            raise InvalidInput("replica", refusal)
         requested_at = timezone.now()
         Replica.objects.filter(pk=locked.pk).update(restart_requested_at=requested_at)
         audit_record(

@@ -46,6 +46,7 @@ from registry.services import (
     deployment_scale,
     deployment_swap_cancel,
     deployment_swap_version,
+    replica_restart_refusal,
     replica_restart_request,
     traffic_set,
 )
@@ -54,15 +55,13 @@ MODELS_PER_PAGE = 25
 DECISIONS_PER_PAGE = 25
 DECISIONS_PER_MODEL = 5
 SWAP_PHASES = ("starting", "shifted", "draining", "completed")
-# Deployments whose replicas may be restarted (they serve, or are about to).
-SERVING = (Deployment.Status.PENDING, Deployment.Status.RUNNING)
 
 
 @dataclass
 class ReplicaRow:
     replica: Replica
     load_seconds: float | None
-    deployment_serving: bool = True
+    deployment_status: str
 
     @property
     def restart_requested(self) -> bool:
@@ -71,7 +70,7 @@ class ReplicaRow:
     @property
     def restartable(self) -> bool:
         """What ``replica_restart_request`` accepts: offer the button only then."""
-        return self.deployment_serving and self.replica.state == Replica.State.READY and not self.restart_requested
+        return replica_restart_refusal(replica=self.replica, deployment_status=self.deployment_status) is None
 
 
 @dataclass
@@ -115,10 +114,7 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
         rows.append(
             DeploymentRow(
                 deployment=deployment,
-                replicas=[
-                    ReplicaRow(r, load.get(r.pk), deployment_serving=deployment.status in SERVING)
-                    for r in deployment.replica_set.all()
-                ],
+                replicas=[ReplicaRow(r, load.get(r.pk), deployment.status) for r in deployment.replica_set.all()],
                 scale_form=refused.get(("scale", key))
                 or ScaleForm(
                     initial={

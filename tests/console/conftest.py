@@ -8,8 +8,10 @@ tests/screenshots/ (git-ignored) through ``screenshot``.
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +85,43 @@ def outside_the_event_loop(work: Callable[[], T]) -> T:
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(run).result()
+
+
+def serve_canary_requests(model: str, key: Any) -> None:
+    """Usage records of ``model``'s v1 (240) and v2 (60), answered well, as the gateway writes them:
+    enough for the canary controller to judge a canary of v2."""
+    from django.utils import timezone
+
+    from billing.models import UsageRecord
+
+    rng = random.Random(11)
+    records = []
+    for version, count in (("v1", 240), ("v2", 60)):
+        for _ in range(count):
+            tokens = rng.randint(10, 60)
+            ttft = int(rng.lognormvariate(4.5, 0.3))
+            records.append(
+                UsageRecord(
+                    api_key=key, organization_id=key.organization_id, model=model, model_version=version,
+                    prompt_tokens=12, completion_tokens=tokens, total_tokens=12 + tokens,
+                    latency_ms=ttft + 18 * (tokens - 1), ttft_ms=ttft, status_code=200, finish_reason="stop",
+                    created_at=timezone.now(),
+                )
+            )  # fmt: skip
+    UsageRecord.objects.bulk_create(records)
+
+
+def tick_until_decided(deadline_s: float = 30.0) -> int:
+    """The canary controller's beat, as Celery runs it, until it has judged a canary."""
+    from registry.tasks import canary_tick
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        decided = canary_tick()
+        if decided:
+            return decided
+        time.sleep(0.5)
+    return 0
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ beat tasks' own functions, called here. Every step saves a screenshot under test
 
 from __future__ import annotations
 
-import random
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import PASSWORD, log_in, screenshot
+from tests.console.conftest import PASSWORD, log_in, screenshot, serve_canary_requests, tick_until_decided
 from tests.processes import Gateway, start_gateway
 from tests.serving.conftest import committed, persisted
 
@@ -225,11 +224,6 @@ def story_gateway(engines, tmp_path_factory) -> Iterator[Gateway]:
 # --- Helpers ------------------------------------------------------------------------------
 
 
-def in_db(django_db_blocker: Any, work: Callable[[], Any]) -> Any:
-    """ORM work from the test body: committed, outside Playwright's event loop."""
-    return committed(django_db_blocker, work)
-
-
 def reload_until(page: Any, check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Reload a server-rendered page until ``check`` holds on it (the page does not update itself)."""
     deadline = time.monotonic() + timeout
@@ -254,42 +248,6 @@ def deployment_rows(page: Any, model: str) -> dict[str, dict[str, str]]:
             "weight": row.locator("td.weight").inner_text(),
         }
     return shown
-
-
-def serve_canary_requests(model: str, key: Any) -> None:
-    """Usage records of both versions, answered well, as the gateway writes them."""
-    from django.utils import timezone
-
-    from billing.models import UsageRecord
-
-    rng = random.Random(11)
-    records = []
-    for version, count in (("v1", 240), ("v2", 60)):
-        for _ in range(count):
-            tokens = rng.randint(10, 60)
-            ttft = int(rng.lognormvariate(4.5, 0.3))
-            records.append(
-                UsageRecord(
-                    api_key=key, organization_id=key.organization_id, model=model, model_version=version,
-                    prompt_tokens=12, completion_tokens=tokens, total_tokens=12 + tokens,
-                    latency_ms=ttft + 18 * (tokens - 1), ttft_ms=ttft, status_code=200, finish_reason="stop",
-                    created_at=timezone.now(),
-                )
-            )  # fmt: skip
-    UsageRecord.objects.bulk_create(records)
-
-
-def tick_until_decided(deadline_s: float = 30.0) -> int:
-    """The canary controller's beat, as Celery runs it, until it has judged a canary."""
-    from registry.tasks import canary_tick
-
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        decided = canary_tick()
-        if decided:
-            return decided
-        time.sleep(0.5)
-    return 0
 
 
 # --- The story ----------------------------------------------------------------------------
@@ -384,8 +342,8 @@ def admin_rolls_out_a_new_version(
 
     # Requests are answered by both versions; the controller's beat judges the window; the
     # page, left alone, shows the decision and v2 with all the traffic.
-    in_db(django_db_blocker, lambda: serve_canary_requests(name, story.canary_key))
-    assert in_db(django_db_blocker, tick_until_decided) == 1
+    committed(django_db_blocker, lambda: serve_canary_requests(name, story.canary_key))
+    assert committed(django_db_blocker, tick_until_decided) == 1
     page.wait_for_selector("[data-decision][data-verdict='promote']", timeout=20_000)
     page.wait_for_selector("[data-canary-status]:has-text('Promoted')")
     assert "v1 0 % · v2 100 %" in page.locator(".facts").inner_text()
@@ -403,7 +361,7 @@ def admin_rolls_out_a_new_version(
     detail.locator("summary").click()
     replica_row = detail.locator("table.replicas tbody tr[data-replica]").first
     replica_id = int(replica_row.get_attribute("data-replica") or 0)
-    pid_before = in_db(django_db_blocker, lambda: replica_pid(replica_id))
+    pid_before = committed(django_db_blocker, lambda: replica_pid(replica_id))
     with supervisor.paused():
         replica_row.get_by_role("button", name="Restart").click()
         page.wait_for_selector(f"h1:has-text('Restart replica #{replica_id}?')")
@@ -420,7 +378,7 @@ def admin_rolls_out_a_new_version(
 
     reload_until(page, restarted, "replica restarted")
     detail.evaluate("details => { details.open = true; }")  # closed again once nothing is under way
-    assert in_db(django_db_blocker, lambda: replica_pid(replica_id)) not in (None, pid_before)
+    assert committed(django_db_blocker, lambda: replica_pid(replica_id)) not in (None, pid_before)
     assert any(f"replica {replica_id} stopped for its restart" in m for m in supervisor.messages)
     screenshot(page, "story-13-replica-restarted")
 
@@ -433,7 +391,7 @@ def admin_rolls_out_a_new_version(
     page.click("#set-price button[type=submit]")
     page.wait_for_selector(".message-success")
     assert f"Price of {CHAT} set from" in page.locator(".messages").inner_text()
-    story.made["price_id"] = in_db(django_db_blocker, lambda: latest_price_id(CHAT))
+    story.made["price_id"] = committed(django_db_blocker, lambda: latest_price_id(CHAT))
     screenshot(page, "story-14-chat-model-priced")
 
 
@@ -516,7 +474,7 @@ def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_block
 
     # One organisation: the customer lands in its portal.
     log_in(page, base, story.customer)
-    org_id = in_db(django_db_blocker, lambda: organization_id(story.organization))
+    org_id = committed(django_db_blocker, lambda: organization_id(story.organization))
     assert page.url.rstrip("/").endswith(f"/portal/{org_id}"), page.url
     page.wait_for_selector("#total-requests")
     assert page.inner_text("#total-requests") == "0"
@@ -556,10 +514,10 @@ def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_block
     screenshot(page, "story-24-playground-answered")
 
     # The usage stream is persisted and rolled up, as the beat tasks do; the usage page shows it.
-    record = in_db(django_db_blocker, lambda: persisted([request_id])[request_id])
+    record = committed(django_db_blocker, lambda: persisted([request_id])[request_id])
     assert record.organization_id == org_id
     assert record.cost > 0
-    in_db(django_db_blocker, usage_rollups_build)
+    committed(django_db_blocker, usage_rollups_build)
     page.get_by_role("link", name="Usage", exact=True).click()
     page.wait_for_selector("#chart-cost .main-svg")
     assert page.inner_text("#total-requests") == "1"

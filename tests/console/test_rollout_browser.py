@@ -7,8 +7,6 @@ usage records committed by the test, as the gateway would have written them.
 
 from __future__ import annotations
 
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.console.conftest import log_in, screenshot
+from tests.console.conftest import log_in, screenshot, serve_canary_requests, tick_until_decided
 
 pytestmark = pytest.mark.browser
 
@@ -65,42 +63,6 @@ def rollout_model(committed_users, django_db_blocker) -> Iterator[dict[str, Any]
         Deployment.objects.filter(version__model=model).delete()
         ModelVersion.objects.filter(model=model).delete()
         model.delete()
-
-
-def serve_requests(model: str, key: Any) -> None:
-    """Usage records of both versions, answered well, as the gateway writes them."""
-    from django.utils import timezone
-
-    from billing.models import UsageRecord
-
-    rng = random.Random(11)
-    records = []
-    for version, count in (("v1", 240), ("v2", 60)):
-        for _ in range(count):
-            tokens = rng.randint(10, 60)
-            ttft = int(rng.lognormvariate(4.5, 0.3))
-            records.append(
-                UsageRecord(
-                    api_key=key, organization_id=key.organization_id, model=model, model_version=version,
-                    prompt_tokens=12, completion_tokens=tokens, total_tokens=12 + tokens,
-                    latency_ms=ttft + 18 * (tokens - 1), ttft_ms=ttft, status_code=200, finish_reason="stop",
-                    created_at=timezone.now(),
-                )
-            )  # fmt: skip
-    UsageRecord.objects.bulk_create(records)
-
-
-def tick_until_decided(deadline_s: float = 20.0) -> int:
-    """The controller's beat, as Celery runs it, until it has judged a canary."""
-    from registry.tasks import canary_tick
-
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        decided = canary_tick()
-        if decided:
-            return decided
-        time.sleep(0.5)
-    return 0
 
 
 # Elements whose right edge lies past the viewport, outside a horizontally scrolling .table-wrap.
@@ -181,7 +143,7 @@ class TestRollout:
 
         # Requests are served; the controller's beat judges the window; the page, left
         # alone, shows the decision with its statistics and the charts.
-        in_db_thread(django_db_blocker, lambda: serve_requests(name, rollout_model["key"]))
+        in_db_thread(django_db_blocker, lambda: serve_canary_requests(name, rollout_model["key"]))
         assert in_db_thread(django_db_blocker, tick_until_decided) == 1
         page.wait_for_selector("[data-decision]", timeout=15_000)
         decision = page.locator("[data-decision]").first
