@@ -433,9 +433,12 @@ class Settlements:
             except ResponseError:
                 # Redis answered but refused the script: retrying cannot help. Keep the event.
                 await _park(event, "settlement refused by Redis")
-            except RedisError as exc:
-                logger.warning("settlement of %s still waiting for Redis (%d pending): %s",
-                               event.request_id, len(self._pending), exc)  # fmt: skip
+            except Exception as exc:  # the worker never stops while events wait
+                if isinstance(exc, RedisError):
+                    logger.warning("settlement of %s still waiting for Redis (%d pending): %s",
+                                   event.request_id, len(self._pending), exc)  # fmt: skip
+                else:
+                    logger.exception("settlement of %s failed unexpectedly; retrying", event.request_id)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue

@@ -7,6 +7,13 @@ random. Every client the project makes says its timeout: commands here never blo
 do block (the Channels layer, Celery's broker) are configured in settings with
 ``REDIS_BLOCKING_SOCKET_TIMEOUT``, well above their longest block. Pub/sub ``listen()``
 waits without a socket timeout (redis-py passes no limit for it).
+
+Under uvloop (the gateway's loop, console/servers.py) a write on a connection the server
+dropped raises ``RuntimeError("unable to perform operation on <TCPTransport closed=True>")``
+where asyncio's own loop raises an ``OSError``, which redis-py turns into a
+``ConnectionError``. Every caller here handles a Redis outage as a ``ConnectionError``
+(503 at admission, a deferred settlement, a retried beat), so the async client's
+connections report that write the same way.
 """
 
 from __future__ import annotations
@@ -14,12 +21,43 @@ from __future__ import annotations
 import asyncio
 import weakref
 from functools import lru_cache
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.connection import AbstractConnection, parse_url
 
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
+
+
+class _LostOnClosedTransport(AbstractConnection):
+    """A write on a transport closed under us is a lost connection, on uvloop too."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except RuntimeError as exc:  # uvloop's closed transport; redis-py has disconnected
+            raise redis.exceptions.ConnectionError(f"Connection lost while writing: {exc}") from exc
+
+
+class _Connection(_LostOnClosedTransport, aioredis.Connection):
+    pass
+
+
+class _SSLConnection(_LostOnClosedTransport, aioredis.SSLConnection):
+    pass
+
+
+class _UnixConnection(_LostOnClosedTransport, aioredis.UnixDomainSocketConnection):
+    pass
+
+
+_CONNECTION_CLASSES: dict[type[AbstractConnection], type[AbstractConnection]] = {
+    aioredis.Connection: _Connection,
+    aioredis.SSLConnection: _SSLConnection,
+    aioredis.UnixDomainSocketConnection: _UnixConnection,
+}
 
 
 def async_redis() -> aioredis.Redis:
@@ -27,13 +65,17 @@ def async_redis() -> aioredis.Redis:
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
-        client = aioredis.from_url(
-            settings.REDIS_URL,
+        options = parse_url(settings.REDIS_URL)
+        url_class = options.get("connection_class", aioredis.Connection)
+        options["connection_class"] = _CONNECTION_CLASSES.get(url_class, url_class)
+        pool = aioredis.ConnectionPool(
             max_connections=512,
             socket_connect_timeout=2,
             socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
             health_check_interval=30,
+            **options,
         )
+        client = aioredis.Redis.from_pool(pool)
         _async_clients[loop] = client
     return client
 

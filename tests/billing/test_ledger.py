@@ -165,3 +165,45 @@ def test_spend_is_counted_in_micro_units_rounded_up():
     assert micros_up(Decimal("0.000003")) == 3
     assert micros_up(Decimal("0.0000030001")) == 4  # never below the exact cost
     assert micros_up(Decimal(0)) == 0
+
+
+class TestSettlements:
+    async def test_the_worker_keeps_retrying_whatever_a_try_raises(self, monkeypatch):
+        """An error that is not Redis's own (uvloop's closed transport was one) must not end
+        the worker while settlements wait: they would wait for good."""
+        grant = _grant()
+        draft = _draft(grant)
+        await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
+        real_settle, tries = ledger.settle, []
+
+        async def flaky(event: UsageEvent) -> bool:
+            tries.append(event.request_id)
+            if len(tries) == 1:
+                raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+            return await real_settle(event)
+
+        monkeypatch.setattr(ledger, "settle", flaky)
+        pending = ledger.Settlements()
+        pending.add(replace(draft, status_code=200, completion_tokens=5))
+        assert pending._worker is not None
+        await asyncio.wait_for(pending._worker, 10)  # it ends once nothing waits
+        assert len(pending) == 0
+        assert len(tries) == 2
+        assert _entry(draft.request_id) is None
+        assert len(_events_for(draft.request_id)) == 1
+
+
+async def test_a_write_on_a_closed_transport_is_a_lost_connection(monkeypatch):
+    """uvloop raises RuntimeError for it; callers handle an outage as a ConnectionError."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.connection import AbstractConnection
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from core.redis import async_redis
+
+    async def closed(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    monkeypatch.setattr(aioredis.Connection, "send_packed_command", closed)
+    with pytest.raises(RedisConnectionError, match="Connection lost while writing"):
+        await async_redis().ping()
