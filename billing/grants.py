@@ -1,12 +1,21 @@
-"""What a valid API key may do, as the data plane sees it: models, tier, and two levels of limits."""
+"""What a valid API key may do, as the data plane sees it: models, tier, and two levels of limits.
+
+A grant is always within the organisation's *current* plan, whatever the key was created
+with: its tier is at most the organisation's, and each of its limits at most the plan's
+ceiling (``billing.selectors.plan_key_ceilings``; an empty limit under a ceiling becomes the
+ceiling). So a downgraded organisation's old keys, and keys rotated from them, are admitted
+only within the plan it is on now.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
-from billing.models import ApiKey, Limits
+from billing.models import ApiKey, Limits, Tier
+from billing.selectors import KEY_CEILING_FIELDS, TIER_RANK, plan_key_ceilings
 
 
 @dataclass(frozen=True)
@@ -21,13 +30,18 @@ class ScopeLimits:
     alert_percent: int
 
     @classmethod
-    def of(cls, obj: Limits) -> ScopeLimits:
+    def of(cls, obj: Limits, *, ceilings: dict[str, int | Decimal | None] | None = None) -> ScopeLimits:
+        """``obj``'s limits, each at most its ceiling where ``ceilings`` gives one."""
+        values: dict[str, Any] = {field: getattr(obj, field) for field in KEY_CEILING_FIELDS}
+        for field, ceiling in (ceilings or {}).items():
+            if ceiling is not None:
+                values[field] = ceiling if values[field] is None else min(values[field], ceiling)
         return cls(
-            rpm=obj.rate_limit_rpm,
-            tpm=obj.rate_limit_tpm,
-            concurrent=obj.max_concurrent,
-            token_quota=obj.monthly_token_quota,
-            spend_cap=obj.monthly_spend_cap,
+            rpm=values["rate_limit_rpm"],
+            tpm=values["rate_limit_tpm"],
+            concurrent=values["max_concurrent"],
+            token_quota=values["monthly_token_quota"],
+            spend_cap=values["monthly_spend_cap"],
             alert_percent=obj.budget_alert_percent,
         )
 
@@ -50,14 +64,21 @@ class KeyGrant:
 
     @classmethod
     def of(cls, api_key: ApiKey) -> KeyGrant:
-        """Call with ``api_key.organization`` already loaded (select_related)."""
+        """The key's grant within its organisation's current plan (reads the plan: sync ORM).
+
+        Call with ``api_key.organization`` already loaded (select_related).
+        """
+        organization = api_key.organization
+        tier = api_key.tier
+        if TIER_RANK[Tier(tier)] > TIER_RANK[Tier(organization.tier)]:
+            tier = organization.tier
         return cls(
             key_id=api_key.pk,
             organization_id=api_key.organization_id,
             prefix=api_key.prefix,
             allowed_models=frozenset(api_key.allowed_models),
-            tier=api_key.tier,
-            key_limits=ScopeLimits.of(api_key),
-            org_limits=ScopeLimits.of(api_key.organization),
+            tier=tier,
+            key_limits=ScopeLimits.of(api_key, ceilings=plan_key_ceilings(organization=organization)),
+            org_limits=ScopeLimits.of(organization),
             expires_at=api_key.expires_at,
         )

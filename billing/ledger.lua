@@ -125,6 +125,10 @@ local function admit()
     local level = {}
     if s.rpm > 0 then
       level.rpm = bucket_level(s.p .. ":rpm", s.rpm, now)
+      -- A request that paid its place before it was counted (TAKE) is not charged again.
+      if spec.rpm_paid then
+        level.rpm = level.rpm + 1
+      end
       if level.rpm < 1 then
         return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "requests",
           value = s.rpm, retry = (1 - level.rpm) / (s.rpm / 60)})
@@ -284,6 +288,33 @@ local function peek()
   return cjson.encode({ok = true, scopes = report})
 end
 
+-- TAKE: one request from each scope's requests-per-minute bucket, outside admission: paid
+-- up front by a request whose prompt is costly to count, or charged to a request refused
+-- after it was counted, so that neither can be repeated for free.
+-- ARGV[1] spec (JSON: scopes), ARGV[2] test clock key or "", ARGV[3] "1": charge what is
+-- left even if it is less than one request (never below zero), and never refuse.
+local function take()
+  local spec = cjson.decode(ARGV[1])
+  local now = now_seconds(ARGV[2])
+  local force = ARGV[3] == "1"
+  local levels = {}
+  for i, s in ipairs(spec.scopes) do
+    if s.rpm > 0 then
+      levels[i] = bucket_level(s.p .. ":rpm", s.rpm, now)
+      if levels[i] < 1 and not force then
+        return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "requests",
+          value = s.rpm, retry = (1 - levels[i]) / (s.rpm / 60)})
+      end
+    end
+  end
+  for i, s in ipairs(spec.scopes) do
+    if s.rpm > 0 then
+      bucket_store(s.p .. ":rpm", math.max(0, levels[i] - 1), now)
+    end
+  end
+  return cjson.encode({ok = true})
+end
+
 -- NOW: Redis's clock (seconds), for the sweeper.
 local function now()
   return string.format("%.6f", real_now())
@@ -299,6 +330,7 @@ local op = table.remove(ARGV, 1)
 if op == "admit" then return admit() end
 if op == "settle" then return settle() end
 if op == "peek" then return peek() end
+if op == "take" then return take() end
 if op == "month" then return month() end
 if op == "now" then return now() end
 return redis.error_reply("unknown operation " .. tostring(op))

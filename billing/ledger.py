@@ -42,14 +42,12 @@ import orjson
 from django.conf import settings
 from redis.asyncio.client import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from billing.grants import KeyGrant, ScopeLimits
 from billing.pricing import micros_up, to_micros
 from core import keys
-from core.redis import async_redis, sync_redis
+from core.redis import async_redis, is_transient, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +67,8 @@ class UsageEvent:
 
     On the stream every field is a string (``to_fields``); ``ttft_ms`` is empty when no
     token was produced. ``from_fields`` is the persister's strict reader; fields added
-    later (``cache``, ``finish_reason``) read as their defaults from older entries.
+    later (``cache``, ``finish_reason``, ``error_code``, ``revision``) read as their defaults
+    from older entries.
     """
 
     request_id: uuid.UUID
@@ -92,6 +91,13 @@ class UsageEvent:
     # applicable (embeddings, a request that failed or was cut before its answer finished).
     # With several choices: "length" when any was cut by its token limit, else the first's.
     finish_reason: str = ""
+    # Why it failed, when it did: the error code its client got (``engine_unavailable``,
+    # ``engine_timeout``, the engine's own code for a request it refused, ``client_closed``
+    # …); "" for a success. A request no engine ran records 0 tokens and costs nothing.
+    error_code: str = ""
+    # 0 as first settled; 1 for a settlement that corrects one the sweeper made from the
+    # admission draft (the gateway was judged lost, then finished the request after all).
+    revision: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -153,6 +159,8 @@ class UsageEvent:
             cost=cost,
             cache=_cache_outcome(text.get("cache") or "miss"),
             finish_reason=_finish_reason(text.get("finish_reason") or ""),
+            error_code=_error_code(text.get("error_code") or ""),
+            revision=count("revision") if text.get("revision") else 0,
         )
 
 
@@ -258,6 +266,16 @@ def finish_reason_of(reasons: Mapping[int, str]) -> str:
     return reason[:FINISH_REASON_MAX_LENGTH]
 
 
+# The longest error code a usage record keeps (UsageRecord.error_code's max_length).
+ERROR_CODE_MAX_LENGTH = 40
+
+
+def _error_code(value: str) -> str:
+    if len(value) > ERROR_CODE_MAX_LENGTH:
+        raise ValueError(f"error_code is longer than {ERROR_CODE_MAX_LENGTH} characters: {value!r}")
+    return value
+
+
 def _finish_reason(value: str) -> str:
     if len(value) > FINISH_REASON_MAX_LENGTH:
         raise ValueError(f"finish_reason is longer than {FINISH_REASON_MAX_LENGTH} characters: {value!r}")
@@ -334,7 +352,7 @@ ALERT_THRESHOLDS = (50, 80, 100)
 
 
 async def admit(
-    *, grant: KeyGrant, draft: UsageEvent, tokens: int, spend: Decimal, model_limit: int
+    *, grant: KeyGrant, draft: UsageEvent, tokens: int, spend: Decimal, model_limit: int, rpm_paid: bool = False
 ) -> RateLimitHeaders:
     """Check and charge everything for one request and record it in flight, atomically.
 
@@ -342,7 +360,8 @@ async def admit(
     ``spend`` the reservation (the prompt plus the most it may generate, in tokens and at
     the request's price). Raises ``Refused`` (nothing charged) or ``LedgerUnavailable``;
     in the latter case the admission may have landed, so the caller settles the request
-    anyway (a no-op when it did not).
+    anyway (a no-op when it did not). ``rpm_paid``: its request was already taken from the
+    per-minute buckets (``take_request``), so it is not charged again.
     """
     presence.ensure_started()
     spec = {
@@ -353,6 +372,7 @@ async def admit(
         "org": grant.organization_id,
         "model_key": keys.model_queue(draft.model),
         "model_limit": model_limit,
+        "rpm_paid": rpm_paid,
     }
     argv: list[str | bytes] = [
         "admit",
@@ -374,6 +394,21 @@ async def admit(
     if not result["ok"]:
         raise Refused(_refusal(result, grant, await peek(grant)))
     return RateLimitHeaders.from_report(result["scopes"])
+
+
+async def take_request(grant: KeyGrant, *, force: bool = False) -> None:
+    """Take one request from the key's and organisation's per-minute request buckets, outside
+    admission: before a costly step (counting a large prompt), or for a request refused after
+    it (``force``: charge whatever is left and never refuse). Raises ``Refused`` when a
+    bucket is empty (not with ``force``), ``LedgerUnavailable`` when Redis cannot be reached."""
+    spec = orjson.dumps({"scopes": _scopes(grant)})
+    try:
+        raw = await _script(async_redis())(keys=[], args=["take", spec, _clock(), "1" if force else ""])
+    except RedisError as exc:
+        raise LedgerUnavailable(str(exc)) from exc
+    result = orjson.loads(raw)
+    if not result["ok"]:
+        raise Refused(_refusal(result, grant, await peek(grant)))
 
 
 async def peek(grant: KeyGrant) -> RateLimitHeaders:
@@ -430,10 +465,10 @@ class Settlements:
             event = self._pending[0]
             try:
                 await settle(event)
-            except ResponseError:
-                # Redis answered but refused the script: retrying cannot help. Keep the event.
-                await _park(event, "settlement refused by Redis")
             except Exception as exc:  # the worker never stops while events wait
+                if isinstance(exc, RedisError) and not is_transient(exc) and await _park(event, exc):
+                    self._pending.popleft()  # it can never succeed, and it is kept where people look
+                    continue
                 if isinstance(exc, RedisError):
                     logger.warning("settlement of %s still waiting for Redis (%d pending): %s",
                                    event.request_id, len(self._pending), exc)  # fmt: skip
@@ -450,27 +485,36 @@ settlements = Settlements()
 
 
 async def settle_or_defer(event: UsageEvent) -> bool:
-    """Settle now if Redis answers; otherwise leave it to ``settlements``. True if written now."""
+    """Settle now if Redis takes it; otherwise leave it to ``settlements``, which retries until
+    it does. True if written now.
+
+    A Redis that is down, or answers with an error that passes (READONLY after a failover,
+    MISCONF, OOM, BUSY, NOREPLICAS …: ``core.redis.is_transient``), is waited for. Only a
+    refusal that can never succeed (a script error) is parked in the dead-letter stream.
+    """
     try:
         await settle(event)
         return True
-    except ResponseError:
-        await _park(event, "settlement refused by Redis")
-        return False
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        logger.warning("usage settlement deferred until Redis is back: %s", exc)
+    except RedisError as exc:
+        if not is_transient(exc) and await _park(event, exc):
+            return False
+        logger.warning("usage settlement deferred until Redis takes it: %s", exc)
         settlements.add(event)
         return False
 
 
-async def _park(event: UsageEvent, reason: str) -> None:
-    """A settlement Redis refuses (a bug, not an outage): keep the event where people look."""
+async def _park(event: UsageEvent, error: RedisError) -> bool:
+    """A settlement Redis refuses for good (a bug, not an outage): keep the event where people
+    look. False when it could not be parked either: the caller keeps retrying it."""
+    reason = f"settlement refused by Redis: {error}"
     logger.error("%s: %s", reason, event)
     entry: dict[Any, Any] = {**event.to_fields(), "reason": reason}
     try:
         await async_redis().xadd(keys.usage_dead_letters(), entry)
     except RedisError:
-        logger.error("could not park usage event %s: %s", event.request_id, event.to_fields())
+        logger.error("could not park usage event %s; it stays pending: %s", event.request_id, event.to_fields())
+        return False
+    return True
 
 
 # --- Gateway presence and the sweeper -------------------------------------------------------

@@ -195,6 +195,16 @@ class UsageRecord(models.Model):
         help_text="why generation stopped (stop, length, ...); with several choices, length if any was cut, "
         "else the first choice's; empty: unknown or not applicable (embeddings, failed before an answer)",
     )
+    error_code = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="why it failed, as its client was told (engine_unavailable, engine_timeout, the engine's own "
+        "code, client_closed, ...); empty for a success",
+    )
+    revision = models.PositiveSmallIntegerField(
+        default=0, help_text="1 when the gateway's own settlement corrected the sweeper's (billing.ledger)"
+    )
     # What it cost: at the price in effect when it was admitted, exact (no rounding here;
     # invoices round once per line). Null price: the model had no price (cost 0).
     price = models.ForeignKey("Price", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records")

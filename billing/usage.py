@@ -179,6 +179,8 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         cost=event.cost,
         cache=event.cache,
         finish_reason=event.finish_reason,
+        error_code=event.error_code,
+        revision=event.revision,
     )
 
 

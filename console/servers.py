@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from django.conf import settings
+
 SERVERS = ("uvicorn", "daphne")
 
 
@@ -28,5 +30,8 @@ def server_command(python: str, *, host: str, port: int, server: str | None = No
         python, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port),
         "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "off",
         "--no-access-log", "--no-proxy-headers", "--no-server-header", "--backlog", "4096",
+        # A WebSocket frame over the API's body limit gets an error frame from the consumer;
+        # one far over it is not even buffered: the server closes the socket (1009).
+        "--ws-max-size", str(settings.API_MAX_BODY_BYTES + 1024 * 1024),
         "--timeout-graceful-shutdown", os.environ.get("ASGI_GRACEFUL_SHUTDOWN_SECONDS", "30"),
     ]  # fmt: skip

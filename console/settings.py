@@ -231,6 +231,10 @@ ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
 API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
 # Django's own limit for the console and admin (the data plane reads bodies itself).
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# Bodies larger than this have their prompt counted in one of PROMPT_COUNT_THREADS worker
+# threads, off the event loop, after paying their place in the key's per-minute request bucket.
+PROMPT_COUNT_INLINE_BYTES = envint("PROMPT_COUNT_INLINE_BYTES", 32 * 1024)
+PROMPT_COUNT_THREADS = envint("PROMPT_COUNT_THREADS", 2)
 # Requests that may run at once on one WebSocket (each is still charged to its key's limits).
 WS_MAX_REQUESTS_PER_SOCKET = envint("WS_MAX_REQUESTS_PER_SOCKET", 256)
 # A replica is routed to only while its heartbeat is younger than this: three missed beats

@@ -19,6 +19,7 @@ connections report that write the same way.
 from __future__ import annotations
 
 import asyncio
+import re
 import weakref
 from functools import lru_cache
 from typing import Any
@@ -88,3 +89,22 @@ def sync_redis() -> redis.Redis:
         socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
         health_check_interval=30,
     )
+
+
+# Errors Redis answers while it cannot take a write for a while: a replica after a failover
+# (READONLY), a failed background save (MISCONF), maxmemory (OOM), a long script (BUSY),
+# missing replicas (NOREPLICAS), a restart loading its data (LOADING), a cluster failover
+# (MASTERDOWN, TRYAGAIN, CLUSTERDOWN). They pass: retry them like an outage. Inside a script
+# Redis wraps them ("Error running script …: -NOREPLICAS …"). Anything else it answers (a
+# script's own error, a wrong type) will be answered the same way every time.
+_TRANSIENT_REPLY = re.compile(
+    r"(?:^|-)(READONLY|MISCONF|OOM|BUSY|NOREPLICAS|LOADING|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\b"
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a Redis failure may pass: an outage, a timeout, or one of the replies above."""
+    if isinstance(exc, redis.exceptions.ResponseError):
+        code = getattr(exc, "status_code", None)
+        return bool(_TRANSIENT_REPLY.search(f"{code or ''} {exc}".strip()))
+    return isinstance(exc, redis.exceptions.RedisError | OSError)

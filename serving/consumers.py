@@ -17,6 +17,9 @@ Protocol (JSON text frames):
   it on failure), or ``{"type": "error", "id", "error": {…}}`` when it was refused or
   cancelled before admission (nothing ran, nothing is metered);
 - ``{"type": "cancel", "id": "<client id>"}`` stops one; closing the socket stops all.
+- a frame larger than ``API_MAX_BODY_BYTES`` is refused with an error frame
+  (``request_body_too_large``) and never parsed; the server closes the socket (1009) on a
+  frame more than a MiB over it (uvicorn's ``--ws-max-size``).
 
 Each request runs the same ``InferenceCall`` as the REST API (serving.orchestrator).
 """
@@ -34,7 +37,7 @@ from django.conf import settings
 
 from billing.grants import KeyGrant
 from serving.auth import authenticate
-from serving.errors import APIError, AuthenticationFailed, InvalidRequest
+from serving.errors import APIError, AuthenticationFailed, InvalidRequest, PayloadTooLarge
 from serving.orchestrator import CHAT, CLIENT_CLOSED, InferenceCall
 from serving.session_auth import session_grant
 
@@ -82,6 +85,12 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "error", "id": client_id, "error": error.detail()})
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if _frame_size(text_data, bytes_data) > settings.API_MAX_BODY_BYTES:
+            limit = settings.API_MAX_BODY_BYTES
+            await self._error(None, PayloadTooLarge(
+                f"The frame is larger than this API accepts ({limit} bytes, {limit / 1024 / 1024:g} MiB)."
+            ))  # fmt: skip
+            return
         try:
             message = orjson.loads(text_data or bytes_data or b"")
         except orjson.JSONDecodeError:
@@ -233,6 +242,18 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 await self._send(frame)
         except Exception:  # noqa: BLE001 - the socket may be gone; the usage is metered regardless
             logger.debug("could not send the final frame for %s", client_id)
+
+
+def _frame_size(text_data: str | None, bytes_data: bytes | None) -> int:
+    """A frame's size in bytes, as API_MAX_BODY_BYTES counts a request body (text is encoded
+    only when its length alone cannot decide: a character is one to four bytes)."""
+    if bytes_data is not None:
+        return len(bytes_data)
+    if not text_data:
+        return 0
+    if len(text_data) * 4 <= settings.API_MAX_BODY_BYTES or len(text_data) > settings.API_MAX_BODY_BYTES:
+        return len(text_data)  # decided either way without encoding: within the limit, or over it
+    return len(text_data.encode())
 
 
 def _detail_args(detail: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -96,6 +97,17 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
+def error_code_of(status: int, exc: BaseException | None = None) -> str:
+    """The error code a usage record keeps for a request that ended with ``status``."""
+    if status < 400:
+        return ""
+    if isinstance(exc, APIError) and exc.code:
+        return str(exc.code)[: ledger.ERROR_CODE_MAX_LENGTH]
+    if status == CLIENT_CLOSED:
+        return "client_closed"
+    return "server_error" if status >= 500 else "invalid_request"
+
+
 _loaded_counters: set[str | None] = set()
 
 
@@ -132,7 +144,9 @@ class InferenceCall:
         self._admission: asyncio.Task[RateLimitHeaders] | None = None
         self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
         self._admitted = False
-        self._dispatched = False
+        self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
+        self._ran = False  # an engine accepted the request (answered 2xx): its prompt was processed
+        self.error_code = ""  # set when it fails: what the record says of why
         self._closing: asyncio.Task[None] | None = None
         self._replica: ReplicaRoute | None = None
         self._upstream: engine.EngineStream | ReplayStream | None = None
@@ -181,48 +195,46 @@ class InferenceCall:
             raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
         counter = await _counter(version)
         max_len = version.max_model_len
-        if isinstance(body, ChatCompletionRequest):
-            count = counter.count_chat(
-                data["messages"],
-                tools=data.get("tools"),
-                documents=data.get("documents"),
-                add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message),
-                template_kwargs=body.chat_template_kwargs,
-            )
-            per_prompt, prompts = [count], 1
-        elif isinstance(body, CompletionRequest):
-            if body.prompt_count > 1:
-                items = cast(list[str] | list[list[int]], body.prompt)
-                per_prompt = [PromptCount(counter.count_prompt(item), counter.exact) for item in items]
+        # A large body pays its place in the per-minute request bucket before its prompt is
+        # counted (a 4 MB prompt is about a second of CPU), so it cannot be repeated for free.
+        large = len(raw_body) > settings.PROMPT_COUNT_INLINE_BYTES
+        if large:
+            await self._take_request()
+        try:
+            _refuse_by_lower_bound(body, data, counter, max_len)
+            if large:  # off the event loop: every other request on this process goes on meanwhile
+                loop = asyncio.get_running_loop()
+                per_prompt = await loop.run_in_executor(_counting_pool(), _count, counter, body, data)
             else:
-                per_prompt = [PromptCount(counter.count_prompt(body.prompt), counter.exact)]
+                per_prompt = _count(counter, body, data)
             prompts = len(per_prompt)
-        else:
-            per_prompt = [PromptCount(counter.count_prompt(body.input), counter.exact)]
-            prompts = 1
-        # An engine-side truncation makes our count an upper bound, not the truth.
-        exact = all(c.exact for c in per_prompt) and getattr(body, "truncate_prompt_tokens", None) is None
-        prompt_tokens = sum(c.tokens for c in per_prompt)
-        if isinstance(body, EmbeddingRequest):
-            if exact and isinstance(body.input, str) and prompt_tokens > max_len:
-                raise InvalidRequest(
-                    f"This model's maximum context length is {max_len} tokens, "
-                    f"but the input has {prompt_tokens} tokens.",
-                    param="input",
-                    code="context_length_exceeded",
-                )
-            prompt_bound = reserved = prompt_tokens
-        else:
-            limit = body.completion_limit
-            if exact:
-                _check_context(body, max(c.tokens for c in per_prompt), limit, max_len)
-            # Reserved against TPM and budgets: every prompt plus the most every choice may
-            # generate. An estimated prompt is capped by the context the engine allows.
-            prompt_bound = prompt_tokens if exact else min(prompt_tokens, max_len * prompts)
-            longest = max(c.tokens for c in per_prompt) if exact else 0
-            per_choice = limit if limit is not None else max(1, max_len - longest)
-            reserved = prompt_bound + prompts * body.n * per_choice
+            # An engine-side truncation makes our count an upper bound, not the truth.
+            exact = all(c.exact for c in per_prompt) and getattr(body, "truncate_prompt_tokens", None) is None
+            prompt_tokens = sum(c.tokens for c in per_prompt)
+            if isinstance(body, EmbeddingRequest):
+                if exact and isinstance(body.input, str) and prompt_tokens > max_len:
+                    raise InvalidRequest(
+                        f"This model's maximum context length is {max_len} tokens, "
+                        f"but the input has {prompt_tokens} tokens.",
+                        param="input",
+                        code="context_length_exceeded",
+                    )
+                prompt_bound = reserved = prompt_tokens
+            else:
+                limit = body.completion_limit
+                if exact:
+                    _check_context(body, max(c.tokens for c in per_prompt), limit, max_len)
+                # Reserved against TPM and budgets: every prompt plus the most every choice may
+                # generate. An estimated prompt is capped by the context the engine allows.
+                prompt_bound = prompt_tokens if exact else min(prompt_tokens, max_len * prompts)
+                longest = max(c.tokens for c in per_prompt) if exact else 0
+                per_choice = limit if limit is not None else max(1, max_len - longest)
+                reserved = prompt_bound + prompts * body.n * per_choice
+        except InvalidRequest:
+            if not self._rpm_paid:  # refused after it was counted: it still counts as a request
+                with contextlib.suppress(ledger.LedgerUnavailable):
+                    await ledger.take_request(self.grant, force=True)
+            raise
 
         # Charged at the price in effect when the request arrived (its record's created_at),
         # for the whole request, whatever happens later.
@@ -266,6 +278,17 @@ class InferenceCall:
     def cache_outcome(self) -> str:
         """How it was answered: ``hit``, ``semantic-hit`` or ``miss`` (the x-cache header)."""
         return self.cache_hit.outcome if self.cache_hit is not None else MISS
+
+    async def _take_request(self) -> None:
+        """Pay this request's place in the key's per-minute request buckets now (429 when they
+        are empty); admission then does not charge it again."""
+        try:
+            await ledger.take_request(self.grant)
+        except ledger.Refused as refused:
+            raise _rate_limited(refused.refusal) from None
+        except ledger.LedgerUnavailable as exc:
+            raise _limiter_unavailable(exc) from exc
+        self._rpm_paid = True
 
     # --- the cache ------------------------------------------------------------------------
 
@@ -384,24 +407,15 @@ class InferenceCall:
                 tokens=self._reserved,
                 spend=self._reserved_spend,
                 model_limit=max(1, replicas) * per_replica,
+                rpm_paid=self._rpm_paid,
             )
         except ledger.Refused as refused:
             self._maybe_admitted = False
-            r = refused.refusal
-            raise RateLimited(
-                r.message,
-                code=r.code,
-                type="insufficient_quota" if r.code == "insufficient_quota" else "rate_limit_exceeded",
-                headers={**r.headers.values, "Retry-After": str(r.retry_after)},
-            ) from None
+            raise _rate_limited(refused.refusal) from None
         except ledger.LedgerUnavailable as exc:
             # The admission may have landed before the connection failed: close() settles it
             # (a no-op in the ledger when it did not), so nothing is left charged.
-            logger.error("ledger unavailable: %s", exc)
-            raise EngineUnavailable(
-                "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",
-                code="limiter_unavailable",
-            ) from exc
+            raise _limiter_unavailable(exc) from exc
         self._admitted = True
         metrics.IN_FLIGHT.labels(self.model.name).inc()
         self.rate_limits = headers
@@ -419,11 +433,11 @@ class InferenceCall:
             replicas = router.replica_order(self.version)
             try:
                 async with asyncio.timeout(settings.ENGINE_REQUEST_TIMEOUT):
-                    self._dispatched = True
                     self._mirror()
                     self._replica, response = await engine.dispatch(
                         router, replicas, self.endpoint.path, self.payload, stream=False
                     )
+                    self._ran = True
             except TimeoutError:
                 raise EngineTimeout("The engine did not answer in time.") from None
             data = engine.parse_json(router, self._replica, response.content)
@@ -433,7 +447,7 @@ class InferenceCall:
                 data["id"] = self.public_id
             data["model"] = self.model.name
         except BaseException as exc:
-            await self.close(status_of(exc))
+            await self.close(self._failed(exc))
             raise
         await self.close(200)
         if self.endpoint is EMBEDDINGS:
@@ -484,10 +498,9 @@ class InferenceCall:
             return
         try:
             replicas = router.replica_order(self.version)
-            self._dispatched = True
             self._mirror()
             upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
-            self._upstream, self._replica = upstream, upstream.replica
+            self._upstream, self._replica, self._ran = upstream, upstream.replica, True
             try:
                 async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
                     self._first = await anext(upstream)
@@ -499,7 +512,7 @@ class InferenceCall:
             except StopAsyncIteration:
                 raise EngineFailed("The engine closed the stream without answering.") from None
         except BaseException as exc:
-            await self.close(status_of(exc))
+            await self.close(self._failed(exc))
             raise
 
     @property
@@ -542,13 +555,13 @@ class InferenceCall:
             if not isinstance(exc, APIError):  # a bug, or an engine answer we cannot read
                 logger.exception("stream of request %s failed", self.request_id)
                 exc = APIError("The server had an error while streaming the answer.")
-            status = exc.status
+            status = self._failed(exc)
             self.failed = True
             await self.close(status)
             yield exc.body()
             return
         except BaseException as exc:  # cancelled, or the client closed the stream
-            status = status_of(exc)
+            status = self._failed(exc)
             raise
         finally:
             await self.close(status)
@@ -616,6 +629,13 @@ class InferenceCall:
         details = usage.get("prompt_tokens_details")
         self.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
 
+    def _failed(self, exc: BaseException) -> int:
+        """Note why the request failed (the first reason counts); returns its status."""
+        status = status_of(exc)
+        if not self.error_code:
+            self.error_code = error_code_of(status, exc)
+        return status
+
     @property
     def finish_reason(self) -> str:
         """Why generation stopped, as the usage record keeps it (``ledger.finish_reason_of``:
@@ -626,12 +646,17 @@ class InferenceCall:
 
     @property
     def prompt_tokens_metered(self) -> int:
-        """The prompt tokens the usage event records."""
+        """The prompt tokens the usage event records.
+
+        What the engine reported; else, when an engine accepted the request (so it read the
+        prompt), our exact count. A request no engine ran (refused by every replica, or
+        answered with an error before it started) records none: it costs nothing.
+        """
         if self._reported_prompt is not None:
             return self._reported_prompt
-        if self._dispatched and self.prompt_exact:
+        if self._ran and self.prompt_exact:
             return self.prompt_tokens
-        return 0  # never reached an engine, or only an estimate: nothing to bill for the prompt
+        return 0
 
     def _event(self, status: int, *, draft: bool = False) -> UsageEvent:
         """The usage event: as settled, or (``draft``) as the sweeper would settle it if this
@@ -665,6 +690,7 @@ class InferenceCall:
             cost=cost,
             cache=self.cache_outcome,
             finish_reason="" if draft else self.finish_reason,
+            error_code="" if draft else (self.error_code or error_code_of(status)),
         )
 
     async def close(self, status: int) -> None:
@@ -711,6 +737,88 @@ class InferenceCall:
                 full = self.price.cost(input_tokens=event.prompt_tokens, output_tokens=event.completion_tokens)
                 saved = full - event.cost
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
+
+
+def _rate_limited(refusal: ledger.Refusal) -> RateLimited:
+    return RateLimited(
+        refusal.message,
+        code=refusal.code,
+        type="insufficient_quota" if refusal.code == "insufficient_quota" else "rate_limit_exceeded",
+        headers={**refusal.headers.values, "Retry-After": str(refusal.retry_after)},
+    )
+
+
+def _limiter_unavailable(exc: Exception) -> EngineUnavailable:
+    logger.error("ledger unavailable: %s", exc)
+    return EngineUnavailable(
+        "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",
+        code="limiter_unavailable",
+    )
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _counting_pool() -> ThreadPoolExecutor:
+    """The threads that count large prompts (the tokenizer releases the GIL while it works)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=settings.PROMPT_COUNT_THREADS, thread_name_prefix="prompt-count")
+    return _pool
+
+
+def _count(counter: PromptCounter, body: Any, data: dict[str, Any]) -> list[PromptCount]:
+    """Each prompt's tokens (a chat is one prompt): exact where the tokenizer and template allow."""
+    if isinstance(body, ChatCompletionRequest):
+        return [
+            counter.count_chat(
+                data["messages"],
+                tools=data.get("tools"),
+                documents=data.get("documents"),
+                add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message),
+                template_kwargs=body.chat_template_kwargs,
+            )
+        ]
+    if isinstance(body, CompletionRequest) and body.prompt_count > 1:
+        items = cast(list[str] | list[list[int]], body.prompt)
+        return [PromptCount(counter.count_prompt(item), counter.exact) for item in items]
+    prompt = body.prompt if isinstance(body, CompletionRequest) else body.input
+    return [PromptCount(counter.count_prompt(prompt), counter.exact)]
+
+
+def _text_chars(body: Any, data: dict[str, Any]) -> list[int]:
+    """Characters of text in each prompt (what the cheap bound needs; token ids are not text)."""
+    if isinstance(body, ChatCompletionRequest):
+        total = 0
+        for message in data["messages"]:
+            content = message.get("content")
+            if isinstance(content, str):
+                total += len(content)
+            elif isinstance(content, list):
+                total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+        return [total]
+    prompt = body.prompt if isinstance(body, CompletionRequest) else body.input
+    if isinstance(prompt, str):
+        return [len(prompt)]
+    return [len(item) for item in prompt if isinstance(item, str)]
+
+
+def _refuse_by_lower_bound(body: Any, data: dict[str, Any], counter: PromptCounter, max_len: int) -> None:
+    """Refuse, without tokenising it, a prompt whose text alone needs more tokens than the
+    context holds (``PromptCounter.at_least``): a 4 MB body is refused in microseconds."""
+    if not counter.max_token_chars or getattr(body, "truncate_prompt_tokens", None) is not None:
+        return
+    least = max((counter.at_least(chars) for chars in _text_chars(body, data)), default=0)
+    embeddings = isinstance(body, EmbeddingRequest)
+    if least > max_len or (least >= max_len and not embeddings):
+        where = "input" if embeddings else "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_len} tokens, but the {where} has at least {least} "
+            "tokens. Please reduce the length of the prompt.",
+            param=where,
+            code="context_length_exceeded",
+        )
 
 
 def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:

@@ -43,6 +43,7 @@ class PromptCounter:
         self.template: Any = None
         self.special: dict[str, str] = {}
         self.knows_developer_role = False
+        self.max_token_chars: int | None = None  # the most bytes a token spans (byte-level BPE only)
         if directory is None:
             return
         root = Path(directory)
@@ -51,6 +52,7 @@ class PromptCounter:
             # Some tokenizer files pad or truncate to a fixed length; we want true counts.
             self.tokenizer.no_padding()
             self.tokenizer.no_truncation()
+            self.max_token_chars = _longest_byte_level_token(self.tokenizer)
         template_text = None
         if (root / "chat_template.jinja").exists():
             template_text = (root / "chat_template.jinja").read_text()
@@ -71,6 +73,18 @@ class PromptCounter:
     def exact(self) -> bool:
         """Whether ``count_text``/``count_prompt`` are the engine's counts (else upper bounds)."""
         return self.tokenizer is not None
+
+    def at_least(self, chars: int) -> int:
+        """A cheap lower bound on the tokens of text of ``chars`` characters (0 when none is known).
+
+        With a byte-level BPE tokenizer that normalises nothing, every byte of the text is in
+        exactly one token and no token spans more than ``max_token_chars`` bytes, and a
+        character is at least a byte: so at least chars / max_token_chars tokens. Lets a
+        prompt that cannot fit the context be refused without tokenising it.
+        """
+        if not self.max_token_chars:
+            return 0
+        return -(-chars // self.max_token_chars)
 
     def count_text(self, text: str, *, special_tokens: bool = True) -> int:
         """Tokens in ``text``; ``special_tokens`` adds what the engine adds to a raw prompt.
@@ -150,6 +164,21 @@ class PromptCounter:
             else:
                 total += 1  # a single token id
         return total
+
+
+def _longest_byte_level_token(tokenizer: Tokenizer) -> int | None:
+    """The most bytes one token covers, for a byte-level BPE tokenizer without a normaliser
+    (each byte is one character of its vocabulary); None for any other kind, whose tokens
+    may swallow text (WordPiece's [UNK], a normaliser dropping whitespace)."""
+    try:
+        spec = json.loads(tokenizer.to_str())
+    except ValueError:
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    kinds = {pre.get("type")} | {p.get("type") for p in pre.get("pretokenizers") or () if isinstance(p, dict)}
+    if (spec.get("model") or {}).get("type") != "BPE" or "ByteLevel" not in kinds or spec.get("normalizer"):
+        return None
+    return max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=None) or None
 
 
 def _raise(message: str) -> None:

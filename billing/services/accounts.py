@@ -644,14 +644,21 @@ def api_key_rotate(*, api_key: ApiKey, grace: timedelta, actor: Actor = None) ->
         now = timezone.now()
         if locked.expires_at is not None and locked.expires_at <= now:
             raise ValueError("an expired key cannot be rotated; issue a new key")
-        # The same grants, which were within the plan when given: created as the operator.
+        # The same grants, narrowed to the organisation's plan as it is now (it may have been
+        # downgraded since they were given): created as the operator, within those bounds.
+        organization = locked.organization
+        ceilings = plan_key_ceilings(organization=organization)
+        limits = {field: _clamp(getattr(locked, field), ceilings.get(field)) for field in LIMIT_FIELDS}
+        tier = locked.tier
+        if TIER_RANK[Tier(tier)] > TIER_RANK[Tier(organization.tier)]:
+            tier = organization.tier
         issued = api_key_create(
-            organization=locked.organization,
+            organization=organization,
             name=locked.name,
             allowed_models=locked.allowed_models,
             expires_at=locked.expires_at,
-            tier=locked.tier,
-            **{field: getattr(locked, field) for field in LIMIT_FIELDS},
+            tier=tier,
+            **limits,
         )
         ends = now + grace
         locked.expires_at = min(ends, locked.expires_at) if locked.expires_at else ends

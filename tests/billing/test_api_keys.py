@@ -171,3 +171,56 @@ class TestOperatorInput:
     def test_an_expiry_in_the_past_is_refused(self, alice_org):
         with pytest.raises(ValueError, match="expires_at: must be in the future"):
             api_key_create(organization=alice_org, name="x", expires_at=datetime(2000, 1, 1, tzinfo=UTC))
+
+
+class TestPlanAtAdmission:
+    """Defect 1 of issue 18: a key is admitted only within its organisation's current plan,
+    whatever it was created with, and rotation cannot carry a grant past the plan."""
+
+    @pytest.fixture
+    def downgraded(self, alice_org, django_user_model):
+        from billing.models import Membership, Role
+        from billing.services import organization_update
+
+        big = api_key_create(
+            organization=alice_org, name="big", tier="paid", rate_limit_rpm=10_000, rate_limit_tpm=10_000_000,
+            max_concurrent=256,
+        ).api_key  # fmt: skip
+        organization_update(organization=alice_org, tier="free")
+        admin = django_user_model.objects.create_user("alice-admin", password="pw")
+        Membership.objects.create(user=admin, organization=alice_org, role=Role.ORG_ADMIN)
+        return ApiKey.objects.select_related("organization").get(pk=big.pk), admin
+
+    def test_an_old_key_is_admitted_within_the_plan_it_is_on_now(self, downgraded):
+        from billing.grants import KeyGrant
+
+        key, _ = downgraded
+        grant = KeyGrant.of(key)
+        assert grant.tier == "free"
+        # The seeded free plan: 60 RPM, 100,000 TPM, 4 at once.
+        assert (grant.key_limits.rpm, grant.key_limits.tpm, grant.key_limits.concurrent) == (60, 100_000, 4)
+
+    def test_rotation_keeps_the_plan_bounds(self, downgraded):
+        from datetime import timedelta
+
+        from billing.services import api_key_rotate
+
+        key, admin = downgraded
+        with pytest.raises(ValueError, match="plan"):  # what the org admin may not create
+            api_key_create(organization=key.organization, name="x", rate_limit_rpm=10_000, actor=admin)
+        first = api_key_rotate(api_key=key, grace=timedelta(0), actor=admin).api_key
+        second = api_key_rotate(api_key=first, grace=timedelta(0), actor=admin).api_key
+        for rotated in (first, second):
+            rotated.refresh_from_db()
+            assert rotated.tier == "free"
+            assert (rotated.rate_limit_rpm, rotated.rate_limit_tpm, rotated.max_concurrent) == (60, 100_000, 4)
+
+    def test_a_key_with_no_limit_of_its_own_gets_the_ceiling(self, alice_org):
+        from billing.grants import KeyGrant
+        from billing.services import organization_update
+
+        key = api_key_create(organization=alice_org, name="open", max_concurrent=None).api_key
+        assert KeyGrant.of(key).key_limits.concurrent == 256  # the paid plan's ceiling
+        organization_update(organization=alice_org, max_concurrent=3)
+        key = ApiKey.objects.select_related("organization").get(pk=key.pk)
+        assert KeyGrant.of(key).key_limits.concurrent == 3  # the organisation's own limit

@@ -207,3 +207,47 @@ async def test_a_write_on_a_closed_transport_is_a_lost_connection(monkeypatch):
     monkeypatch.setattr(aioredis.Connection, "send_packed_command", closed)
     with pytest.raises(RedisConnectionError, match="Connection lost while writing"):
         await async_redis().ping()
+
+
+class TestRefusedWrites:
+    """Defect 3 of issue 18: Redis that refuses writes for a while (MISCONF, READONLY, OOM,
+    BUSY, NOREPLICAS) is an outage, not a verdict: the settlement waits and is written with
+    the tokens the request used, never parked with them lost."""
+
+    async def test_a_settlement_refused_for_a_moment_is_written_once_redis_takes_it(self):
+        grant = _grant()
+        draft = _draft(grant)
+        await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
+        final = replace(draft, status_code=200, completion_tokens=7)
+        client = sync_redis()
+        dead_before = client.xlen(keys.usage_dead_letters())
+        # Redis's own way of refusing every write: not enough replicas to write to.
+        client.config_set("min-replicas-to-write", 1)
+        try:
+            assert not await ledger.settle_or_defer(final)
+            assert len(ledger.settlements) >= 1
+            await asyncio.sleep(0.5)  # the worker tries again and is refused again
+            assert _entry(draft.request_id) is not None
+        finally:
+            client.config_set("min-replicas-to-write", 0)
+        for _ in range(100):  # the worker's next try, after its backoff
+            if _entry(draft.request_id) is None:
+                break
+            await asyncio.sleep(0.1)
+        [event] = _events_for(draft.request_id)
+        assert UsageEvent.from_fields(event) == final  # the completion tokens are billed
+        assert client.xlen(keys.usage_dead_letters()) == dead_before  # nothing parked
+
+    def test_only_a_refusal_that_cannot_pass_is_permanent(self):
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import ReadOnlyError, ResponseError
+
+        from core.redis import is_transient
+
+        wrapped = "Error running script (call to f_1): @user_script:1: @user_script: 1: -NOREPLICAS Not enough"
+        for passing in ("MISCONF Errors writing to disk", "OOM command not allowed", "BUSY Redis is busy", wrapped):
+            assert is_transient(ResponseError(passing))
+        assert is_transient(ReadOnlyError("You can't write against a read only replica.", status_code="READONLY"))
+        assert is_transient(RedisConnectionError("gone"))
+        assert not is_transient(ResponseError("Error running script (call to f_1): @user_script:9: attempt to index"))
+        assert not is_transient(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
