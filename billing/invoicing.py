@@ -15,10 +15,13 @@ The rounding rule (docs/architecture.md, "The money path"):
 A request's cost is never rounded (``billing.pricing``); only these lines are. Unpriced
 usage (no price when it was admitted) is a line at 0, so it is still visible.
 
-Which usage: the organisation's UsageRecord rows that no invoice holds yet, created
-before the end of the month (UTC). Those inside the month are ``usage`` lines; older ones
-arrived after their own month was invoiced and become ``adjustment`` lines of that month
-(``usage_period``), so late usage is never lost.
+Which usage: each record belongs on its own month's invoice (the UTC month it was
+admitted in). A month's invoice takes the organisation's records of that month that no
+invoice holds yet (``usage`` lines), and the unbilled records of earlier months whose own
+invoice is already finalized or paid: they arrived too late for it and become
+``adjustment`` lines of their month (``usage_period``), so late usage is never lost. An
+earlier month still open (no invoice yet, or a draft) keeps its records for its own
+invoice, with its own plan credit: drafting November first takes nothing of October.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
-from django.db.models import Count, F, Q, QuerySet, Sum, Value
+from django.db.models import Count, DateField, Exists, F, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, TruncMonth
 
 from billing.models import CacheOutcome, Invoice, InvoiceLine, Organization, Plan, Price, UsageRecord
@@ -258,16 +261,36 @@ def invoices_of(*, organization: Organization) -> QuerySet[Invoice]:
     return Invoice.objects.filter(organization=organization).select_related("organization", "reissue_of", "reissued_as")
 
 
+# An invoice in these states never changes: usage of its month that arrives later is an
+# adjustment on a later invoice.
+CLOSED_STATUSES = (Invoice.Status.FINALIZED, Invoice.Status.PAID)
+
+
+def _billable_by(period: dt.date) -> QuerySet[UsageRecord]:
+    """Unbilled records an invoice of ``period`` takes: its own month's, and earlier months'
+    whose own invoice is closed (finalized or paid), as adjustments."""
+    start, end = month_bounds(period)
+    own_month_closed = Exists(
+        Invoice.objects.filter(
+            organization_id=OuterRef("organization_id"), period=OuterRef("usage_month"), status__in=CLOSED_STATUSES
+        )
+    )
+    return (
+        UsageRecord.objects.filter(invoice__isnull=True, created_at__lt=end)
+        .annotate(usage_month=TruncMonth("created_at", tzinfo=dt.UTC, output_field=DateField()))
+        .filter(Q(created_at__gte=start) | Q(own_month_closed))
+    )
+
+
 def uninvoiced_usage(*, organization_id: int, period: dt.date) -> QuerySet[UsageRecord]:
-    """Records an invoice of ``period`` would take: held by none, created before the month ends."""
-    _, end = month_bounds(period)
-    return UsageRecord.objects.filter(organization_id=organization_id, invoice__isnull=True, created_at__lt=end)
+    """Records an invoice of ``period`` would take (see the module docstring)."""
+    billable = _billable_by(period).filter(organization_id=organization_id)
+    return UsageRecord.objects.filter(pk__in=billable.values("pk"))
 
 
 def organizations_to_invoice(*, period: dt.date) -> QuerySet[Organization]:
     """Organisations with usage an invoice of ``period`` would bill, or a draft for it."""
-    _, end = month_bounds(period)
-    with_usage = UsageRecord.objects.filter(invoice__isnull=True, created_at__lt=end).values("organization_id")
+    with_usage = _billable_by(period).values("organization_id")
     with_draft = Invoice.objects.filter(period=period, status=Invoice.Status.DRAFT).values("organization_id")
     return Organization.objects.filter(pk__in=with_usage.union(with_draft)).order_by("name")
 
@@ -320,3 +343,33 @@ def invoiced_usage(*, period: dt.date, organization: Organization | None = None)
         if invoiced != repriced:
             result.mismatches[invoice.number] = (invoiced, repriced)
     return result
+
+
+def misbilled_records(*, period: dt.date, limit: int = 500) -> list[dict[str, str]]:
+    """Records on a live invoice of the month ``period`` that belong on another: from a later
+    month, or from an earlier month whose own invoice is not closed (a record is an
+    adjustment only when its month was already finalized). Reads only; at most ``limit``."""
+    start, end = month_bounds(month_start(period))
+    own_month_closed = Exists(
+        Invoice.objects.filter(
+            organization_id=OuterRef("organization_id"), period=OuterRef("usage_month"), status__in=CLOSED_STATUSES
+        )
+    )
+    wrong = (
+        UsageRecord.objects.filter(invoice__period=month_start(period))
+        .exclude(invoice__status=Invoice.Status.VOID)
+        .exclude(created_at__gte=start, created_at__lt=end)
+        .annotate(usage_month=TruncMonth("created_at", tzinfo=dt.UTC, output_field=DateField()))
+        .filter(Q(created_at__gte=end) | ~Q(own_month_closed))
+        .order_by("created_at")
+        .values("request_id", "created_at", "invoice__number", "organization_id")[:limit]
+    )
+    return [
+        {
+            "request_id": str(row["request_id"]),
+            "created_at": row["created_at"].isoformat(),
+            "invoice": str(row["invoice__number"]),
+            "organization": str(row["organization_id"]),
+        }
+        for row in wrong
+    ]

@@ -14,7 +14,8 @@ Every delta must be zero. The ledger counts per hour only, so an events mismatch
 the hour; records and rollups are also compared per hour, key and model, and those
 differences go in ``details``. For a whole month, ``reconcile_month`` also compares the
 invoices: their usage and adjustment lines against the records they bill re-priced by the
-same rule (``billing.invoicing.invoiced_usage``), into ``invoiced``/``priced``.
+same rule (``billing.invoicing.invoiced_usage``), into ``invoiced``/``priced``, and flags
+records they hold that belong on another month's invoice (``details["misbilled"]``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from django.db.models import Count, F, Max, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from billing.invoicing import invoiced_usage, month_bounds, round_cents
+from billing.invoicing import invoiced_usage, misbilled_records, month_bounds, round_cents
 from billing.models import Reconciliation, UsageRecord, UsageRollup
 from billing.rollups import HOUR, hour_start
 from core import keys
@@ -102,6 +103,7 @@ def reconcile_month(*, period: date) -> Reconciliation:
     if end > timezone.now():
         raise ValueError(f"{period:%Y-%m} has not ended yet")
     invoices = invoiced_usage(period=period)
+    misbilled = misbilled_records(period=period)
     result = reconcile(start=start, end=end)
     result.invoiced, result.priced = round_cents(invoices.invoiced), round_cents(invoices.priced)
     if invoices.mismatches:
@@ -109,7 +111,10 @@ def reconcile_month(*, period: date) -> Reconciliation:
             str(number): {"invoiced": str(invoiced), "priced": str(priced)}
             for number, (invoiced, priced) in invoices.mismatches.items()
         }
-    result.ok = result.ok and not invoices.mismatches and invoices.invoiced == invoices.priced
+    if misbilled:  # records this month's invoices hold that belong on another month's
+        result.details["misbilled"] = misbilled
+        logger.warning("records billed in the wrong month on %s invoices: %s", f"{period:%Y-%m}", misbilled)
+    result.ok = result.ok and not invoices.mismatches and invoices.invoiced == invoices.priced and not misbilled
     result.save(update_fields=["invoiced", "priced", "details", "ok"])
     if invoices.mismatches:
         logger.warning("invoice reconciliation MISMATCH %s: %s", f"{period:%Y-%m}", result.details["invoices"])

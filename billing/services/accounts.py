@@ -648,7 +648,7 @@ def api_key_rotate(*, api_key: ApiKey, grace: timedelta, actor: Actor = None) ->
         # downgraded since they were given): created as the operator, within those bounds.
         organization = locked.organization
         ceilings = plan_key_ceilings(organization=organization)
-        limits = {field: _clamp(getattr(locked, field), ceilings.get(field)) for field in LIMIT_FIELDS}
+        limits: dict[str, Any] = {field: _clamp(getattr(locked, field), ceilings.get(field)) for field in LIMIT_FIELDS}
         tier = locked.tier
         if TIER_RANK[Tier(tier)] > TIER_RANK[Tier(organization.tier)]:
             tier = organization.tier

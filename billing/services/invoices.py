@@ -186,7 +186,8 @@ def _void(invoice: Invoice, reason: str) -> Invoice:
 
 def invoice_void(*, invoice: Invoice, reason: str) -> Invoice:
     """Void a draft or finalized invoice. Its number stays used (no gaps) and its lines stay
-    as they were; its usage records are released for a reissue or the next invoice."""
+    as they were; its usage records are released for the month's next invoice (a reissue,
+    or a new draft of the month)."""
     reason = _reason(reason)
     with transaction.atomic():
         Organization.objects.select_for_update().get(pk=invoice.organization_id)
@@ -197,7 +198,8 @@ def invoice_reissue(*, invoice: Invoice, reason: str = "") -> Invoice:
     """Void ``invoice`` and draft its replacement (``reissue_of`` → it) in one transaction.
 
     The new draft has the next number and takes the released usage and whatever else of
-    the month (and earlier) is still unbilled. Returns the new draft.
+    the month is still unbilled (and earlier months' late usage, as any draft does). Returns
+    the new draft.
     """
     with transaction.atomic():
         organization = Organization.objects.select_for_update().get(pk=invoice.organization_id)

@@ -42,6 +42,7 @@ DEC = dt.date(2025, 12, 1)
 JAN = dt.date(2026, 1, 1)
 SEP = dt.date(2026, 9, 1)
 OCT = dt.date(2026, 10, 1)
+NOV = dt.date(2026, 11, 1)
 
 
 @pytest.fixture
@@ -248,6 +249,32 @@ class TestDrafting:
         late.refresh_from_db()
         assert late.invoice_id == october.pk
 
+    def test_each_record_goes_on_its_own_months_invoice(self, key, model, settings):
+        """Defect 4 of issue 18: drafting November before October's invoice exists (an admin
+        previewing the current month during the grace period) takes nothing of October, and
+        October keeps its usage and its plan credit."""
+        from billing.models import Plan
+
+        Plan.objects.filter(tier=key.organization.tier).update(included_credit=Decimal("1.00"))
+        p = price(model, "2026-09-01", "1", "1")
+        october_record = record(key, "2026-10-31 23:59", prompt=2_000_000, price=p)
+        record(key, "2026-11-01 00:00", prompt=3_000_000, price=p)
+        november = invoice_draft(organization=key.organization, period=NOV)
+        assert november.subtotal == Decimal("3.00")
+        assert not november.lines.filter(kind=InvoiceLine.Kind.ADJUSTMENT).exists()
+        october = invoice_draft(organization=key.organization, period=OCT)
+        assert (october.subtotal, october.credit, october.total) == (Decimal("2.00"), Decimal("1.00"), Decimal("1.00"))
+        october_record.refresh_from_db()
+        assert october_record.invoice_id == october.pk
+        # Once October is finalized, its late usage is an adjustment on the next invoice drafted.
+        invoice_finalize(invoice=october)
+        late = record(key, "2026-10-15", prompt=1_000_000, price=p)
+        november = invoice_draft(organization=key.organization, period=NOV)
+        adjustment = november.lines.get(kind=InvoiceLine.Kind.ADJUSTMENT)
+        assert (adjustment.usage_period, adjustment.amount) == (OCT, Decimal("1.00"))
+        late.refresh_from_db()
+        assert late.invoice_id == november.pk
+
 
 MOVES = {
     "finalize": lambda invoice: invoice_finalize(invoice=invoice),
@@ -320,15 +347,19 @@ class TestLifecycle:
         with pytest.raises(InvalidInput):
             invoice_finalize(invoice=invoice)
 
-    def test_void_releases_the_usage_to_the_next_invoice(self, draft, key):
+    def test_void_releases_the_usage_to_the_months_next_invoice(self, draft, key):
         held = sorted(draft.usage_records.values_list("pk", flat=True))
         voided = invoice_void(invoice=invoice_finalize(invoice=draft), reason="wrong customer")
         assert (voided.status, voided.void_reason) == ("void", "wrong customer")
         assert voided.lines.exists()  # kept as it was
         assert not voided.usage_records.exists()
+        # Its month has no live invoice: the usage waits for the month's own new invoice.
         november = invoice_draft(organization=key.organization, period=dt.date(2026, 11, 1))
-        assert sorted(november.usage_records.values_list("pk", flat=True)) == held
-        assert {line.kind for line in november.lines.all()} == {"adjustment"}
+        assert not november.usage_records.exists()
+        october = invoice_draft(organization=key.organization, period=OCT)
+        assert october.pk != voided.pk
+        assert sorted(october.usage_records.values_list("pk", flat=True)) == held
+        assert {line.kind for line in october.lines.all()} == {"usage"}
 
     def test_a_void_needs_a_reason(self, draft):
         with pytest.raises(InvalidInput):

@@ -179,6 +179,30 @@ class TestWholeMonth:
         assert str(invoice.number) in tampered.details["invoices"]
         assert tampered.invoiced == tampered.priced + 1
 
+    def test_a_record_billed_in_the_wrong_month_is_flagged(self, keys, monkeypatch):
+        """Defect 4 of issue 18: a record of a month whose invoice was not finalized, held by
+        another month's invoice (as drafting did before the fix), fails the reconciliation."""
+        from datetime import date
+
+        from billing.models import UsageRecord
+        from billing.reconciliation import reconcile_month
+        from billing.services import invoice_draft
+        from tests.billing.invoice_fixtures import at, chat_model, price, record
+        from tests.billing.records import count_event
+
+        november = date(2026, 11, 1)
+        monkeypatch.setattr("billing.reconciliation.timezone.now", lambda: at("2026-12-02 06:30:00"))
+        key = keys[0]
+        p = price(chat_model(), "2026-10-01 00:00:00", "1", "1")
+        stray = record(key, "2026-10-20 10:00:00", prompt=10, price=p)
+        count_event(at("2026-10-20 10:00:00"))
+        invoice = invoice_draft(organization=key.organization, period=november)
+        assert reconcile_month(period=november).ok  # it left October's record alone
+        UsageRecord.objects.filter(pk=stray.pk).update(invoice=invoice)  # planted: what the old drafting did
+        flagged = reconcile_month(period=november)
+        assert not flagged.ok
+        assert [r["request_id"] for r in flagged.details["misbilled"]] == [str(stray.request_id)]
+
     def test_a_month_not_over_is_refused(self):
         from datetime import date
 
