@@ -19,8 +19,15 @@ from billing.usage import persist_budget_alerts, persist_usage_stream
 
 logger = logging.getLogger(__name__)
 
+# Hard time limits only: a soft one raises an Exception inside the run, which the handlers
+# that isolate one bad entry, alert or organisation would take for that item's own failure
+# (a good usage event counted towards parking). A hard limit ends the worker's child; every
+# task here is idempotent and commits before it acknowledges, so the next run redoes the rest.
+# Each stays under the broker's visibility timeout (an hour), after which an unacknowledged
+# message would be delivered again while its first run still goes on.
 
-@shared_task(ignore_result=True)
+
+@shared_task(ignore_result=True, time_limit=120)
 def usage_persist() -> int:
     """Usage events from Redis into PostgreSQL (every second, idempotent).
 
@@ -29,21 +36,33 @@ def usage_persist() -> int:
     return persist_usage_stream()
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, time_limit=120)
 def budget_alerts_persist() -> int:
-    """Budget alerts from Redis into BudgetAlert rows (every second, idempotent), each
-    emailed once; mail failures are left to ``budget_alerts_notify_pending``."""
+    """Budget alerts from Redis into BudgetAlert rows (every second, idempotent); the new
+    ones are emailed by ``budget_alerts_email``, on the slow queue."""
     return persist_budget_alerts()
 
 
-@shared_task(ignore_result=True)
+# E-mail: each SMTP read or write gives up after EMAIL_TIMEOUT; the limit also ends a server
+# that answers, slowly, forever.
+@shared_task(ignore_result=True, time_limit=300)
+def budget_alerts_email(alert_ids: list[int]) -> int:
+    """Email new alerts (queued on commit by ``persist_budget_alerts``), so that a mail
+    server that hangs holds up this queue, never metering. Idempotent: an alert is sent
+    once, whoever sends it; what fails is left to ``budget_alerts_notify_pending``."""
+    return budget_alerts_notify(alert_ids=alert_ids)
+
+
+@shared_task(ignore_result=True, time_limit=300)
 def budget_alerts_notify_pending() -> int:
     """Email recent alerts that are not sent yet (the mail server failed when they were
     stored). Idempotent: an alert is sent once, whoever sends it."""
     return budget_alerts_notify()
 
 
-@shared_task(ignore_result=True, autoretry_for=(OSError, SMTPException), retry_backoff=60, max_retries=12)
+@shared_task(
+    ignore_result=True, autoretry_for=(OSError, SMTPException), retry_backoff=60, max_retries=12, time_limit=300
+)
 def invoice_email(invoice_id: int) -> bool:
     """Email a finalized invoice with its PDF (queued on commit by ``invoice_finalize``);
     retried with backoff while the mail server fails."""
@@ -57,7 +76,8 @@ def invoice_grace() -> timedelta:
     return timedelta(hours=float(settings.INVOICE_GRACE_HOURS))
 
 
-@shared_task(ignore_result=True)
+# Drafting commits organisation by organisation: a run cut short is finished by the next one.
+@shared_task(ignore_result=True, time_limit=1800)
 def invoices_draft_due(now: str | None = None) -> int:
     """Draft last month's invoices once its late usage has had ``INVOICE_GRACE_HOURS`` to
     arrive (beat: hourly; ``now``, ISO 8601, for tests). Safe to re-run: an organisation
@@ -76,14 +96,16 @@ def invoices_draft_due(now: str | None = None) -> int:
     return len(drafted)
 
 
-@shared_task(ignore_result=True)
+# One transaction over everything since the watermark: generous, so that a long backlog
+# (the platform down for days) is not cut short at every try.
+@shared_task(ignore_result=True, time_limit=1800)
 def usage_rollups_build() -> int:
     """Hourly and daily usage rollups from the records added since the last run (beat:
     every minute). Idempotent: a bucket is recomputed whole; returns the rows changed."""
     return rollups_build().rows_written
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, time_limit=1800)
 def usage_reconcile(hour: str | None = None) -> int:
     """Reconcile ledger counts, usage records and hourly rollups: the one-hour period
     starting at ``hour`` (ISO 8601) when given, else every hour not yet checked up to the
@@ -95,7 +117,7 @@ def usage_reconcile(hour: str | None = None) -> int:
     return sum(not result.ok for result in reconcile_due_hours())
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, time_limit=1800)
 def usage_reconcile_month(period: str | None = None) -> int:
     """Reconcile a whole month, invoices included: ``period`` (YYYY-MM) or last month (beat:
     on the 2nd, after the month's invoices were drafted). Returns 1 on a mismatch, else 0."""

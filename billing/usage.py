@@ -16,7 +16,9 @@ with the reason and acknowledged. When the database or Redis itself fails, nothi
 parked: the run stops and every entry is retried later.
 
 Usage and budget alerts are separate consumers run by separate tasks (billing/tasks.py),
-so a bad alert can never hold up the usage that invoices are made from.
+so a bad alert can never hold up the usage that invoices are made from. Both run on the
+metering queue; new alerts are emailed by a task of the slow queue, so that a mail server
+that hangs never holds up either.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from billing.ledger import UsageEvent
 from billing.models import ApiKey, BudgetAlert, Organization, UsageRecord
 from billing.pricing import from_micros
-from billing.services.alerts import budget_alerts_notify
 from core import keys
 from core.redis import sync_redis
 
@@ -286,14 +287,22 @@ def _store_alert(fields: dict[bytes, bytes]) -> BudgetAlert | None:
     return alert if created else None
 
 
+def _queue_alert_emails(alert_ids: list[int]) -> None:
+    from billing.tasks import budget_alerts_email  # the tasks module imports this one
+
+    budget_alerts_email.delay(alert_ids)
+
+
 def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> int:
     """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, one per
     scope, budget, month and threshold, each then emailed once to the organisation.
 
     Each alert is stored on its own: one that fails is retried, then parked
-    (see the module docstring), and never stops the rest of its batch. Emailing comes
-    after the rows are stored and acknowledged: a failing mail server leaves the alerts
-    unsent (``notified_at`` empty) for ``billing.tasks.budget_alerts_notify`` to retry.
+    (see the module docstring), and never stops the rest of its batch. Emailing is queued
+    after the rows are stored, committed and acknowledged: one ``billing.tasks.budget_alerts_email``
+    for the new alerts of the run, on the slow queue. A failing mail server, or a message
+    that never reaches a worker, leaves alerts unsent (``notified_at`` empty) for
+    ``billing.tasks.budget_alerts_notify_pending`` to retry.
     """
     client = sync_redis()
     stream, dead_letters = alerts_stream_key(), alerts_dead_letter_key()
@@ -312,5 +321,6 @@ def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> in
         _retry_or_park(client, stream, dead_letters, failures)
         handled += len(stored)
     if new_alerts:
-        budget_alerts_notify(alert_ids=new_alerts)
+        # Robust: a broker that refuses the message loses no alert (the retry finds it).
+        transaction.on_commit(lambda: _queue_alert_emails(new_alerts), robust=True)
     return handled

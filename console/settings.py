@@ -13,6 +13,7 @@ import dj_database_url
 import django_stubs_ext
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 from core import embedded
 
@@ -210,6 +211,34 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# Queues apart, one worker each (runplatform starts `celery worker -Q <queue>` per queue), so
+# that nothing slow ever waits in front of metering or a rollback:
+#   metering: usage records, budget alert rows and the lost-request sweeper; every 1 to 10 s,
+#             each run bounded by its batch sizes. Invoices and the canaries read what it writes.
+#   control:  the canary controller and the autoscaler; every 2 and 15 s, short.
+#   slow:     whatever waits on something outside or grows with the data: the bundled models'
+#             import (minutes), e-mail (an SMTP server may hang), invoice drafting, rollups,
+#             reconciliation, the semantic-cache purge. Each catches up from where it stopped,
+#             so minutes of lag there are harmless.
+CELERY_TASK_QUEUES = [Queue(name, Exchange(name), routing_key=name) for name in ("metering", "control", "slow")]
+# A route naming no known queue fails when sent instead of filling a queue no worker reads.
+CELERY_TASK_CREATE_MISSING_QUEUES = False
+# A task left out of the routes (tests/console/test_celery_queues.py fails for it) lands here.
+CELERY_TASK_DEFAULT_QUEUE = "slow"
+CELERY_TASK_ROUTES = {
+    task: {"queue": queue}
+    for queue, tasks in {
+        "metering": ("billing.tasks.usage_persist", "billing.tasks.budget_alerts_persist",
+                     "serving.tasks.usage_sweep_lost"),
+        "control": ("registry.tasks.canary_tick", "serving.tasks.autoscale_tick"),
+        "slow": ("registry.tasks.bundled_models_import", "billing.tasks.invoices_draft_due",
+                 "billing.tasks.invoice_email", "billing.tasks.budget_alerts_email",
+                 "billing.tasks.budget_alerts_notify_pending", "billing.tasks.usage_rollups_build",
+                 "billing.tasks.usage_reconcile", "billing.tasks.usage_reconcile_month",
+                 "serving.tasks.cache_purge_expired"),
+    }.items()
+    for task in tasks
+}  # fmt: skip
 
 # --- Artifacts and bundled models -----------------------------------------------------
 # The artifact store is pluggable: swap BACKEND for an object-store implementation of
@@ -261,41 +290,51 @@ GATEWAY_LOST_AFTER = envfloat("GATEWAY_LOST_AFTER", 20.0)
 # dead-letter stream; a failed or abandoned entry is retried after this many seconds.
 PERSIST_MAX_DELIVERIES = envint("PERSIST_MAX_DELIVERIES", 5)
 PERSIST_RETRY_AFTER_SECONDS = envfloat("PERSIST_RETRY_AFTER_SECONDS", 60.0)
+
+
+def every(seconds: float, task: str) -> dict[str, Any]:
+    """A beat entry for ``task`` every ``seconds``. A run its worker has not started within
+    one period is dropped (``expires``): a worker that was busy or down finds one run
+    waiting, not a pile of them, and each run catches up on its own."""
+    return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "usage-persist": {"task": "billing.tasks.usage_persist", "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0)},
+    "usage-persist": every(envfloat("USAGE_PERSIST_SECONDS", 1.0), "billing.tasks.usage_persist"),
     # Its own task: nothing about an alert may hold up usage persistence.
-    "budget-alerts-persist": {
-        "task": "billing.tasks.budget_alerts_persist",
-        "schedule": envfloat("USAGE_PERSIST_SECONDS", 1.0),
-    },
-    "usage-sweep-lost-gateways": {"task": "serving.tasks.usage_sweep_lost", "schedule": 10.0},
+    "budget-alerts-persist": every(envfloat("USAGE_PERSIST_SECONDS", 1.0), "billing.tasks.budget_alerts_persist"),
+    "usage-sweep-lost-gateways": every(10.0, "serving.tasks.usage_sweep_lost"),
     # Hourly and daily rollups of the records added since the last run (billing.rollups).
-    "usage-rollups-build": {"task": "billing.tasks.usage_rollups_build", "schedule": 60.0},
+    "usage-rollups-build": every(60.0, "billing.tasks.usage_rollups_build"),
     # Each hour, once it is the hour before last: ledger counts = records = rollups.
-    "usage-reconcile": {"task": "billing.tasks.usage_reconcile", "schedule": 600.0},
-    # Last month as a whole, invoices included, once they were drafted (the 1st + grace).
+    "usage-reconcile": every(600.0, "billing.tasks.usage_reconcile"),
+    # Last month as a whole, invoices included, once they were drafted (the 1st + grace); a
+    # run a day late is still wanted.
     "usage-reconcile-month": {
         "task": "billing.tasks.usage_reconcile_month",
         "schedule": crontab(minute="30", hour="6", day_of_month="2"),
+        "options": {"expires": 86400.0},
     },
     # Alerts whose email failed when they were stored are retried this often.
-    "budget-alerts-notify": {
-        "task": "billing.tasks.budget_alerts_notify_pending",
-        "schedule": envfloat("BUDGET_ALERT_RETRY_SECONDS", 60.0),
-    },
+    "budget-alerts-notify": every(
+        envfloat("BUDGET_ALERT_RETRY_SECONDS", 60.0), "billing.tasks.budget_alerts_notify_pending"
+    ),
     # Hourly; it drafts last month's invoices once INVOICE_GRACE_HOURS have passed, each once.
-    "invoices-draft-due": {"task": "billing.tasks.invoices_draft_due", "schedule": crontab(minute="5")},
-    # Expired semantic-cache entries, deleted in batches, then each scope's size recounted.
-    "semantic-cache-purge-expired": {
-        "task": "serving.tasks.cache_purge_expired",
-        "schedule": envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0),
+    "invoices-draft-due": {
+        "task": "billing.tasks.invoices_draft_due",
+        "schedule": crontab(minute="5"),
+        "options": {"expires": 3600.0},
     },
+    # Expired semantic-cache entries, deleted in batches, then each scope's size recounted.
+    "semantic-cache-purge-expired": every(
+        envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0), "serving.tasks.cache_purge_expired"
+    ),
     # The autoscaler (registry.autoscaler, serving.autoscaling): one pass over every running
     # deployment whose policy is enabled; its changes are audited ("autoscale").
-    "autoscale-tick": {"task": "serving.tasks.autoscale_tick", "schedule": envfloat("AUTOSCALER_TICK_SECONDS", 15.0)},
+    "autoscale-tick": every(envfloat("AUTOSCALER_TICK_SECONDS", 15.0), "serving.tasks.autoscale_tick"),
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (registry.canary).
-    "canary-tick": {"task": "registry.tasks.canary_tick", "schedule": envfloat("CANARY_TICK_SECONDS", 2.0)},
+    "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "registry.tasks.canary_tick"),
 }
 
 # --- Semantic cache (serving/semcache) ---------------------------------------------------

@@ -10,14 +10,17 @@ from billing.served_requests import served_requests
 from registry.canary import canary_tick as canary_controller_tick
 
 
-@shared_task(ignore_result=True)
+# Hard time limits only, as in billing.tasks: a soft one would be caught as one canary's failure.
+@shared_task(ignore_result=True, time_limit=60)
 def canary_tick() -> int:
     """Judge every running canary whose interval boundary has come (every few seconds,
     idempotent: each canary's row is locked and its boundary moved on in one transaction)."""
     return len(canary_controller_tick(load_samples=served_requests))
 
 
-@shared_task(ignore_result=True, acks_late=False)
+# Minutes on a laptop; the limit frees the slow queue from a conversion that hangs, well after
+# the console's claim has lapsed (registry.bundled_import.STALE_AFTER, 15 min without progress).
+@shared_task(ignore_result=True, acks_late=False, time_limit=3600)
 def bundled_models_import(force: bool = False) -> int:
     """Import the bundled models (``registry.bundled``), recording progress for the console.
 

@@ -10,13 +10,14 @@ from serving.autoscaling import observe_deployment
 from serving.semcache.store import purge_expired, scope_sizes_refresh
 
 
-@shared_task(ignore_result=True)
+# Hard time limits only, as in billing.tasks: a soft one would be caught as one item's failure.
+@shared_task(ignore_result=True, time_limit=60)
 def usage_sweep_lost() -> int:
     """Settle the requests of gateways that died mid-request (every 10 s, idempotent)."""
     return sweep_lost_requests()
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, time_limit=600)
 def cache_purge_expired() -> int:
     """Delete expired semantic-cache entries in batches, then recount each scope's entries
     (the search plan's input); every minute, idempotent."""
@@ -25,7 +26,7 @@ def cache_purge_expired() -> int:
     return purged
 
 
-@shared_task(ignore_result=True)
+@shared_task(ignore_result=True, time_limit=60)
 def autoscale_tick() -> int:
     """One autoscaler pass (every AUTOSCALER_TICK_SECONDS): scrape, decide, and set the
     replica count of each autoscaled deployment that needs another; the number changed.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
-from functools import partial
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -158,7 +157,12 @@ def invoice_finalize(*, invoice: Invoice) -> Invoice:
         raise InvalidInput("period", f"{invoicing.period_label(invoice.period)} has not ended yet")
     with transaction.atomic():
         finalized = _move(invoice, Invoice.Status.FINALIZED, finalized_at=timezone.now())
-        transaction.on_commit(partial(_queue_invoice_email, finalized.pk), robust=True)
+        invoice_id = finalized.pk
+
+        def queue_email() -> None:  # a named function: a robust callback that fails is logged by name
+            _queue_invoice_email(invoice_id)
+
+        transaction.on_commit(queue_email, robust=True)
     return finalized
 
 

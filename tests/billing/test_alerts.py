@@ -1,8 +1,10 @@
 """Budget alerts: one row and one email per threshold, never twice; a failing mail server
-delays the email, never the alert."""
+delays the email, never the alert; the email is a task of its own (the slow queue), queued
+once the rows are committed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +15,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from billing import usage
 from billing.models import ApiKey, BudgetAlert
 from billing.services import api_key_create, budget_alert_notify
-from billing.tasks import budget_alerts_notify_pending, budget_alerts_persist
+from billing.tasks import budget_alerts_email, budget_alerts_notify_pending, budget_alerts_persist
 from billing.usage import persist_budget_alerts
 from core import keys
 from core.redis import sync_redis
@@ -45,6 +47,28 @@ def streams(settings):
     client.delete(*names)
 
 
+@pytest.fixture(autouse=True)
+def eager_celery():
+    """Tasks queued with .delay() run at once, in this process (the alerts' email)."""
+    conf = budget_alerts_email.app.conf
+    previous = conf.task_always_eager
+    conf.task_always_eager = True
+    yield
+    conf.task_always_eager = previous
+
+
+@pytest.fixture
+def persist(django_capture_on_commit_callbacks) -> Callable[..., int]:
+    """Store the alerts as the metering worker does, then run the email task it queued on
+    commit, as the slow worker would."""
+
+    def run(task: Callable[[], int] = persist_budget_alerts) -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            return task()
+
+    return run
+
+
 @pytest.fixture
 def key(alice_org) -> ApiKey:
     alice_org.billing_email = "ap@alice.example"
@@ -64,11 +88,11 @@ def raise_alert(client, key: ApiKey, threshold: int, *, scope: str = "key", budg
 
 
 class TestOnePerThreshold:
-    def test_each_threshold_is_its_own_row_and_email(self, streams, key):
+    def test_each_threshold_is_its_own_row_and_email(self, streams, key, persist):
         for threshold in (50, 80, 90, 100):  # 90: the key's own budget_alert_percent
             raise_alert(streams, key, threshold)
         raise_alert(streams, key, 50, scope="org", budget="spend", limit=25_000_000)  # 25.00 in micro-units
-        assert persist_budget_alerts() == 5
+        assert persist() == 5
         rows = BudgetAlert.objects.order_by("api_key_id", "threshold_percent")
         assert [(r.api_key_id, r.budget, r.threshold_percent) for r in rows] == [
             (key.pk, "tokens", 50), (key.pk, "tokens", 80), (key.pk, "tokens", 90), (key.pk, "tokens", 100),
@@ -84,12 +108,12 @@ class TestOnePerThreshold:
         assert "Limit: 25.000000 USD" in spend.body
         assert "Used (including requests in flight): 12.500000 USD" in spend.body
 
-    def test_an_alert_is_stored_and_sent_once(self, streams, key):
+    def test_an_alert_is_stored_and_sent_once(self, streams, key, persist):
         raise_alert(streams, key, 80)
         raise_alert(streams, key, 80)  # the same threshold again (a replayed entry)
-        assert persist_budget_alerts() == 2
+        assert persist() == 2
         raise_alert(streams, key, 80)
-        assert budget_alerts_persist() == 1
+        assert persist(budget_alerts_persist) == 1
         assert budget_alerts_notify_pending() == 0
         assert BudgetAlert.objects.count() == 1
         assert len(mail.outbox) == 1
@@ -97,23 +121,51 @@ class TestOnePerThreshold:
         assert budget_alert_notify(alert_id=alert.pk) is False
         assert len(mail.outbox) == 1
 
-    def test_the_scope_makes_separate_alerts(self, streams, key):
+    def test_the_scope_makes_separate_alerts(self, streams, key, persist):
         other = api_key_create(organization=key.organization, name="other").api_key
         raise_alert(streams, key, 80)
         raise_alert(streams, other, 80)
         raise_alert(streams, key, 80, scope="org")
-        assert persist_budget_alerts() == 3
+        assert persist() == 3
         assert BudgetAlert.objects.count() == 3
         assert len(mail.outbox) == 3
 
 
+class TestQueuedEmail:
+    def test_the_email_waits_for_the_commit_and_is_a_task_of_its_own(
+        self, streams, key, django_capture_on_commit_callbacks
+    ):
+        for threshold in (50, 80):
+            raise_alert(streams, key, threshold)
+        with django_capture_on_commit_callbacks() as queued:
+            assert persist_budget_alerts() == 2
+        # Stored and acknowledged, nothing sent: a mail server that hangs holds up the slow
+        # queue's task, never the metering task that stores alerts.
+        assert BudgetAlert.objects.filter(notified_at__isnull=True).count() == 2
+        assert int(streams.xpending(keys.budget_alerts(), usage.GROUP)["pending"]) == 0
+        assert mail.outbox == []
+        assert len(queued) == 1  # one task for the run's new alerts
+        queued[0]()
+        assert len(mail.outbox) == 2
+        assert not BudgetAlert.objects.filter(notified_at__isnull=True).exists()
+
+    def test_nothing_new_queues_nothing(self, streams, key, persist, django_capture_on_commit_callbacks):
+        raise_alert(streams, key, 80)
+        assert persist() == 1
+        raise_alert(streams, key, 80)  # stored already
+        with django_capture_on_commit_callbacks() as queued:
+            assert persist_budget_alerts() == 1
+        assert queued == []
+        assert len(mail.outbox) == 1
+
+
 class TestMailFailures:
-    def test_a_failing_mail_server_never_blocks_persistence(self, streams, key, settings):
+    def test_a_failing_mail_server_never_blocks_persistence(self, streams, key, settings, persist):
         settings.EMAIL_BACKEND = "tests.billing.test_alerts.FailingBackend"
         FailingBackend.attempts = 0
         for threshold in (50, 80, 100):
             raise_alert(streams, key, threshold)
-        assert persist_budget_alerts() == 3
+        assert persist() == 3
         assert BudgetAlert.objects.filter(notified_at__isnull=True).count() == 3
         assert int(streams.xpending(keys.budget_alerts(), usage.GROUP)["pending"]) == 0  # acknowledged
         assert FailingBackend.attempts == 1  # the server is down: the rest wait for the retry
@@ -125,19 +177,19 @@ class TestMailFailures:
         assert budget_alerts_notify_pending() == 0
         assert len(mail.outbox) == 3
 
-    def test_no_billing_email_stores_the_alert_and_sends_nothing(self, streams, key):
+    def test_no_billing_email_stores_the_alert_and_sends_nothing(self, streams, key, persist):
         key.organization.billing_email = ""
         key.organization.save()
         raise_alert(streams, key, 80)
-        assert persist_budget_alerts() == 1
+        assert persist() == 1
         assert BudgetAlert.objects.get().notified_at is None
         assert budget_alerts_notify_pending() == 0
         assert mail.outbox == []
 
-    def test_old_unsent_alerts_are_not_retried(self, streams, key, settings):
+    def test_old_unsent_alerts_are_not_retried(self, streams, key, settings, persist):
         settings.EMAIL_BACKEND = "tests.billing.test_alerts.FailingBackend"
         raise_alert(streams, key, 80)
-        persist_budget_alerts()
+        persist()
         BudgetAlert.objects.update(created_at=datetime.now(UTC) - timedelta(days=4))
         settings.EMAIL_BACKEND = LOCMEM
         assert budget_alerts_notify_pending() == 0

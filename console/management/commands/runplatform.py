@@ -1,4 +1,4 @@
-"""Run the whole platform on this machine: the ASGI server (console.servers), Celery (worker + beat) and runworkers.
+"""Run the whole platform on this machine: the ASGI server (console.servers), Celery and runworkers.
 
 What ``make run`` ends with. It waits until /readyz says every default model has a
 ready replica, prints where everything is, and on Ctrl-C (or SIGTERM) stops the
@@ -28,6 +28,23 @@ from prometheus_client import multiprocess
 
 from console.servers import server_command
 from core.embedded import VAR_DIR
+
+
+def celery_commands(python: str, *, beat_schedule: Path) -> dict[str, list[str]]:
+    """The Celery processes: one worker per queue of ``settings.CELERY_TASK_QUEUES`` (one task
+    at a time each, so that a slow task only ever waits in front of its own queue) and the
+    beat on its own, each restarted without the others."""
+    worker = [python, "-m", "celery", "-A", "console", "worker", "--concurrency", "1", "--loglevel", "WARNING",
+              # Nothing here revokes tasks by hand or reads the cluster's events: no start-up
+              # sync with the other workers, no broadcasts between them.
+              "--without-mingle", "--without-gossip"]  # fmt: skip
+    commands = {
+        f"celery-{queue.name}": [*worker, "--queues", queue.name, "--hostname", f"{queue.name}@%h"]
+        for queue in settings.CELERY_TASK_QUEUES
+    }
+    commands["beat"] = [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "WARNING",
+                        "--schedule", str(beat_schedule)]  # fmt: skip
+    return commands
 
 
 @dataclass
@@ -72,7 +89,7 @@ class ChildProcesses:
     def start(self) -> None:
         for child in self.children.values():
             self._start(child)
-            self.report(f"started {child.name:8s} pid {self._pid(child):<7d} log {self.log_dir / child.log_name}")
+            self.report(f"started {child.name:15s} pid {self._pid(child):<7d} log {self.log_dir / child.log_name}")
 
     def _start(self, child: Child) -> None:
         # The child holds its own copy of the log's descriptor; ours closes at once.
@@ -128,7 +145,7 @@ class ChildProcesses:
 
 
 class Command(BaseCommand):
-    help = "Run daphne, Celery worker+beat and the engine supervisor until interrupted."
+    help = "Run the ASGI server, Celery (a worker per queue, and beat) and the engine supervisor until interrupted."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -145,12 +162,14 @@ class Command(BaseCommand):
         log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), PYTHONUNBUFFERED="1")
         python = sys.executable
+        celery = celery_commands(python, beat_schedule=VAR_DIR / "celerybeat-schedule")
         commands = {
             "engines": [python, "manage.py", "runworkers"],
-            "celery": [python, "-m", "celery", "-A", "console", "worker", "-B", "--concurrency", "1",
-                       "--loglevel", "WARNING", "--schedule", str(VAR_DIR / "celerybeat-schedule")],
+            **celery,
             "web": server_command(python, host=host, port=port),
-        }  # fmt: skip
+        }
+        # The beat before the workers: no tick is queued for a worker on its way out.
+        stop_order = ("web", "beat", *(name for name in celery if name != "beat"), "engines")
 
         def report(message: str) -> None:
             self.stdout.write(message)
@@ -174,8 +193,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
 
         def stop() -> None:
-            self.stdout.write("\nstopping: web, celery, then engines (draining)…")
-            children.stop(("web", "celery", "engines"), timeout=settings.WORKER_DRAIN_TIMEOUT + 30)
+            self.stdout.write(f"\nstopping: {', '.join(stop_order[:-1])}, then engines (draining)…")
+            children.stop(stop_order, timeout=settings.WORKER_DRAIN_TIMEOUT + 30)
             self.stdout.write("stopped. (PostgreSQL and Redis keep running: `make stop` stops them.)")
 
         children.start()
