@@ -16,7 +16,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.artifacts import get_artifact_store
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+from registry.models import AuditEntry, Canary, Deployment, Model, ModelVersion, Replica, Task
 
 # The user acting: a platform admin through the API, or None for the operator (commands, bootstrap).
 Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
@@ -601,6 +601,19 @@ def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: Mo
             raise InvalidInput("version", f"Deployment {old.pk} serves {version} already.")
         if old.status not in _SERVING_STATUSES:
             raise InvalidInput("deployment", f"Deployment {old.pk} is {old.status}; only a serving one can be swapped.")
+        # A canary judges (and rolls back to) the versions it was started with: swapping one of
+        # them away would leave it unable to set its split, and a worse canary keeping its share.
+        canary = (
+            Canary.objects.filter(model_id=old.version.model_id, status__in=Canary.ACTIVE_STATUSES)
+            .filter(models.Q(base_version_id=old.version_id) | models.Q(canary_version_id=old.version_id))
+            .first()
+        )
+        if canary is not None:
+            raise InvalidInput(
+                "deployment",
+                f"Deployment {old.pk} serves {old.version.version}, which the {canary.status} canary of "
+                f"{old.version.model.name} compares; promote or roll the canary back first.",
+            )
         involved = AuditEntry.objects.filter(action=SWAP).filter(
             models.Q(target=str(old.pk)) | models.Q(after__swap_to=old.pk)
         )

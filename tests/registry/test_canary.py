@@ -467,6 +467,28 @@ class TestController:
         )
         assert again.status == "running"
 
+    def test_a_version_under_an_active_canary_cannot_be_swapped_away(self, api_key):
+        """Defect 10 of issue 18: a swap of the base would leave the canary's rollback unable to
+        set {base: 100}, and a canary judged worse would keep its share."""
+        from registry.services import InvalidInput, deployment_swap_version
+
+        model = deployed_model()
+        v3 = ModelVersion.objects.create(
+            model=model, version="v3", framework="fake", artifact_uri=f"local://{model.name}/v3",
+            artifact_sha256="0" * 64, artifact_size=1, status="active",
+        )  # fmt: skip
+        canary = canary_create(
+            actor=None, model=model, base_version="v1", canary_version="v2", interval_seconds=INTERVAL
+        )
+        for version in ("v1", "v2"):
+            deployment = Deployment.objects.get(version__model=model, version__version=version)
+            with pytest.raises(InvalidInput, match="canary"):
+                deployment_swap_version(actor=None, deployment=deployment, version=v3)
+        canary_rollback(actor=None, canary=canary)
+        assert weights(model) == {"v1": 100, "v2": 0}
+        base = Deployment.objects.get(version__model=model, version__version="v1")
+        assert deployment_swap_version(actor=None, deployment=base, version=v3).version == v3  # free again
+
     def test_a_rollback_announces_the_new_split_to_every_gateway(self, api_key, django_capture_on_commit_callbacks):
         from core import keys
         from core.redis import sync_redis
