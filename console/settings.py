@@ -264,6 +264,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # threads, off the event loop, after paying their place in the key's per-minute request bucket.
 PROMPT_COUNT_INLINE_BYTES = envint("PROMPT_COUNT_INLINE_BYTES", 32 * 1024)
 PROMPT_COUNT_THREADS = envint("PROMPT_COUNT_THREADS", 2)
+# The platform's own organisation: its admins' memberships, and what platform staff use
+# themselves (the console playground) is metered there, never to a customer.
+PLATFORM_ORGANIZATION = os.environ.get("PLATFORM_ORGANIZATION", "Platform")
 # Requests that may run at once on one WebSocket (each is still charged to its key's limits).
 WS_MAX_REQUESTS_PER_SOCKET = envint("WS_MAX_REQUESTS_PER_SOCKET", 256)
 # A replica is routed to only while its heartbeat is younger than this: three missed beats

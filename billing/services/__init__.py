@@ -25,6 +25,7 @@ from billing.services.accounts import (
     organization_create,
     organization_get_or_create,
     organization_update,
+    platform_organization,
     playground_key_get_or_create,
     playground_key_hash,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "organization_create",
     "organization_get_or_create",
     "organization_update",
+    "platform_organization",
     "playground_key_get_or_create",
     "playground_key_hash",
     "price_set",

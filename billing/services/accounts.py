@@ -329,6 +329,13 @@ def organization_get_or_create(*, name: str) -> Organization:
     return org
 
 
+def platform_organization() -> Organization:
+    """The platform's own organisation (``PLATFORM_ORGANIZATION``): the ML team's memberships
+    and what its staff use themselves (their playground) are held and metered there, never
+    on a customer's account."""
+    return organization_get_or_create(name=settings.PLATFORM_ORGANIZATION)
+
+
 def organization_update(*, organization: Organization, actor: Actor = None, **changes: Any) -> Organization:
     """Change an organisation's name (its admins), tier, limits, billing email or tax rate
     (platform admins only).
@@ -686,7 +693,11 @@ def playground_key_get_or_create(*, organization: Organization, user: AbstractBa
     its limits and budgets apply as to any key. It has no secret to show or leak.
 
     A revoked or expired one is returned as it is: an org admin who revoked it meant it.
+    Platform staff act as admins of every organisation, but what they run in a customer's
+    playground is theirs, not the customer's: their key is the platform organisation's.
     """
+    if is_platform_admin(user):
+        organization = platform_organization()
     key_hash = playground_key_hash(organization_id=organization.pk, user_id=int(user.pk))
     existing = ApiKey.objects.select_related("organization").filter(key_hash=key_hash).first()
     if existing is not None:

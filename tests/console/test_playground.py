@@ -150,6 +150,21 @@ class TestPlaygroundKey:
         assert api_key_hash(key.key_hash) != key.key_hash
         assert not ApiKey.objects.filter(key_hash=api_key_hash(f"playground-key:{alice_org.pk}:{ann.pk}")).exists()
 
+    def test_platform_staff_are_metered_to_the_platform_not_the_customer(self, alice_org):
+        """Defect 9 of issue 18: a platform admin acts as admin of every organisation, but what
+        they run in a customer's playground must not land on that customer's invoice."""
+        from billing.models import Membership, Role
+        from billing.services import platform_organization
+
+        staff = user("mona")
+        Membership.objects.create(user=staff, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
+        key = playground_key_get_or_create(organization=alice_org, user=staff)
+        assert key.organization_id == platform_organization().pk != alice_org.pk
+        assert playground_key_get_or_create(organization=alice_org, user=staff).pk == key.pk
+        # A member is still metered to the organisation they use.
+        assert playground_key_get_or_create(organization=alice_org, user=user("ann", org=alice_org)).organization_id \
+            == alice_org.pk  # fmt: skip
+
     def test_a_revoked_one_stays_revoked(self, alice_org):
         ann = user("ann", org=alice_org)
         api_key_revoke(api_key=playground_key_get_or_create(organization=alice_org, user=ann))
@@ -219,6 +234,22 @@ class TestSessionSocket:
     def test_a_platform_admin_may_use_any_organisation(self, console_gateway, committed_users, sessions):
         with open_socket(console_gateway, session=sessions["platform_admin"]) as socket:
             assert auth_answer(socket, organization=committed_users["org"].pk)["ok"] is True
+
+    def test_a_platform_admin_runs_on_the_platforms_key(
+        self, console_gateway, committed_users, sessions, django_db_blocker
+    ):
+        from billing.services import platform_organization
+
+        with open_socket(console_gateway, session=sessions["platform_admin"]) as socket:
+            assert auth_answer(socket, organization=committed_users["org"].pk)["ok"] is True
+            first_answer_to_a_request(socket)
+        admin = committed_users["platform_admin"]
+
+        def playground_keys() -> list[int]:
+            return list(ApiKey.objects.filter(prefix="playground", name__contains=admin.username)
+                        .values_list("organization_id", flat=True))  # fmt: skip
+
+        assert committed(django_db_blocker, playground_keys) == [committed(django_db_blocker, platform_organization).pk]
 
     def test_a_non_member_cannot_stream_for_the_organisation(self, console_gateway, committed_users, sessions):
         with open_socket(console_gateway, session=sessions["outsider"]) as socket:

@@ -25,6 +25,7 @@ from billing.services import (
     api_key_update,
     membership_set,
     organization_get_or_create,
+    platform_organization,
     price_set,
 )
 from core.embedded import VAR_DIR
@@ -32,7 +33,6 @@ from registry.bundled import BUNDLED_MODELS
 from registry.models import Deployment, Model, ModelVersion
 from registry.services import deployment_create
 
-PLATFORM_ORG = "Platform"
 # What the bundled models cost in the demo (billing currency per million tokens: input,
 # output, cached input). Change them with the prices API; bootstrap never overwrites one.
 DEMO_PRICES = {
@@ -122,7 +122,7 @@ class Command(BaseCommand):
             user.set_password(env_password)
             user.save(update_fields=["password"])
             credentials["admin_password"] = env_password
-        platform = organization_get_or_create(name=PLATFORM_ORG)
+        platform = platform_organization()
         membership_set(user=user, organization=platform, role=Role.PLATFORM_ADMIN)
         return credentials.get("admin_password")
 
