@@ -128,6 +128,23 @@ class TestLogin:
             self.login(Client(), "ann", "wrong")
         assert self.login(Client(), "ann", PASSWORD).status_code == 302
 
+    def test_basic_auth_on_the_management_api_shares_the_lockout(self, alice_org):
+        """Defect 5 of issue 18: HTTP Basic was unlimited password guessing, beside the login page."""
+        import base64
+
+        user("ann", org=alice_org)
+
+        def basic(password: str) -> dict[str, str]:
+            return {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(f"ann:{password}".encode()).decode()}
+
+        assert Client().get("/api/orgs/", **basic(PASSWORD)).status_code == 200
+        for _ in range(5):
+            assert Client().get("/api/orgs/", **basic("wrong")).status_code in (401, 403)
+        refused = Client().get("/api/orgs/", **basic(PASSWORD))  # the right password, now too late
+        assert refused.status_code == 429
+        assert int(refused["Retry-After"]) > 0
+        assert self.login(Client(), "ann", PASSWORD).status_code == 429  # one lockout for every way in
+
     def test_one_address_trying_many_accounts_is_refused_too(self, settings, alice_org):
         settings.LOGIN_MAX_FAILURES = 2  # so the address's budget is 10
         for i in range(10):
