@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from billing.models import (
     ApiKey,
     BudgetAlert,
+    FailedAttempt,
     Invitation,
     Invoice,
     InvoiceLine,
@@ -101,6 +102,21 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "created_at",
     )
     list_filter = ("model", "status_code")
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(FailedAttempt)
+class FailedAttemptAdmin(admin.ModelAdmin[FailedAttempt]):
+    """Engine attempts retried elsewhere (never billed): read-only, for the canaries' record."""
+
+    list_display = ("request_id", "model", "model_version", "status_code", "error_code", "latency_ms", "created_at")
+    list_filter = ("model", "model_version", "status_code")
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request: object) -> bool:

@@ -116,7 +116,6 @@ class _InvoicePDF(FPDF):
 def invoice_pdf(invoice: Invoice) -> bytes:
     """The invoice as a PDF: organisation, number, period, status, each line, subtotal,
     included credit, tax and total."""
-    organization = invoice.organization
     currency = invoice.currency
     pdf = _InvoicePDF(orientation="portrait", unit="mm", format="A4")
     pdf.set_title(_latin1(f"Invoice {invoicing.display_number(invoice)}"))
@@ -129,9 +128,10 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         pdf.cell(0, height, _latin1(text), new_x=XPos.LMARGIN, new_y=YPos.NEXT)
 
     text_line(f"Invoice {invoicing.display_number(invoice)}", size=18, style="B", height=10)
-    text_line(f"Organisation: {organization.name}")
-    if organization.billing_email:
-        text_line(f"Billing email: {organization.billing_email}")
+    name, email = invoice.bill_to  # as it was when the invoice was finalized
+    text_line(f"Organisation: {name}")
+    if email:
+        text_line(f"Billing email: {email}")
     text_line(f"Period: {invoicing.period_label(invoice.period)} (UTC calendar month)")
     text_line(f"Status: {Invoice.Status(invoice.status).label}")
     if invoice.finalized_at:

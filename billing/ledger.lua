@@ -223,24 +223,54 @@ local function admit()
   return cjson.encode({ok = true, scopes = report, month = month})
 end
 
+-- The usage event's field/value pairs (from ARGV[first]), with its revision set.
+local function event_fields(first, revision)
+  local out = {}
+  for i = first, #ARGV, 2 do
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = (ARGV[i] == "revision") and revision or ARGV[i + 1]
+  end
+  return out
+end
+
 -- SETTLE: the request is over. Return what it reserved beyond what it used, release its
 -- places, and write its one usage event (and count it for its admission hour).
--- KEYS[1] in-flight hash, KEYS[2] usage stream, KEYS[3] the admission hour's counters
+-- KEYS[1] in-flight hash, KEYS[2] usage stream, KEYS[3] the admission hour's counters,
+-- KEYS[4] the request's swept marker
 -- ARGV[1] request id, ARGV[2] tokens used, ARGV[3] spend used (micro-units),
--- ARGV[4] test clock key or "", ARGV[5..] the usage event's field/value pairs
+-- ARGV[4] test clock key or "", ARGV[5] "sweep" when the sweeper settles it (else ""),
+-- ARGV[6..] the usage event's field/value pairs
 local function settle()
   local rid = ARGV[1]
+  local used, spent = tonumber(ARGV[2]), tonumber(ARGV[3])
   local raw = redis.call("HGET", KEYS[1], rid)
   if not raw then
-    return false -- already settled: by the gateway, or by the sweeper
+    -- Settled already: by this gateway, or by the sweeper from the admission draft while
+    -- this gateway was judged lost (cut off from Redis, say). In the latter case this is
+    -- the truth the sweeper could not know: the budgets take the difference, and the event
+    -- goes out again as revision 1, which the persister puts in place of the first. The
+    -- marker is taken once, so a correction is written at most once.
+    local marker = redis.call("GET", KEYS[4])
+    if not marker or ARGV[5] == "sweep" then
+      return false
+    end
+    redis.call("DEL", KEYS[4])
+    local swept = cjson.decode(marker)
+    for _, p in ipairs(swept.scopes) do
+      local bkey = p .. ":b:" .. swept.month
+      redis.call("HINCRBY", bkey, "ut", int(used - swept.tokens))
+      redis.call("HINCRBY", bkey, "us", int(spent - swept.spend))
+    end
+    return redis.call("XADD", KEYS[2], "*", unpack(event_fields(6, "1")))
   end
   redis.call("HDEL", KEYS[1], rid)
   local entry = cjson.decode(raw)
   local s = entry.settle
   if s then
-    local used, spent = tonumber(ARGV[2]), tonumber(ARGV[3])
     local now = now_seconds(ARGV[4])
+    local prefixes = {}
     for _, scope in ipairs(s.scopes) do
+      prefixes[#prefixes + 1] = scope.p
       if scope.tpm > 0 then
         -- The refund may be negative if a request used more than it reserved.
         local key = scope.p .. ":tpm"
@@ -258,12 +288,20 @@ local function settle()
     if s.model_key ~= "" then
       redis.call("ZREM", s.model_key, rid)
     end
+    if ARGV[5] == "sweep" then
+      redis.call("SET", KEYS[4], cjson.encode({month = s.month, scopes = prefixes, tokens = used, spend = spent}),
+        "EX", 7 * 86400)
+    end
   end
-  local id = redis.call("XADD", KEYS[2], "*", unpack(ARGV, 5))
-  if KEYS[3] then
-    redis.call("HINCRBY", KEYS[3], "events", 1)
-    redis.call("EXPIRE", KEYS[3], 40 * 86400)
+  local id = redis.call("XADD", KEYS[2], "*", unpack(event_fields(6, "0")))
+  redis.call("HINCRBY", KEYS[3], "events", 1)
+  -- And per key, so that one customer's requests can be reconciled on their own.
+  for i = 6, #ARGV, 2 do
+    if ARGV[i] == "api_key_id" then
+      redis.call("HINCRBY", KEYS[3], "key:" .. ARGV[i + 1], 1)
+    end
   end
+  redis.call("EXPIRE", KEYS[3], 40 * 86400)
   return id
 end
 

@@ -396,6 +396,17 @@ async def admit(
     return RateLimitHeaders.from_report(result["scopes"])
 
 
+async def note_failed_attempt(event: UsageEvent) -> None:
+    """Record an engine attempt that failed before the request's first byte and was retried
+    elsewhere: never billed or limited (the request is, once, as the attempt that answered),
+    but the version that failed is judged by it (``billing.served_requests``). Best effort:
+    with Redis away the request still goes on."""
+    try:
+        await async_redis().xadd(keys.failed_attempts(), event.to_fields())  # type: ignore[arg-type]
+    except RedisError as exc:
+        logger.warning("failed attempt of %s on %s not recorded: %s", event.request_id, event.model_version, exc)
+
+
 async def take_request(grant: KeyGrant, *, force: bool = False) -> None:
     """Take one request from the key's and organisation's per-minute request buckets, outside
     admission: before a costly step (counting a large prompt), or for a request refused after
@@ -422,11 +433,18 @@ async def peek(grant: KeyGrant) -> RateLimitHeaders:
 
 
 def _settle_keys(event: UsageEvent) -> list[str]:
-    return [keys.inflight_requests(), keys.usage_stream(), keys.usage_counts(event.hour)]
+    return [
+        keys.inflight_requests(),
+        keys.usage_stream(),
+        keys.usage_counts(event.hour),
+        keys.swept_request(str(event.request_id)),
+    ]
 
 
-def _settle_args(event: UsageEvent) -> list[str | int]:
-    argv: list[str | int] = ["settle", str(event.request_id), event.total_tokens, micros_up(event.cost), _clock()]
+def _settle_args(event: UsageEvent, *, sweep: bool = False) -> list[str | int]:
+    argv: list[str | int] = [
+        "settle", str(event.request_id), event.total_tokens, micros_up(event.cost), _clock(), "sweep" if sweep else ""
+    ]  # fmt: skip
     for name, value in event.to_fields().items():
         argv += [name, value]
     return argv
@@ -434,7 +452,11 @@ def _settle_args(event: UsageEvent) -> list[str | int]:
 
 async def settle(event: UsageEvent) -> bool:
     """Refund, release and write the usage event; False if the request was already settled
-    (or never admitted). Raises RedisError: callers that must not lose it use ``Settlements``."""
+    (or never admitted). Raises RedisError: callers that must not lose it use ``Settlements``.
+
+    A request the sweeper settled from its admission draft (its gateway was judged lost, then
+    finished it after all) is corrected instead: its budgets take the difference and the event
+    is written again as revision 1, which replaces the first record (``billing.usage``)."""
     client = async_redis()
     return bool(await _script(client)(keys=_settle_keys(event), args=_settle_args(event)))
 
@@ -615,8 +637,8 @@ def sweep_lost_requests() -> int:
         overdue = age > settings.ENGINE_REQUEST_TIMEOUT + 60
         if not overdue and not dead(gateway):
             continue
-        event = replace(draft, status_code=GATEWAY_LOST, latency_ms=max(0, int(age * 1000)))
-        if script(keys=_settle_keys(event), args=_settle_args(event)):
+        event = replace(draft, status_code=GATEWAY_LOST, latency_ms=max(0, int(age * 1000)), error_code="gateway_lost")
+        if script(keys=_settle_keys(event), args=_settle_args(event, sweep=True)):
             closed += 1
             logger.warning("closed request %s left in flight by gateway %s (age %.0f s)", draft.request_id,
                            gateway, age)  # fmt: skip

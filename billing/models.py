@@ -235,6 +235,32 @@ class UsageRecord(models.Model):
         return self.prompt_tokens - self.cached_tokens
 
 
+class FailedAttempt(models.Model):
+    """An engine attempt that failed before its request's first byte reached the client, and
+    was retried on another replica or version (``serving.orchestrator``, the fallback).
+
+    Never billed, limited or invoiced: the request is metered once, as the attempt that
+    answered. But the version that failed is judged by it (``billing.served_requests``), so
+    a failing canary is rolled back as fast as if its customers had seen the errors.
+    """
+
+    request_id = models.UUIDField(unique=True, help_text="the request it was an attempt of")
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
+    model = models.CharField(max_length=255)
+    model_version = models.CharField(max_length=50, help_text="the version that failed")
+    endpoint = models.CharField(max_length=20, blank=True, default="")
+    status_code = models.PositiveSmallIntegerField()
+    error_code = models.CharField(max_length=40, blank=True, default="")
+    latency_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(help_text="when the request was admitted (UTC)")
+
+    class Meta:
+        indexes = [models.Index(fields=["model", "model_version", "created_at"], name="attempt_version_time")]
+
+    def __str__(self) -> str:
+        return f"{self.model}:{self.model_version} {self.status_code} ({self.request_id})"
+
+
 class BudgetAlert(models.Model):
     """A budget crossed one of its alert thresholds (50, 80, 100 % and the scope's own
     ``budget_alert_percent``): once per scope, budget, UTC month and threshold."""
@@ -520,6 +546,10 @@ class Invoice(models.Model):
     paid_at = models.DateTimeField(null=True, blank=True)
     voided_at = models.DateTimeField(null=True, blank=True)
     void_reason = models.CharField(max_length=500, blank=True)
+    # Who it was issued to, as it was when finalized (a finalized invoice never changes, even
+    # when the organisation is renamed or moves its billing address later); empty on a draft.
+    billed_name = models.CharField(max_length=255, blank=True)
+    billed_email = models.EmailField(blank=True)
 
     class Meta:
         ordering = ["-period", "-number"]
@@ -533,6 +563,14 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.number} {self.organization} {self.period:%Y-%m} ({self.status})"
+
+    @property
+    def bill_to(self) -> tuple[str, str]:
+        """The organisation's name and billing email as the invoice shows them: frozen at
+        finalization, the organisation's current ones on a draft."""
+        if self.finalized_at is not None:
+            return self.billed_name, self.billed_email
+        return self.organization.name, self.organization.billing_email
 
     @property
     def tax_percent(self) -> str:

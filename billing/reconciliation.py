@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Max, Sum
+from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -87,11 +88,15 @@ def _hours(start: datetime, end: datetime) -> list[datetime]:
     return hours
 
 
-def _ledger_events(hours: list[datetime]) -> list[int]:
+def _ledger_events(hours: list[datetime], api_key_ids: Collection[int] | None = None) -> list[int]:
+    """The ledger's count of events per hour: all of them, or those of these keys."""
+    fields = ["events"] if api_key_ids is None else [f"key:{key_id}" for key_id in api_key_ids]
+    if not fields:
+        return [0] * len(hours)
     pipe = sync_redis().pipeline(transaction=False)
     for hour in hours:
-        pipe.hget(keys.usage_counts(_hour_name(hour)), "events")
-    return [int(value or 0) for value in pipe.execute()]
+        pipe.hmget(keys.usage_counts(_hour_name(hour)), fields)
+    return [sum(int(v or 0) for v in values) for values in pipe.execute()]
 
 
 def reconcile_month(*, period: date) -> Reconciliation:
@@ -121,13 +126,16 @@ def reconcile_month(*, period: date) -> Reconciliation:
     return result
 
 
-def reconcile(*, start: datetime, end: datetime) -> Reconciliation:
+def reconcile(*, start: datetime, end: datetime, api_key_ids: Collection[int] | None = None) -> Reconciliation:
     """Compare the ledger's counts, the usage records and the hourly rollups over whole UTC
-    hours [start, end); store and return the result (a warning is logged on a mismatch)."""
+    hours [start, end), for every key or only ``api_key_ids`` (one customer's keys; the
+    ledger counts per key too); store and return the result (a warning is logged on a mismatch)."""
     hours = _hours(start, end)
-    by_hour = {hour: _Hour(events=events) for hour, events in zip(hours, _ledger_events(hours), strict=True)}
+    events_by_hour = _ledger_events(hours, api_key_ids)
+    by_hour = {hour: _Hour(events=events) for hour, events in zip(hours, events_by_hour, strict=True)}
+    scope = Q() if api_key_ids is None else Q(api_key_id__in=list(api_key_ids))
     records = (
-        UsageRecord.objects.filter(created_at__gte=start, created_at__lt=end)
+        UsageRecord.objects.filter(scope, created_at__gte=start, created_at__lt=end)
         .annotate(hour=TruncHour("created_at", tzinfo=UTC))
         .values("hour", "api_key_id", "model")
         .annotate(n=Count("pk"), cost=Sum("cost"))
@@ -139,7 +147,7 @@ def reconcile(*, start: datetime, end: datetime) -> Reconciliation:
         group = slot.groups[(row["api_key_id"], row["model"])]
         group.records, group.records_cost = row["n"], row["cost"]
     rollups = (
-        UsageRollup.objects.filter(period=UsageRollup.Period.HOUR, start__gte=start, start__lt=end)
+        UsageRollup.objects.filter(scope, period=UsageRollup.Period.HOUR, start__gte=start, start__lt=end)
         .values("start", "api_key_id", "model")
         .annotate(n=Sum("requests"), cost=Sum("cost"))
         .order_by()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -70,10 +70,17 @@ def plan_key_ceilings(*, organization: Organization) -> dict[str, int | Decimal 
     return ceilings
 
 
+# A price that ended this recently is still loaded: a request admitted just before a switch
+# is priced at its admission time, and the routing table it reads may have been reloaded
+# after the switch (a request never comes out unpriced because its price just ended).
+RECENTLY_ENDED = timedelta(hours=1)
+
+
 def prices_in_effect_or_later(*, model_ids: list[int]) -> QuerySet[Price]:
-    """Prices of these models that apply now or will (the routing table keeps them all)."""
-    now = timezone.now()
-    return Price.objects.filter(model_id__in=model_ids).exclude(effective_to__lte=now).order_by("-effective_from")
+    """Prices of these models that apply now or will, and those that ended within the last
+    hour (the routing table keeps them all and picks by each request's admission time)."""
+    since = timezone.now() - RECENTLY_ENDED
+    return Price.objects.filter(model_id__in=model_ids).exclude(effective_to__lte=since).order_by("-effective_from")
 
 
 def invitations_pending_for(user: Any) -> QuerySet[Invitation]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from billing.models import CacheOutcome, UsageRecord
+from billing.models import CacheOutcome, FailedAttempt, UsageRecord
 from registry.canary_stats import RequestSample
 
 # The newest this many requests of a version in a window are judged: bounded memory and time
@@ -21,6 +21,8 @@ def served_requests(*, model: str, version: str, since: datetime) -> list[Reques
     """The requests ``model``:``version`` answered through an engine since ``since``, newest first.
 
     Cache hits are left out: the engine never saw them, so they say nothing about the version.
+    Attempts that failed on it and were retried elsewhere (``FailedAttempt``) are in: status
+    and latency only.
     Records reach the table within a second or so of the request (``billing.tasks.usage_persist``).
     """
     rows = (
@@ -28,9 +30,21 @@ def served_requests(*, model: str, version: str, since: datetime) -> list[Reques
         .order_by("-created_at")
         .values_list("status_code", "latency_ms", "ttft_ms", "completion_tokens", "finish_reason")[:MAX_SAMPLES]
     )
-    return [
+    samples = [
         RequestSample(
             status_code=status, latency_ms=latency, ttft_ms=ttft, completion_tokens=tokens, finish_reason=finish
         )
         for status, latency, ttft, tokens, finish in rows
     ]
+    # Attempts that failed here and were answered by another version (the fallback): the
+    # customer never saw the error, but it is this version's.
+    failed = (
+        FailedAttempt.objects.filter(model=model, model_version=version, created_at__gte=since)
+        .order_by("-created_at")
+        .values_list("status_code", "latency_ms")[:MAX_SAMPLES]
+    )
+    samples += [
+        RequestSample(status_code=status, latency_ms=latency, ttft_ms=None, completion_tokens=0, finish_reason="")
+        for status, latency in failed
+    ]
+    return samples

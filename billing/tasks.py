@@ -15,7 +15,7 @@ from billing.models import Invoice
 from billing.reconciliation import reconcile, reconcile_due_hours, reconcile_month
 from billing.rollups import HOUR, rollups_build
 from billing.services import budget_alerts_notify, invoice_email_send, invoices_draft_month
-from billing.usage import persist_budget_alerts, persist_usage_stream
+from billing.usage import persist_budget_alerts, persist_failed_attempts, persist_usage_stream
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,14 @@ logger = logging.getLogger(__name__)
 
 @shared_task(ignore_result=True, time_limit=120)
 def usage_persist() -> int:
-    """Usage events from Redis into PostgreSQL (every second, idempotent).
+    """Usage events from Redis into PostgreSQL (every second, idempotent), then the failed
+    attempts that fallbacks left (never billed; the canaries read them).
 
     Budget alerts have their own task, so that nothing about an alert can hold up usage.
     """
-    return persist_usage_stream()
+    stored = persist_usage_stream()
+    persist_failed_attempts()
+    return stored
 
 
 @shared_task(ignore_result=True, time_limit=120)

@@ -34,8 +34,9 @@ import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from billing.invoicing import CLOSED_STATUSES
 from billing.ledger import UsageEvent
-from billing.models import ApiKey, BudgetAlert, Organization, UsageRecord
+from billing.models import ApiKey, BudgetAlert, FailedAttempt, Invoice, Organization, UsageRecord
 from billing.pricing import from_micros
 from core import keys
 from core.redis import sync_redis
@@ -205,9 +206,30 @@ def _store_each(
 
 
 def _insert(records: list[UsageRecord]) -> None:
+    """Store first settlements (a replayed one is a no-op) and then corrections, in one transaction."""
     with transaction.atomic():
-        UsageRecord.objects.bulk_create(records, ignore_conflicts=True, batch_size=500)
+        UsageRecord.objects.bulk_create([r for r in records if r.revision == 0], ignore_conflicts=True, batch_size=500)
+        for correction in (r for r in records if r.revision > 0):
+            _correct(correction)
         _check_foreign_keys()
+
+
+def _correct(record: UsageRecord) -> None:
+    """Put a corrected settlement (revision 1: the gateway's own, after the sweeper settled the
+    request from its admission draft) in place of the record, on the same invoice. The row is
+    replaced, not updated, so its new id makes the rollups rebuild its hour and day. A record
+    already on a closed invoice is never changed: the correction fails (and is parked after
+    its retries, for a person to bill it). Call inside transaction.atomic."""
+    existing = UsageRecord.objects.select_for_update().filter(request_id=record.request_id).first()
+    if existing is not None:
+        if existing.revision >= record.revision:
+            return  # replayed
+        invoice = existing.invoice if existing.invoice_id is not None else None
+        if invoice is not None and Invoice.Status(invoice.status) in CLOSED_STATUSES:
+            raise ValueError(f"request {record.request_id} is already billed on a closed invoice")
+        record.invoice_id = existing.invoice_id
+        existing.delete()
+    record.save(force_insert=True)
 
 
 def _persist_batch(client: redis.Redis, entries: list[Entry]) -> int:
@@ -257,6 +279,43 @@ def persist_usage_stream(*, batch_size: int = 500, max_batches: int = 50) -> int
     handled = 0
     for entries in _batches(client, stream_key(), batch_size=batch_size, max_batches=max_batches):
         handled += _persist_batch(client, entries)
+    return handled
+
+
+def _store_attempt(fields: dict[bytes, bytes]) -> None:
+    event = UsageEvent.from_fields(fields)
+    with transaction.atomic():
+        FailedAttempt.objects.bulk_create(
+            [
+                FailedAttempt(
+                    request_id=event.request_id,
+                    organization_id=event.organization_id,
+                    model=event.model,
+                    model_version=event.model_version,
+                    endpoint=event.endpoint,
+                    status_code=event.status_code,
+                    error_code=event.error_code,
+                    latency_ms=event.latency_ms,
+                    created_at=event.created_at,
+                )
+            ],
+            ignore_conflicts=True,  # a replayed entry
+        )
+        _check_foreign_keys()
+
+
+def persist_failed_attempts(*, batch_size: int = 500, max_batches: int = 20) -> int:
+    """Engine attempts that failed and were retried elsewhere → FailedAttempt rows (the
+    canaries judge versions by them too); each stored on its own, retried, then parked."""
+    client = sync_redis()
+    stream, dead_letters = keys.failed_attempts(), keys.failed_attempt_dead_letters()
+    _ensure_group(client, stream)
+    handled = 0
+    for entries in _batches(client, stream, batch_size=batch_size, max_batches=max_batches):
+        stored, failures = _store_each([(entry_id, fields, fields) for entry_id, fields in entries], _store_attempt)
+        _acknowledge(client, stream, stored)
+        _retry_or_park(client, stream, dead_letters, failures)
+        handled += len(stored)
     return handled
 
 

@@ -267,6 +267,13 @@ PROMPT_COUNT_THREADS = envint("PROMPT_COUNT_THREADS", 2)
 # The platform's own organisation: its admins' memberships, and what platform staff use
 # themselves (the console playground) is metered there, never to a customer.
 PLATFORM_ORGANIZATION = os.environ.get("PLATFORM_ORGANIZATION", "Platform")
+# /metrics answers clients on these networks (the monitoring network), and anyone presenting
+# "Authorization: Bearer <METRICS_TOKEN>" when a token is set; everyone else gets 403.
+METRICS_ALLOWED_NETWORKS = envlist("METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# A write to a client that waits longer than this (the client stopped reading) ends the
+# request as the client going away (499): it never holds its place in flight for long.
+CLIENT_SEND_TIMEOUT = envfloat("CLIENT_SEND_TIMEOUT", 30.0)
 # Requests that may run at once on one WebSocket (each is still charged to its key's limits).
 WS_MAX_REQUESTS_PER_SOCKET = envint("WS_MAX_REQUESTS_PER_SOCKET", 256)
 # A replica is routed to only while its heartbeat is younger than this: three missed beats

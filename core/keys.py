@@ -39,6 +39,23 @@ def usage_counts(hour: str) -> str:
     return namespaced("usage", "count", hour)
 
 
+def swept_request(request_id: str) -> str:
+    """What the sweeper charged a request it settled from its admission draft (kept 7 days), so
+    that the gateway's own later settlement corrects it instead of being dropped."""
+    return namespaced("usage", "swept", request_id)
+
+
+def failed_attempts() -> str:
+    """Stream of engine attempts that failed before a request's first byte and were retried
+    elsewhere (a usage event each, never billed); read by billing.usage for the canaries."""
+    return namespaced("usage", "attempts")
+
+
+def failed_attempt_dead_letters() -> str:
+    """Stream of failed attempts the persister could not store, with the reason."""
+    return namespaced("usage", "attempts", "dead")
+
+
 def budget_alerts() -> str:
     """Stream of soft budget alerts raised at admission; read by billing.usage."""
     return namespaced("budget", "alerts")

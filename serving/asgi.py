@@ -133,18 +133,32 @@ async def handle(request: ApiRequest) -> HttpResponseBase:
     return response
 
 
+class ClientStalled(Exception):
+    """The client stopped reading: a write waited longer than CLIENT_SEND_TIMEOUT."""
+
+
+async def _send_in_time(send: Send, message: dict[str, Any]) -> None:
+    """Send, bounded: the server's ``send`` waits while the client's socket is full, and a
+    client that stops reading must not hold the request (and its place in flight) for ever."""
+    try:
+        async with asyncio.timeout(settings.CLIENT_SEND_TIMEOUT):
+            await send(message)
+    except TimeoutError:
+        raise ClientStalled from None
+
+
 async def _send_response(response: HttpResponseBase, send: Send) -> None:
     headers = [(name.encode("ascii"), str(value).encode("latin1")) for name, value in response.items()]
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await _send_in_time(send, {"type": "http.response.start", "status": response.status_code, "headers": headers})
     if isinstance(response, EventStreamResponse):
         # Iterate the view's generator itself (Django's wrappers would re-yield each chunk
         # twice and not close it), and always close it: that is what ends the upstream.
         async with aclosing(response.events) as events:
             async for part in events:
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-        await send({"type": "http.response.body"})
+                await _send_in_time(send, {"type": "http.response.body", "body": part, "more_body": True})
+        await _send_in_time(send, {"type": "http.response.body"})
     elif isinstance(response, HttpResponse):
-        await send({"type": "http.response.body", "body": response.content})
+        await _send_in_time(send, {"type": "http.response.body", "body": response.content})
     else:
         raise TypeError(f"data-plane views return HttpResponse or EventStreamResponse, not {type(response)}")
 
@@ -178,7 +192,14 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         done, _ = await asyncio.wait({responding, watching}, return_when=asyncio.FIRST_COMPLETED)
         if responding in done:
             watching.cancel()
-            responding.result()
+            try:
+                responding.result()
+            except ClientStalled:
+                # Settled as the client going away, with what it was sent; the server closes
+                # the connection when this returns without finishing the response.
+                ending = CLIENT_CLOSED
+                logger.warning("request %s: the client stopped reading for %g s; closed", request_id,
+                               settings.CLIENT_SEND_TIMEOUT)  # fmt: skip
             return
         # The client went away: cancelling closes our stream generator (aclosing), which
         # closes the engine connection and settles the request with the tokens produced.

@@ -79,7 +79,15 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _send(self, message: dict[str, Any]) -> None:
-        await self.send(text_data=orjson.dumps(message).decode())
+        """Send a frame, bounded by CLIENT_SEND_TIMEOUT: a client that stops reading has its
+        socket closed, which cancels (and settles) its requests."""
+        try:
+            async with asyncio.timeout(settings.CLIENT_SEND_TIMEOUT):
+                await self.send(text_data=orjson.dumps(message).decode())
+        except TimeoutError:
+            logger.warning("a WebSocket client stopped reading for %g s; closing it", settings.CLIENT_SEND_TIMEOUT)
+            await self.close(code=1008)
+            raise ClientStalled from None
 
     async def _error(self, client_id: Any, error: APIError) -> None:
         await self._send({"type": "error", "id": client_id, "error": error.detail()})
@@ -200,6 +208,8 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         except asyncio.CancelledError:
             status = CLIENT_CLOSED
             raise
+        except ClientStalled:
+            status = CLIENT_CLOSED  # it stopped reading: settled with what it was sent
         except APIError as exc:
             status, error = exc.status, exc
         except Exception:
@@ -242,6 +252,10 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 await self._send(frame)
         except Exception:  # noqa: BLE001 - the socket may be gone; the usage is metered regardless
             logger.debug("could not send the final frame for %s", client_id)
+
+
+class ClientStalled(Exception):
+    """The client stopped reading: a frame waited longer than CLIENT_SEND_TIMEOUT."""
 
 
 def _frame_size(text_data: str | None, bytes_data: bytes | None) -> int:

@@ -181,7 +181,19 @@ async def dispatch(
     breaks after the request went out is a 502. On success the replica is returned
     acquired (``router.acquire``): the caller releases it when the request is over. The
     answer is an ``EngineAnswer`` (read whole), or with ``stream`` the open aiohttp response.
+    An error says which replicas the attempt went to (``APIError.replicas_tried``).
     """
+    tried: list[int] = []
+    try:
+        return await _dispatch(router, replicas, path, payload, stream=stream, tried=tried)
+    except APIError as exc:
+        exc.replicas_tried = tuple(tried)  # the fallback tries other replicas
+        raise
+
+
+async def _dispatch(
+    router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any], *, stream: bool, tried: list[int]
+) -> tuple[ReplicaRoute, Any]:
     tries = settings.ENGINE_CONNECT_RETRIES + 1
     last_error: Exception | None = None
     for replica in replicas:
@@ -190,6 +202,7 @@ async def dispatch(
         if not router.allow(replica.id):
             continue  # its circuit opened meanwhile, or another request is its half-open probe
         tries -= 1
+        tried.append(replica.id)
         router.acquire(replica.id)
         try:
             response = await _send(replica, path, payload)

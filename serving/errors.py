@@ -18,6 +18,8 @@ class APIError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    # For an engine's failure: the replicas the attempt went to (a fallback tries others).
+    replicas_tried: tuple[int, ...] = ()
 
     def __init__(
         self,

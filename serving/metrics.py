@@ -6,6 +6,8 @@ host writes its samples there and /metrics on any of them shows the host's total
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import os
 
 from django.conf import settings
@@ -76,7 +78,40 @@ SHADOW_REQUESTS = Counter(
 )  # fmt: skip
 
 
+# Requests whose engine failed before the first byte and that were retried (serving.orchestrator):
+# from the version that failed to the one that answered, by the failure's code.
+FALLBACKS = Counter(
+    "inference_fallbacks", "Requests retried on another replica or version after an engine failure before the "
+    "first byte.", ["model", "from_version", "to_version", "reason"],
+)  # fmt: skip
+
+
+def _monitoring_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_NETWORKS]
+
+
+def metrics_allowed(request: HttpRequest) -> bool:
+    """/metrics is for the monitoring system: a client on METRICS_ALLOWED_NETWORKS, or one
+    presenting ``Authorization: Bearer <METRICS_TOKEN>`` (Prometheus' ``authorization``)."""
+    token = settings.METRICS_TOKEN
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
+        return True
+    try:
+        address = ipaddress.ip_address(str(request.META.get("REMOTE_ADDR") or ""))
+    except ValueError:
+        return False
+    return any(address in network for network in _monitoring_networks())
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not metrics_allowed(request):
+        return HttpResponse(
+            "Metrics are served to the monitoring network (METRICS_ALLOWED_NETWORKS) or with a bearer token "
+            "(METRICS_TOKEN).\n",
+            status=403,
+            content_type="text/plain",
+        )
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

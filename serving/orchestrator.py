@@ -144,6 +144,7 @@ class InferenceCall:
         self._admission: asyncio.Task[RateLimitHeaders] | None = None
         self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
         self._admitted = False
+        self._pinned = False  # X-Model-Version: a fallback never changes the version
         self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
         self._ran = False  # an engine accepted the request (answered 2xx): its prompt was processed
         self.error_code = ""  # set when it fails: what the record says of why
@@ -188,6 +189,7 @@ class InferenceCall:
                 param=pin_param,
                 code="model_version_not_found",
             )
+        self._pinned = pinned_version is not None
         sticky = getattr(body, "user", None) or f"key:{self.grant.key_id}"
         version = router.choose_version(model, sticky, version=pinned_version)
         if version is None:
@@ -430,17 +432,27 @@ class InferenceCall:
             await self.close(200)
             return data
         try:
+            self._mirror()
             replicas = router.replica_order(self.version)
-            try:
-                async with asyncio.timeout(settings.ENGINE_REQUEST_TIMEOUT):
-                    self._mirror()
-                    self._replica, response = await engine.dispatch(
-                        router, replicas, self.endpoint.path, self.payload, stream=False
-                    )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.ENGINE_REQUEST_TIMEOUT
+            for attempt in (1, 2):
+                started = time.perf_counter()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        self._replica, response = await engine.dispatch(
+                            router, replicas, self.endpoint.path, self.payload, stream=False
+                        )
                     self._ran = True
-            except TimeoutError:
-                raise EngineTimeout("The engine did not answer in time.") from None
-            data = engine.parse_json(router, self._replica, response.content)
+                    data = engine.parse_json(router, self._replica, response.content)
+                    break
+                except TimeoutError:
+                    raise EngineTimeout("The engine did not answer in time.") from None
+                except (EngineFailed, EngineUnavailable) as exc:
+                    fallback = await self._fall_back(exc, started, attempt)
+                    if fallback is None:
+                        raise
+                    replicas = fallback
             self._record_usage(data.get("usage"))
             ledger.note_finish_reasons(self._finish_reasons, data.get("choices"))
             if self.endpoint is not EMBEDDINGS:
@@ -455,6 +467,62 @@ class InferenceCall:
         elif data.get("choices"):
             self._remember(data["choices"][0])
         return data
+
+    # --- fallback ---------------------------------------------------------------------------
+
+    async def _fall_back(self, exc: APIError, started: float, attempt: int) -> list[ReplicaRoute] | None:
+        """After an attempt failed before the client got a byte: let go of what it held, and
+        say where the request goes next (once): another routable replica of its version, else,
+        unless the request pins its version, the model's base version. None: nowhere, the
+        failure is the answer.
+
+        The failed attempt is recorded against its version (``ledger.note_failed_attempt``),
+        never billed, so the canaries and circuits see it while the client sees one answer.
+        """
+        failed = set(exc.replicas_tried)
+        if self._replica is not None:
+            failed.add(self._replica.id)
+        await self._let_go()
+        if attempt > 1:
+            return None
+        version: VersionRoute | None = self.version
+        replicas = [r for r in router.replica_order(self.version) if r.id not in failed]
+        if not replicas:
+            version = None if self._pinned else router.fallback_version(self.model, self.version)
+            replicas = [r for r in router.replica_order(version) if r.id not in failed] if version else []
+        if version is None or not replicas:
+            return None
+        await ledger.note_failed_attempt(
+            UsageEvent(
+                request_id=self.request_id, api_key_id=self.grant.key_id, organization_id=self.grant.organization_id,
+                model=self.model.name, model_version=self.version.version, endpoint=self.endpoint.name,
+                prompt_tokens=0, completion_tokens=0, cached_tokens=0,
+                latency_ms=int((time.perf_counter() - started) * 1000), ttft_ms=None, status_code=exc.status,
+                created_at=self._admitted_at, error_code=error_code_of(exc.status, exc),
+            )
+        )  # fmt: skip
+        metrics.FALLBACKS.labels(self.model.name, self.version.version, version.version, exc.code or "").inc()
+        logger.warning("request %s: %s failed on %s (%s); retrying on %s", self.request_id, self.model.name,
+                       self.version.version, exc.code, version.version)  # fmt: skip
+        if version is not self.version:
+            # Metered as the version that answers, at its price; its answer is not cached
+            # under the scope (and version) the request was looked up in.
+            self.version = version
+            self.price = version.price_at(self._admitted_at.timestamp())
+            self._may_store = False
+        return replicas
+
+    async def _let_go(self) -> None:
+        """Close a failed attempt's stream and release its replica: the next attempt starts clean."""
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()
+        if self._replica is not None:
+            router.release(self._replica.id)
+            self._replica = None
+        self._ran = False
+        self._first = None
 
     def _mirror(self) -> None:
         """Copy the request to its model's shadow candidate, if it has one and this request is
@@ -491,29 +559,44 @@ class InferenceCall:
         }
 
     async def start_stream(self) -> None:
-        """Dispatch and wait for the first event; errors before it are ordinary HTTP errors."""
+        """Dispatch and wait for the first event; errors before it are ordinary HTTP errors
+        (after one fallback: ``_fall_back``)."""
         if self.cache_hit is not None:
             self._upstream = ReplayStream(self._replay_events())
             self._first = await anext(self._upstream)
             return
         try:
-            replicas = router.replica_order(self.version)
             self._mirror()
-            upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
-            self._upstream, self._replica, self._ran = upstream, upstream.replica, True
-            try:
-                async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
-                    self._first = await anext(upstream)
-            except TimeoutError:
-                router.record_failure(upstream.replica.id)
-                raise EngineTimeout(
-                    f"The engine sent no token within {settings.ENGINE_FIRST_TOKEN_TIMEOUT:g} s."
-                ) from None
-            except StopAsyncIteration:
-                raise EngineFailed("The engine closed the stream without answering.") from None
+            replicas = router.replica_order(self.version)
+            for attempt in (1, 2):
+                started = time.perf_counter()
+                try:
+                    await self._open_stream(replicas)
+                    return
+                except (EngineFailed, EngineTimeout, EngineUnavailable) as exc:
+                    fallback = await self._fall_back(exc, started, attempt)
+                    if fallback is None:
+                        raise
+                    replicas = fallback
         except BaseException as exc:
             await self.close(self._failed(exc))
             raise
+
+    async def _open_stream(self, replicas: list[ReplicaRoute]) -> None:
+        """One attempt: open the stream and take its first event (an error event fails it)."""
+        upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
+        self._upstream, self._replica, self._ran = upstream, upstream.replica, True
+        try:
+            async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
+                self._first = await anext(upstream)
+        except TimeoutError:
+            router.record_failure(upstream.replica.id)
+            raise EngineTimeout(f"The engine sent no token within {settings.ENGINE_FIRST_TOKEN_TIMEOUT:g} s.") from None
+        except StopAsyncIteration:
+            raise EngineFailed("The engine closed the stream without answering.") from None
+        if isinstance(self._first, dict) and "error" in self._first:
+            router.record_failure(upstream.replica.id)
+            raise engine.engine_error(500, orjson.dumps(self._first))
 
     @property
     def more_ready(self) -> bool:

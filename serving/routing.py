@@ -451,6 +451,18 @@ class Router:
             key=lambda v: _rendezvous_score(model.name, sticky_key, f"d{v.deployment_id}", max(v.weight, 1)),
         )
 
+    def fallback_version(self, model: ModelRoute, failed: VersionRoute) -> VersionRoute | None:
+        """Where a request goes when ``failed`` could not answer it: the model's base version,
+        the routable version (other than ``failed``'s) carrying the most traffic weight, the
+        older on a tie (a canary's base, the stable arm of a split); None when there is none."""
+        weights: dict[str, int] = defaultdict(int)
+        for candidate in model.versions:
+            weights[candidate.version] += candidate.weight
+        others = [v for v in model.versions if v.version != failed.version and self.routable(v)]
+        if not others:
+            return None
+        return max(others, key=lambda v: (weights[v.version], -v.id, len(self.routable(v))))
+
     def replica_order(self, version: VersionRoute) -> list[ReplicaRoute]:
         """Replicas to try, best first: fewest requests in flight from this process."""
         replicas = self.routable(version)

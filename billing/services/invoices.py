@@ -156,7 +156,14 @@ def invoice_finalize(*, invoice: Invoice) -> Invoice:
     if timezone.now() < end:
         raise InvalidInput("period", f"{invoicing.period_label(invoice.period)} has not ended yet")
     with transaction.atomic():
-        finalized = _move(invoice, Invoice.Status.FINALIZED, finalized_at=timezone.now())
+        organization = Organization.objects.select_for_update().get(pk=invoice.organization_id)
+        finalized = _move(
+            invoice,
+            Invoice.Status.FINALIZED,
+            finalized_at=timezone.now(),
+            billed_name=organization.name,
+            billed_email=organization.billing_email,
+        )
         invoice_id = finalized.pk
 
         def queue_email() -> None:  # a named function: a robust callback that fails is logged by name
@@ -268,30 +275,30 @@ def invoice_email_send(*, invoice: Invoice) -> bool:
     # process that imports billing.services (the gateways do).
     from billing.invoice_documents import invoice_filename, invoice_pdf
 
-    organization = invoice.organization
     number = invoicing.display_number(invoice)
     if invoice.status not in (Invoice.Status.FINALIZED, Invoice.Status.PAID):
         logger.info("invoice %s is %s: not emailed", number, invoice.status)
         return False
-    if not organization.billing_email:
-        logger.warning("invoice %s of %s not emailed: the organisation has no billing email", number, organization)
+    name, email = invoice.bill_to
+    if not email:
+        logger.warning("invoice %s of %s not emailed: the organisation has no billing email", number, name)
         return False
     month = invoicing.period_label(invoice.period)
     message = EmailMessage(
         subject=f"Invoice {number} for {month}: {invoice.total} {invoice.currency}",
         body=(
-            f"Hello {organization.name},\n\n"
+            f"Hello {name},\n\n"
             f"Attached is invoice {number} for your usage in {month}.\n\n"
             f"Subtotal: {invoice.subtotal} {invoice.currency}\n"
             f"Included credit: -{invoice.credit} {invoice.currency}\n"
             f"Tax ({invoice.tax_rate * 100:.2f} %): {invoice.tax} {invoice.currency}\n"
             f"Total: {invoice.total} {invoice.currency}\n"
         ),
-        to=[organization.billing_email],
+        to=[email],
     )
     message.attach(invoice_filename(invoice, "pdf"), invoice_pdf(invoice), "application/pdf")
     message.send()
-    logger.info("invoice %s emailed to %s", number, organization.billing_email)
+    logger.info("invoice %s emailed to %s", number, email)
     return True
 
 

@@ -49,13 +49,17 @@ def make_record(
         **more,
     )
     if count_in_ledger:
-        count_event(at)
+        count_event(at, api_key_id=api_key.pk)
     return record
 
 
-def count_event(at: datetime, n: int = 1) -> None:
-    """What the ledger's settle adds for an event of a request admitted at ``at``."""
-    sync_redis().hincrby(keys.usage_counts(at.astimezone(UTC).strftime("%Y%m%d%H")), "events", n)
+def count_event(at: datetime, n: int = 1, *, api_key_id: int | None = None) -> None:
+    """What the ledger's settle adds for an event of a request admitted at ``at`` (and, for
+    the per-key count, its key)."""
+    counts = keys.usage_counts(at.astimezone(UTC).strftime("%Y%m%d%H"))
+    sync_redis().hincrby(counts, "events", n)
+    if api_key_id is not None:
+        sync_redis().hincrby(counts, f"key:{api_key_id}", n)
 
 
 def forget_counts(*hours: datetime) -> None:

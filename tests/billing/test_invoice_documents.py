@@ -75,6 +75,21 @@ class TestPdf:
             if line.quantity:
                 assert f"{line.quantity:,}" in text
 
+    def test_a_finalized_invoice_prints_the_organisation_as_it_was_then(self, invoice, alice_org):
+        """Issue 18: renaming the organisation (or moving its billing address) later must not
+        rewrite an invoice already issued; a draft shows the current name."""
+        from billing.services import organization_update
+
+        issued = invoice_finalize(invoice=invoice)
+        organization_update(organization=alice_org, name="Alice Renamed", billing_email="new@alice.example")
+        issued.refresh_from_db()
+        text = pdf_text(invoice_pdf(issued))
+        assert "Alice Corp" in text
+        assert "ap@alice.example" in text
+        assert "Alice Renamed" not in text
+        draft = invoice_draft(organization=alice_org, period=dt.date(2026, 11, 1))
+        assert "Alice Renamed" in pdf_text(invoice_pdf(draft))
+
     def test_the_totals_are_the_invoices(self, invoice):
         assert invoice.subtotal == sum(
             (line.amount for line in invoice.lines.filter(kind__in=["usage", "adjustment"])), Decimal(0)

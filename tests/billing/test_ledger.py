@@ -251,3 +251,50 @@ class TestRefusedWrites:
         assert is_transient(RedisConnectionError("gone"))
         assert not is_transient(ResponseError("Error running script (call to f_1): @user_script:9: attempt to index"))
         assert not is_transient(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+
+
+class TestALateSettlementCorrectsTheSweepers:
+    """Defect 8 of issue 18: a gateway cut off from Redis long enough is judged lost, and the
+    sweeper settles its live requests from their admission drafts (the prompt, status 500).
+    When the gateway comes back and settles one for real, that must correct the record, never
+    be dropped (the completion tokens unbilled) nor count twice."""
+
+    async def test_the_gateways_settlement_after_the_sweepers_is_written_once_as_a_correction(self, settings):
+        settings.GATEWAY_LOST_AFTER = 0.2
+        grant = _grant()
+        draft = _draft(grant)
+        await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
+        _set_gateway(draft.request_id, f"gw-lost-{uuid.uuid4().hex}")
+        ledger.sweep_lost_requests()  # suspected
+        await asyncio.sleep(0.3)
+        ledger.sweep_lost_requests()  # judged lost: settled from the draft
+        [swept] = _events_for(draft.request_id)
+        assert (swept[b"status_code"], swept[b"completion_tokens"], swept[b"revision"]) == (b"500", b"0", b"0")
+
+        final = replace(draft, status_code=200, completion_tokens=40)
+        assert await ledger.settle(final)  # not dropped: a correction
+        assert not await ledger.settle(final)  # and only once
+        events = [UsageEvent.from_fields(e) for e in _events_for(draft.request_id)]
+        assert [e.revision for e in events] == [0, 1]
+        assert replace(events[1], revision=0) == final
+        month = sync_redis().hgetall(keys.limit_scope("key", grant.key_id) + f":b:{draft.created_at:%Y-%m}")
+        assert int(month[b"ut"]) == final.total_tokens  # the budget holds what was used, once
+        assert int(month[b"rt"]) == 0
+
+    def test_the_persister_puts_the_correction_in_place_of_the_first_record(self, db):
+        from billing.models import UsageRecord
+        from billing.services import api_key_create, organization_create
+        from billing.usage import persist_usage_stream
+
+        key = api_key_create(organization=organization_create(name=f"Sweep {uuid.uuid4().hex[:6]}"), name="k").api_key
+        grant = replace(_grant(), key_id=key.pk, organization_id=key.organization_id)
+        base = replace(_draft(grant), status_code=500, error_code="gateway_lost")
+        corrected = replace(base, status_code=200, completion_tokens=40, error_code="", revision=1)
+        for order in ((base, corrected), (corrected, base)):  # either may reach the persister first
+            first, second = (replace(e, request_id=uuid.uuid4()) for e in order)
+            second = replace(second, request_id=first.request_id)
+            for event in (first, second):
+                sync_redis().xadd(keys.usage_stream(), event.to_fields())
+                persist_usage_stream()
+            [record] = UsageRecord.objects.filter(request_id=first.request_id)
+            assert (record.status_code, record.completion_tokens, record.revision) == (200, 40, 1)

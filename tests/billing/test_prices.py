@@ -55,6 +55,32 @@ class TestPriceSet:
         assert price_in_effect(quotes, version_id=version.pk + 1000, when=now) == PriceQuote.of(model_price)
         assert price_in_effect(quotes, version_id=version.pk, when=now - 3600) is None  # before either began
 
+    def test_a_request_admitted_just_before_a_switch_is_never_unpriced(self, model):
+        """Issue 18: the gateway prices a request at its admission time from a routing table
+        it may reload just after a scheduled switch; the price that just ended must be there."""
+        from registry.models import Deployment
+        from serving.routing import load_routing_table
+
+        version = ModelVersion.objects.create(
+            model=model, version="1", framework="x", artifact_uri="local://x/1", artifact_sha256="0" * 64,
+            artifact_size=0, status="active",
+        )  # fmt: skip
+        Deployment.objects.create(version=version, status="running", traffic_weight=100)
+        switch = timezone.now() - timedelta(seconds=2)
+        old = Price.objects.create(
+            model=model, input_per_million="1", output_per_million="1", cached_input_per_million="1",
+            effective_from=switch - timedelta(days=1), effective_to=switch,
+        )  # fmt: skip
+        new = Price.objects.create(
+            model=model, input_per_million="2", output_per_million="2", cached_input_per_million="2",
+            effective_from=switch,
+        )  # fmt: skip
+        old.refresh_from_db()
+        new.refresh_from_db()
+        [route] = load_routing_table().models[model.name].versions  # reloaded after the switch
+        assert route.price_at(switch.timestamp() - 0.5) == PriceQuote.of(old)
+        assert route.price_at(switch.timestamp() + 0.5) == PriceQuote.of(new)
+
     @pytest.mark.parametrize(
         ("changes", "field"),
         [

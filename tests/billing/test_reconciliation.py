@@ -65,6 +65,17 @@ class TestReconcile:
         assert (result.invoiced, result.priced) == (None, None)  # the invoice run's, per month
         assert Reconciliation.objects.filter(pk=result.pk, ok=True).exists()
 
+    def test_one_customers_keys_reconcile_on_their_own(self, hours, keys, consistent):
+        first, second = hours
+        a, b = keys
+        consistent[3].delete()  # b's request of the second hour is lost
+        mine = reconcile(start=first, end=second + HOUR, api_key_ids=[a.pk])
+        assert mine.ok, mine.details
+        assert (mine.stream_events, mine.records, mine.rollup_requests) == (2, 2, 2)
+        theirs = reconcile(start=first, end=second + HOUR, api_key_ids=[b.pk])
+        assert not theirs.ok
+        assert (theirs.stream_events, theirs.records) == (2, 1)
+
     def test_a_missing_record_is_caught(self, hours, consistent, caplog):
         first, second = hours
         consistent[0].delete()  # metered, never stored (and rolled up before it was lost)

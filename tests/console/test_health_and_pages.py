@@ -32,6 +32,26 @@ class TestHealth:
         assert body["checks"]["redis"].startswith("error:")
 
 
+class TestMetrics:
+    """Issue 18: /metrics was open to anyone; it is the monitoring system's."""
+
+    def test_the_monitoring_network_reads_it(self):
+        response = Client(REMOTE_ADDR="127.0.0.1").get("/metrics")
+        assert response.status_code == 200
+        assert b"inference_requests" in response.content
+
+    def test_anyone_else_needs_the_token(self, settings):
+        settings.METRICS_ALLOWED_NETWORKS = ["10.1.0.0/16"]
+        settings.METRICS_TOKEN = "s3cret-scrape-token"
+        outsider = Client(REMOTE_ADDR="203.0.113.9")
+        assert outsider.get("/metrics").status_code == 403
+        assert outsider.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+        assert outsider.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token").status_code == 200
+        assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 200
+        settings.METRICS_TOKEN = ""  # no token set: none is accepted
+        assert outsider.get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 403
+
+
 class TestConsoleHome:
     def test_it_requires_login(self):
         response = Client().get("/")

@@ -1,5 +1,6 @@
 """A canary judged on the requests real gateways served from fake engines: v2 fails 10 % of
-its requests, the controller rolls it back, and the gateways stop sending it traffic."""
+its requests, each of them is answered by the base instead (the fallback), so no customer sees
+an error; the controller still rolls it back for them, and the gateways stop sending it traffic."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from billing.served_requests import served_requests
-from billing.usage import persist_usage_stream
+from billing.usage import persist_failed_attempts, persist_usage_stream
 from registry.canary import canary_create, canary_tick
 from registry.models import Canary, Model
 from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
@@ -63,8 +64,15 @@ def test_a_failing_canary_is_rolled_back_and_leaves_routing(fault_gateway, djang
 
         drive(400)
         assert served.get("v2", 0) >= 40, (served, statuses)
-        assert statuses.get(502, 0) > 0, statuses
-        committed(django_db_blocker, persist_usage_stream)
+        assert statuses == {200: 400}  # every failure of v2 was answered by v1
+        failed_on_v2 = httpx.get(f"{canary_endpoint}/_stats", timeout=5).json()["requests"] - served["v2"]
+        assert failed_on_v2 > 0
+
+        def persist() -> None:
+            persist_usage_stream()
+            persist_failed_attempts()
+
+        committed(django_db_blocker, persist)
 
         def tick() -> tuple[str, list[str], dict[str, int]]:
             canary_tick(load_samples=served_requests, now=timezone.now() + timedelta(seconds=2))
@@ -76,7 +84,7 @@ def test_a_failing_canary_is_rolled_back_and_leaves_routing(fault_gateway, djang
         status, reasons, arm = committed(django_db_blocker, tick)
         assert status == "rolled_back", (reasons, served, statuses)
         assert any("error_rate worse" in reason for reason in reasons), reasons
-        assert arm["errors"] == statuses.get(502, 0)
+        assert arm["errors"] == failed_on_v2  # judged by the attempts that failed on it
         # The split is published when the decision commits; gateways reload within 2 s (0.2 s here).
         time.sleep(1.0)
         served.clear()

@@ -193,3 +193,140 @@ class TestWebSocketFrames:
             assert frames[-1]["type"] == "usage"
             assert frames[-1]["status"] == "completed"
         assert counted_model.requests() == 1
+
+
+@dataclass
+class TwoReplicas:
+    name: str
+    endpoints: list[str]
+
+    def control(self, index: int, **state: Any) -> None:
+        httpx.post(f"{self.endpoints[index]}/_control", json=state, timeout=5).raise_for_status()
+
+    def requests(self, index: int) -> int:
+        return int(httpx.get(f"{self.endpoints[index]}/_stats", timeout=5).json()["requests"])
+
+
+@pytest.fixture
+def two_replicas(django_db_blocker) -> Iterator[TwoReplicas]:
+    """One version served by two fake replicas."""
+    engines = [start_fake_engine(), start_fake_engine()]
+    name = f"pair-{uuid.uuid4().hex[:8]}"
+
+    def register() -> None:
+        from django.utils import timezone
+
+        from registry.models import Replica
+
+        first = Replica.objects.get(pk=register_fake_replica(name, engines[0][1]))
+        Replica.objects.create(deployment=first.deployment, host="fake", endpoint=engines[1][1], state="ready",
+                               last_heartbeat=timezone.now())  # fmt: skip
+
+    committed(django_db_blocker, register)
+    yield TwoReplicas(name, [endpoint for _, endpoint in engines])
+    for process, _ in engines:
+        process.kill()
+        process.wait(5)
+
+
+def failed_attempts(request_ids: list[str]) -> dict[str, Any]:
+    from billing.models import FailedAttempt
+    from billing.usage import persist_failed_attempts
+
+    persist_failed_attempts()
+    return {str(a.request_id): a for a in FailedAttempt.objects.filter(request_id__in=request_ids)}
+
+
+class TestFallback:
+    """A request whose engine fails before the first byte reaches the client is answered by
+    another replica (or the base version), metered once, and the failure still counted."""
+
+    @pytest.mark.parametrize("stream", [False, True])
+    def test_a_replica_that_fails_is_replaced_by_another(self, gateway, api_key, two_replicas, stream,
+                                                         django_db_blocker):  # fmt: skip
+        two_replicas.control(0, mode="error500")
+        two_replicas.control(1, mode="error500")
+        ids: list[str] = []
+        for _ in range(6):
+            # Whichever replica a request tries first, the other is healthy for this one.
+            response = None
+            for broken in (0, 1):
+                two_replicas.control(broken, mode="error500" if not stream else "hang")
+                two_replicas.control(1 - broken, mode="normal")
+                response = chat(gateway, api_key, two_replicas.name, stream=stream)
+                assert response.status_code == 200, response.text
+                ids.append(response.headers["x-request-id"])
+        records = committed(django_db_blocker, lambda: persisted(ids))
+        assert sorted(records) == sorted(ids)  # metered once each
+        assert {r.status_code for r in records.values()} == {200}
+        attempts = committed(django_db_blocker, lambda: failed_attempts(ids))
+        assert attempts  # the ones that went to the broken replica first
+        assert {a.status_code for a in attempts.values()} <= {502, 504}
+        assert all(a.model_version == "1" for a in attempts.values())
+
+    def test_a_pinned_request_never_changes_version(self, gateway, api_key, django_db_blocker):
+        engines = [start_fake_engine(), start_fake_engine()]
+        name = f"pinned-{uuid.uuid4().hex[:8]}"
+        try:
+
+            def register() -> None:
+                register_fake_replica(name, engines[0][1], version="v1")
+                register_fake_replica(name, engines[1][1], version="v2", weight=0)
+
+            committed(django_db_blocker, register)
+            httpx.post(f"{engines[1][1]}/_control", json={"mode": "error500"}, timeout=5).raise_for_status()
+            pinned = httpx.post(
+                f"{gateway.base_url}/v1/chat/completions", timeout=30,
+                json={"model": name, "messages": QUESTION},
+                headers={"Authorization": f"Bearer {api_key.secret}", "X-Model-Version": "v2"},
+            )  # fmt: skip
+            assert pinned.status_code == 502
+            assert httpx.get(f"{engines[0][1]}/_stats", timeout=5).json()["requests"] == 0
+            # Unpinned, a request of v2's callers would have been answered by v1; the pinned one was not.
+            request_id = pinned.headers["x-request-id"]
+            assert committed(django_db_blocker, lambda: persisted([request_id]))[request_id].model_version == "v2"
+        finally:
+            for process, _ in engines:
+                process.kill()
+                process.wait(5)
+
+
+class TestAClientThatStopsReading:
+    """Defect 8: a client that stops reading no longer holds its request for ever (until the
+    sweeper settled it from its admission draft, unbilled): the write times out, and the
+    request is settled at once as the client's going away, with the tokens it was sent."""
+
+    def test_it_is_settled_with_what_it_was_sent(self, spawn_gateway, api_key, counted_model, django_db_blocker):
+        import json
+        import socket
+        import time
+
+        gateway = spawn_gateway(REPLICA_STALE_AFTER="86400", CLIENT_SEND_TIMEOUT="1")
+        counted_model.control(mode="normal", tokens=400_000, delay=0)
+        body = json.dumps({"model": counted_model.name, "messages": QUESTION, "stream": True}).encode()
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, then no reading at all
+        client.connect(("127.0.0.1", gateway.port))
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {api_key.secret}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += client.recv(1024)
+        request_id = next(
+            line.split(b":", 1)[1].strip().decode()
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"x-request-id:")
+        )
+        try:
+            deadline = time.monotonic() + 60
+            records: dict[str, Any] = {}
+            while not records and time.monotonic() < deadline:
+                records = committed(django_db_blocker, lambda: persisted([request_id]))
+            record = records[request_id]
+            assert (record.status_code, record.error_code) == (499, "client_closed")
+            assert 0 < record.completion_tokens < 400_000  # billed for what it was sent, stopped early
+        finally:
+            client.close()
