@@ -39,6 +39,7 @@ def version_route(vid: int, weight: int, *, replicas: int = 1) -> VersionRoute:
 
 class ExactCounter:
     exact = True
+    max_token_chars = None  # no cheap bound: every prompt is counted
 
     def count_chat(self, messages: Any, **kwargs: Any) -> PromptCount:
         return PromptCount(5, True)
