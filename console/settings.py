@@ -256,6 +256,9 @@ ENGINE_CONNECT_TIMEOUT = envfloat("ENGINE_CONNECT_TIMEOUT", 2.0)
 ENGINE_FIRST_TOKEN_TIMEOUT = envfloat("ENGINE_FIRST_TOKEN_TIMEOUT", 30.0)
 ENGINE_REQUEST_TIMEOUT = envfloat("ENGINE_REQUEST_TIMEOUT", 600.0)
 ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
+# A request whose engine fails before its first byte reaches the client is retried once, on
+# another replica of its version or the model's base version (serving.orchestrator).
+ENGINE_FALLBACK = envbool("ENGINE_FALLBACK", "true")
 # The largest /v1 request body accepted; larger ones get 413 before they are read.
 API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
 # Django's own limit for the console and admin (the data plane reads bodies itself).

@@ -483,7 +483,7 @@ class InferenceCall:
         if self._replica is not None:
             failed.add(self._replica.id)
         await self._let_go()
-        if attempt > 1:
+        if attempt > 1 or not settings.ENGINE_FALLBACK:
             return None
         version: VersionRoute | None = self.version
         replicas = [r for r in router.replica_order(self.version) if r.id not in failed]
