@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -97,7 +97,9 @@ class ReceivedInvitationSerializer(serializers.ModelSerializer[Invitation]):
 
 
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
-    rotated_to: serializers.PrimaryKeyRelatedField[ApiKey] = serializers.PrimaryKeyRelatedField(read_only=True)
+    rotated_to: serializers.PrimaryKeyRelatedField[ApiKey] = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True, help_text="the key it was rotated to; null: never rotated"
+    )
 
     class Meta:
         model = ApiKey
@@ -231,7 +233,10 @@ class InvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Invitatio
     def get_queryset(self) -> QuerySet[Invitation]:
         return invitations_pending_for(self.request.user)
 
-    @extend_schema(request=None, responses={201: MembershipSerializer})
+    @extend_schema(
+        request=None,
+        responses={201: MembershipSerializer, 400: OpenApiResponse(description="the invitation is not open to you")},
+    )
     @action(detail=True, methods=["post"])
     def accept(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         invitation = self.get_object()  # 404 unless it is addressed to this user and pending

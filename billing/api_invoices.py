@@ -175,6 +175,18 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             return [JSONRenderer(), download()]
         return super().get_renderers()
 
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        # An error is a JSON body, and says so, even to a client that asked for the PDF or CSV.
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
+        # A method no action takes has only the JSON renderers, so ?format=csv would be a 404
+        # before DRF could answer the 405 it owes.
+        return super().perform_content_negotiation(request, force=force or self.action is None)
+
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Invoice]]:
         return InvoiceListSerializer if self.action == "list" else InvoiceSerializer
 
@@ -204,7 +216,14 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             raise ValidationError({"period": [str(exc)]}) from exc
         return self._moved(invoice, created=not existed)
 
-    @extend_schema(request=None, responses={200: InvoiceSerializer, 409: OpenApiResponse(description="not a draft")})
+    @extend_schema(
+        request=None,
+        responses={
+            200: InvoiceSerializer,
+            400: OpenApiResponse(description="its month has not ended yet"),
+            409: OpenApiResponse(description="not a draft"),
+        },
+    )
     @action(detail=True, methods=["post"])
     def finalize(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         self.require_platform_admin()

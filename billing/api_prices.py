@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
@@ -64,7 +64,10 @@ class PriceViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.Gene
 
     def get_queryset(self) -> QuerySet[Price]:
         prices = Price.objects.select_related("model", "version").order_by("model__name", "-effective_from")
-        if self.request.query_params.get("all") != "true":
+        ended_too = self.request.query_params.get("all", "false")
+        if ended_too not in ("true", "false"):
+            raise ValidationError({"all": ["Give true or false."]})
+        if ended_too == "false":
             prices = prices.exclude(effective_to__lte=timezone.now())  # current and scheduled
         model = self.request.query_params.get("model")
         return prices.filter(model__name=model) if model else prices
@@ -73,7 +76,8 @@ class PriceViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.Gene
         parameters=[
             OpenApiParameter("model", str, description="only this model"),
             OpenApiParameter("all", bool, description="include prices that have ended"),
-        ]
+        ],
+        responses={200: PriceSerializer(many=True), 400: OpenApiResponse(description="`all` is not true or false")},
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().list(request, *args, **kwargs)

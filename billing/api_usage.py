@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -99,7 +99,7 @@ class UsagePageSerializer(serializers.Serializer[UsagePage]):
 class OrganizationUsageView(APIView):
     @extend_schema(
         parameters=[UsageQuerySerializer],
-        responses={200: UsagePageSerializer},
+        responses={200: UsagePageSerializer, 400: OpenApiResponse(description="a query parameter is invalid")},
         description=(
             "The organisation's usage and cost by UTC day, model and key, oldest first, from the daily "
             "rollups (today's trail the requests by about a minute)."
@@ -107,7 +107,9 @@ class OrganizationUsageView(APIView):
     )
     def get(self, request: Request, org_pk: int) -> Response:
         organization = get_object_or_404(organizations_visible_to(request.user), pk=org_pk)
-        query = UsageQuerySerializer(data=request.query_params)
+        # A plain dict, not the QueryDict: DRF reads an empty value in a QueryDict as an
+        # absent one, and `?start_date=` is not a date.
+        query = UsageQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         params = query.validated_data
         page = usage_daily_for_organization(

@@ -463,6 +463,13 @@ SPECTACULAR_SETTINGS = {
         "DeploymentStatusEnum": "registry.models.Deployment.Status",
         "InvoiceStatusEnum": "billing.models.Invoice.Status",
     },
+    # console.openapi documents the errors every DRF view may answer; the data plane is served
+    # by serving.asgi, not DRF, so serving.openapi adds it to the schema.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.openapi.document_errors",
+        "serving.openapi.add_data_plane",
+    ],
 }
 
 # --- Money ------------------------------------------------------------------------------

@@ -344,6 +344,16 @@ class AuditPagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
+    def get_page_size(self, request: Request) -> int:
+        """A page_size that is not a positive integer is a 400 (DRF would serve the default)."""
+        value = request.query_params.get("page_size")
+        if value is None:
+            return self.page_size
+        if not (value.isascii() and value.isdigit() and int(value) > 0):
+            served = self.max_page_size
+            raise ValidationError({"page_size": [f"Give a whole number from 1 (at most {served} are served)."]})
+        return min(int(value), self.max_page_size)
+
 
 @extend_schema(
     tags=["registry"],
@@ -398,7 +408,9 @@ class CanaryCreateSerializer(serializers.Serializer[Any]):
 
 
 class CanaryDecisionSerializer(serializers.ModelSerializer[CanaryDecision]):
-    actor = serializers.CharField(source="actor.username", default=None, read_only=True, help_text="null: automatic")
+    actor = serializers.CharField(
+        source="actor.username", default=None, read_only=True, allow_null=True, help_text="null: automatic"
+    )
 
     class Meta:
         model = CanaryDecision
@@ -412,7 +424,13 @@ class CanarySerializer(serializers.ModelSerializer[Canary]):
     canary_version = serializers.CharField(source="canary_version.version", read_only=True)
     canary_percent = serializers.IntegerField(read_only=True, help_text="the current step's percentage")
     weights = serializers.SerializerMethodField(help_text="the model's split in force now: version to percentage")
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(
+        source="created_by.username",
+        default=None,
+        read_only=True,
+        allow_null=True,
+        help_text="null: the operator (a command), or a deleted user",
+    )
     decisions = CanaryDecisionSerializer(many=True, read_only=True)
 
     class Meta:
@@ -512,6 +530,7 @@ _CANARY_ACTIONS: dict[str, tuple[Callable[..., Canary], str]] = {
     + " ".join(f"{action}: {text}" for action, (_, text) in _CANARY_ACTIONS.items()),
     responses={
         200: CanarySerializer,
+        400: OpenApiResponse(description="the split could not be set (a version's deployment has stopped)"),
         404: OpenApiResponse(description="no active canary"),
         409: OpenApiResponse(description="not from its current state (e.g. resume when running)"),
     },

@@ -86,8 +86,14 @@ def _state(model: Model, hours: float) -> dict[str, Any]:
     tags=["registry"],
     description="The model's shadow policy and, over the window, the candidate's figures beside the primary's on "
     "the same mirrored requests (error rate, latency and TTFT percentiles, answer length, truncation).",
-    parameters=[OpenApiParameter("hours", float, description="the window, default 24")],
-    responses={200: ShadowSerializer},
+    parameters=[
+        OpenApiParameter(
+            "hours",
+            {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 2160},
+            description="the window, default 24",
+        )
+    ],
+    responses={200: ShadowSerializer, 400: OpenApiResponse(description="`hours` is not a number from 0 to 2160")},
 )
 @extend_schema(
     methods=["PUT"],

@@ -99,8 +99,12 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 f"The frame is larger than this API accepts ({limit} bytes, {limit / 1024 / 1024:g} MiB)."
             ))  # fmt: skip
             return
+        if text_data is None:
+            # The protocol is JSON text frames: a binary one is refused, whatever it holds.
+            await self._error(None, InvalidRequest("Frames must be JSON text frames, not binary ones."))
+            return
         try:
-            message = orjson.loads(text_data or bytes_data or b"")
+            message = orjson.loads(text_data)
         except orjson.JSONDecodeError:
             await self._error(None, InvalidRequest("Frames must be JSON."))
             return

@@ -7,6 +7,20 @@ from typing import Any
 import orjson
 from django.http import HttpResponse
 
+# A message or param may quote what the client sent (a model name, an argument's name, an
+# engine's message about it): no more than this much of it comes back, so a 3 MB model name
+# is not answered with a 3 MB error.
+MESSAGE_LIMIT = 2000
+PARAM_LIMIT = 200
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text``, or its start and end around an ellipsis when it is longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return text[:half] + "…" + text[len(text) - half :]
+
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
@@ -31,9 +45,11 @@ class APIError(Exception):
         type: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = bounded(message, MESSAGE_LIMIT)
         super().__init__(message)
         self.message = message
-        self.param = param
+        # An engine's param passes through as it came: only ever a string (or null) here.
+        self.param = None if param is None else bounded(str(param), PARAM_LIMIT)
         if code is not None:
             self.code = code
         if status is not None:

@@ -195,8 +195,11 @@ class InferenceCall:
         if version is None:
             which = f"`{model.name}` version `{pinned_version}`" if pinned_version is not None else f"`{model.name}`"
             raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
-        counter = await _counter(version)
         max_len = version.max_model_len
+        # Whatever the prompt, and whether or not it can be counted: no model generates past its
+        # context (and a reservation of 16 choices of 2**64 tokens cannot even be written down).
+        _check_completion_limit(body, max_len)
+        counter = await _counter(version)
         # A large body pays its place in the per-minute request bucket before its prompt is
         # counted (a 4 MB prompt is about a second of CPU), so it cannot be repeated for free.
         large = len(raw_body) > settings.PROMPT_COUNT_INLINE_BYTES
@@ -904,7 +907,8 @@ def _refuse_by_lower_bound(body: Any, data: dict[str, Any], counter: PromptCount
         )
 
 
-def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:
+def _check_completion_limit(body: Any, max_len: int) -> None:
+    limit = getattr(body, "completion_limit", None)
     if limit is not None and limit > max_len:
         param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
         raise InvalidRequest(
@@ -912,6 +916,10 @@ def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: in
             param=param,
             code="context_length_exceeded",
         )
+
+
+def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:
+    """Call after _check_completion_limit: the prompt and the completion together."""
     requested = prompt_tokens + (limit or 0)
     if prompt_tokens >= max_len or requested > max_len:
         where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"

@@ -63,6 +63,10 @@ class ToolCall(_Loose):
     function: FunctionCall
 
 
+class ResponseFormat(_Loose):
+    """``{"type": "json_schema", …}`` and the like: the engine checks the inside."""
+
+
 class ChatMessage(_Loose):
     """Every message shape OpenAI clients send: content as text, parts or null, tool calls, tool results."""
 
@@ -129,7 +133,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: _Loose | None = None
+    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

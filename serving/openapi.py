@@ -1,0 +1,385 @@
+"""The data plane in the OpenAPI schema: OpenAI's paths, the request bodies of ``serving.schemas``.
+
+The data plane is no DRF view (``serving.asgi`` serves it), so drf-spectacular cannot see
+it; ``add_data_plane``, one of its postprocessing hooks, adds it to the schema at
+``/api/schema/``. Request bodies come from the pydantic models that validate them, so the
+schema cannot drift from what the gateway accepts. Every operation documents the errors
+the gateway answers, each an OpenAI error body. The WebSocket API
+(``/ws/v1/chat/completions``, ``serving.consumers``) has no OpenAPI form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from serving.schemas import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+COMPONENT = "#/components/schemas/{model}"
+BEARER = "bearerAuth"
+TAG = "inference"
+
+# What each error status means on the data plane (serving.errors; the engine's own 4xx pass through).
+ERRORS: dict[int, str] = {
+    400: "invalid request: bad JSON, an unknown or invalid argument (`param` names it), an unknown model, "
+    "a context too long, or the engine's own refusal",
+    401: "missing, incorrect, revoked or expired API key",
+    403: "the key may not use this model",
+    404: "no such path (or the engine's own 404)",
+    405: "this path does not take that method (see `Allow`)",
+    413: "the body is larger than the API accepts",
+    429: "a rate limit, quota, budget or the model's queue refused it (see `Retry-After`)",
+    502: "the engine failed after taking the request",
+    503: "no replica is ready, or the platform's database, Redis or limiter is unavailable",
+    504: "the engine sent no token in time, or the request ran past its time limit",
+}
+INFERENCE_ERRORS = tuple(ERRORS)
+READ_ERRORS = (401, 404, 405, 413, 503)
+
+_ERROR_SCHEMAS: dict[str, Any] = {
+    "OpenAIErrorDetail": {
+        "type": "object",
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": "string", "nullable": True, "description": "the offending parameter, when one is"},
+            "code": {"type": "string", "nullable": True},
+        },
+        "required": ["message", "type", "param", "code"],
+    },
+    "OpenAIError": {
+        "type": "object",
+        "properties": {"error": {"$ref": "#/components/schemas/OpenAIErrorDetail"}},
+        "required": ["error"],
+    },
+}
+
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"},
+        "prompt_tokens_details": {
+            "type": "object",
+            "nullable": True,
+            "properties": {"cached_tokens": {"type": "integer", "nullable": True}},
+        },
+    },
+    "required": ["prompt_tokens", "total_tokens"],
+}
+
+# The answers, as far as the gateway shapes them: our id and the public model name on the
+# engine's own answer (whose other fields pass through, so more may come).
+_RESPONSE_SCHEMAS: dict[str, Any] = {
+    "ChatCompletion": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "example": "chatcmpl-3f0c…"},
+            "object": {"type": "string", "enum": ["chat.completion"]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "maxItems": MAX_CHOICES,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"type": "string"},
+                                "content": {"type": "string", "nullable": True},
+                                "tool_calls": {"type": "array", "nullable": True, "items": {"type": "object"}},
+                            },
+                            "required": ["role"],
+                        },
+                        "finish_reason": {"type": "string", "nullable": True},
+                    },
+                    "required": ["index", "message"],
+                },
+            },
+            "usage": _USAGE,
+        },
+        "required": ["id", "object", "model", "choices"],
+    },
+    "TextCompletion": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "example": "cmpl-3f0c…"},
+            "object": {"type": "string", "enum": ["text_completion"]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "text": {"type": "string"},
+                        "finish_reason": {"type": "string", "nullable": True},
+                    },
+                    "required": ["index", "text"],
+                },
+            },
+            "usage": _USAGE,
+        },
+        "required": ["id", "object", "model", "choices"],
+    },
+    "EmbeddingList": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "model": {"type": "string"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "object": {"type": "string", "enum": ["embedding"]},
+                        "embedding": {
+                            "description": "numbers, or a base64 string with encoding_format base64",
+                            "oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}],
+                        },
+                    },
+                    "required": ["index", "embedding"],
+                },
+            },
+            "usage": _USAGE,
+        },
+        "required": ["object", "model", "data"],
+    },
+    "OpenAIModel": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "description": "the public model name"},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+        },
+        "required": ["id", "object", "created", "owned_by"],
+    },
+    "OpenAIModelList": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {"$ref": "#/components/schemas/OpenAIModel"}},
+        },
+        "required": ["object", "data"],
+    },
+    "KeyUsageDay": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["usage.daily"]},
+            "date": {"type": "string", "format": "date"},
+            "model": {"type": "string"},
+            "requests": {"type": "integer"},
+            "errors": {"type": "integer", "description": "requests answered outside 2xx"},
+            "input_tokens": {"type": "integer", "description": "prompt tokens less cached ones"},
+            "output_tokens": {"type": "integer"},
+            "cached_tokens": {"type": "integer"},
+            "cost": {"type": "string", "description": "a decimal amount, exact to 12 places"},
+            "currency": {"type": "string"},
+        },
+        "required": [
+            *("object", "date", "model", "requests", "errors"),
+            *("input_tokens", "output_tokens", "cached_tokens", "cost", "currency"),
+        ],
+    },
+    "KeyUsagePage": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {"$ref": "#/components/schemas/KeyUsageDay"}},
+            "has_more": {"type": "boolean"},
+            "next_page": {"type": "string", "nullable": True, "description": "pass as `after` for the next page"},
+        },
+        "required": ["object", "data", "has_more", "next_page"],
+    },
+}
+
+_REQUEST_ID = {"x-request-id": {"description": "the request's id (its usage record's)", "schema": {"type": "string"}}}
+_EVENT_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+_STREAMED = (
+    'the answer; with `stream: true`, server-sent events: `data: <chunk JSON>` per chunk, a `data: {"error": …}` '
+    "event if the engine fails mid-way, else `data: [DONE]` last"
+)
+_MODEL_VERSION = {
+    "name": "X-Model-Version",
+    "in": "header",
+    "required": False,
+    "description": "serve the request from this version of the model (the answer's `x-model-version` says which "
+    "version served it)",
+    "schema": {"type": "string"},
+}
+
+
+def _error_responses(statuses: tuple[int, ...]) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": ERRORS[status],
+            "headers": _REQUEST_ID,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OpenAIError"}}},
+        }
+        for status in statuses
+    }
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    *,
+    ok: dict[str, Any],
+    errors: tuple[int, ...],
+    body: str | None = None,
+    parameters: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "tags": [TAG],
+        "security": [{BEARER: []}],
+        "parameters": parameters or [],
+        "responses": {"200": {"headers": _REQUEST_ID, **ok}, **_error_responses(errors)},
+    }
+    if body is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": COMPONENT.format(model=body)}}},
+        }
+    return operation
+
+
+def _json_ok(schema: str, description: str) -> dict[str, Any]:
+    reference = {"$ref": COMPONENT.format(model=schema)}
+    return {"description": description, "content": {"application/json": {"schema": reference}}}
+
+
+def data_plane_paths() -> dict[str, dict[str, Any]]:
+    """OpenAI's paths as the gateway serves them, with the seed design's /api/v1 aliases."""
+    limit = settings.API_MAX_BODY_BYTES
+    inference = {
+        "chat/completions": (
+            "chat_completions", "Create a chat completion", ChatCompletionRequest, "ChatCompletion", True,
+        ),
+        "completions": ("completions", "Create a text completion", CompletionRequest, "TextCompletion", True),
+        "embeddings": ("embeddings", "Create embeddings", EmbeddingRequest, "EmbeddingList", False),
+    }  # fmt: skip
+    paths: dict[str, dict[str, Any]] = {}
+    for path, (name, summary, model, answer, streams) in inference.items():
+        ok = _json_ok(answer, _STREAMED if streams else "the answer")
+        if streams:
+            ok["content"].update(_EVENT_STREAM)
+        for prefix in ("/v1/", "/api/v1/"):
+            alias = prefix != "/v1/"
+            post = _operation(
+                f"openai_{name}{'_alias' if alias else ''}",
+                summary + (" (alias of /v1/" + path + ")" if alias else ""),
+                ok=ok,
+                errors=INFERENCE_ERRORS,
+                body=model.__name__,
+                parameters=[_MODEL_VERSION],
+            )
+            post["description"] = (
+                f"Bodies larger than {limit} bytes are refused (413) before they are read. Nothing is dispatched "
+                "or metered for a request refused before admission."
+            )
+            paths[prefix + path] = {"post": post}
+    paths["/v1/models"] = {
+        "get": _operation(
+            "openai_models_list", "The models this key may use", ok=_json_ok("OpenAIModelList", "the models"),
+            errors=READ_ERRORS,
+        )
+    }  # fmt: skip
+    paths["/v1/models/{model}"] = {
+        "get": _operation(
+            "openai_models_retrieve",
+            "One model",
+            ok=_json_ok("OpenAIModel", "the model"),
+            errors=(400, 403, *READ_ERRORS),
+            parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        )
+    }
+    usage_parameters = [
+        {"name": "start_date", "in": "query", "schema": {"type": "string", "format": "date"},
+         "description": "the first UTC day, YYYY-MM-DD (default: 29 days before end_date)"},
+        {"name": "end_date", "in": "query", "schema": {"type": "string", "format": "date"},
+         "description": "the last UTC day, inclusive (default: today)"},
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 30}},
+        {"name": "after", "in": "query", "schema": {"type": "string"},
+         "description": "the previous page's next_page"},
+    ]  # fmt: skip
+    for prefix in ("/v1/", "/api/v1/"):
+        paths[prefix + "usage"] = {
+            "get": _operation(
+                f"openai_usage{'_alias' if prefix != '/v1/' else ''}",
+                "This key's usage and cost by UTC day and model",
+                ok=_json_ok("KeyUsagePage", "one page, oldest day first"),
+                errors=(400, *READ_ERRORS),
+                parameters=usage_parameters,
+            )
+        }
+    return paths
+
+
+def request_schemas() -> dict[str, Any]:
+    """The request bodies' JSON schemas (and the models they use), as OpenAPI 3.0 components."""
+    models: list[type[BaseModel]] = [ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
+    _, definitions = models_json_schema([(m, "validation") for m in models], ref_template=COMPONENT)
+    return {name: openapi30(schema) for name, schema in definitions["$defs"].items()}
+
+
+def openapi30(node: Any) -> Any:
+    """A pydantic (JSON Schema 2020-12) schema as OpenAPI 3.0.3 says it: ``nullable`` for a
+    union with null, ``enum`` for ``const``, boolean ``exclusiveMinimum``/``exclusiveMaximum``."""
+    if isinstance(node, list):
+        return [openapi30(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: openapi30(value) for key, value in node.items()}
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):
+            out[limit], out[bound] = out[bound], True
+    members = out.get("anyOf")
+    if isinstance(members, list) and {"type": "null"} in members:
+        others = [m for m in members if m != {"type": "null"}]
+        del out["anyOf"]
+        if len(others) == 1 and "$ref" in others[0]:
+            out["allOf"] = others  # a $ref takes no siblings in 3.0
+        elif len(others) == 1:
+            out = {**others[0], **out}
+        else:
+            out["anyOf"] = others
+        out["nullable"] = True
+    return out
+
+
+def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: the data plane's paths, schemas and bearer auth."""
+    components = result.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    added = {**_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **request_schemas()}
+    clash = sorted(set(added) & set(schemas))
+    if clash:
+        raise ValueError(f"data-plane schema names taken by the management API: {', '.join(clash)}")
+    schemas.update(added)
+    components.setdefault("securitySchemes", {})[BEARER] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API key: `Authorization: Bearer sk-…`",
+    }
+    paths = result.setdefault("paths", {})
+    paths.update(data_plane_paths())
+    result.setdefault("tags", [])
+    if not any(tag.get("name") == TAG for tag in result["tags"]):
+        result["tags"].append(
+            {"name": TAG, "description": "OpenAI-compatible inference: authenticated by an API key (Bearer)"}
+        )
+    return result
