@@ -5,7 +5,8 @@ A consumer group reads the stream; a batch is inserted with ON CONFLICT (request
 NOTHING and only then acknowledged and deleted. A crash between insert and acknowledge
 replays the batch, which the unique request id turns into a no-op. Entries left pending
 (by a dead consumer, or after a failure) are claimed again after
-PERSIST_RETRY_AFTER_SECONDS.
+PERSIST_RETRY_AFTER_SECONDS; a batch a run read and could not store because PostgreSQL or
+Redis failed under it is read again by the next run of the same process, at once.
 
 Poison entries never block the others. An event that cannot be parsed goes to the
 dead-letter stream at once, with the reason. An entry that parses but fails on its own
@@ -91,9 +92,33 @@ def _ensure_group(client: redis.Redis, stream: str) -> None:
             raise
 
 
+# Streams whose last run in this process stopped half-way (PostgreSQL or Redis failed under
+# it): what that run read and did not store is still pending for this consumer.
+_unfinished: set[str] = set()
+
+
+def _own_pending(client: redis.Redis, stream: str, me: str, batch_size: int) -> Iterator[list[Entry]]:
+    """This consumer's pending entries, oldest first (XREADGROUP from id 0 re-delivers them)."""
+    after: bytes | str = "0"
+    while True:
+        response: Any = client.xreadgroup(GROUP, me, {stream: after}, count=batch_size)
+        entries = response[0][1] if response else []
+        if not entries:
+            return
+        after = entries[-1][0]
+        kept = [(eid, fields) for eid, fields in entries if fields]  # deleted while pending: nothing to store
+        if kept:
+            yield kept
+
+
 def _batches(client: redis.Redis, stream: str, *, batch_size: int, max_batches: int) -> Iterator[list[Entry]]:
-    """What was left pending long enough (claimed by this consumer), then new entries."""
+    """What the last run of this process read and left unstored because an outage stopped it
+    (at once: never PERSIST_RETRY_AFTER_SECONDS after the outage), what was left pending long
+    enough (claimed by this consumer), then new entries."""
     me = consumer_name()
+    if stream in _unfinished:
+        yield from _own_pending(client, stream, me, batch_size)
+    _unfinished.add(stream)  # until this run gets to the end
     claimed: Any = client.xautoclaim(
         stream, GROUP, me, min_idle_time=retry_after_ms(), start_id="0-0", count=batch_size
     )
@@ -105,8 +130,9 @@ def _batches(client: redis.Redis, stream: str, *, batch_size: int, max_batches: 
         response: Any = client.xreadgroup(GROUP, me, {stream: ">"}, count=batch_size)
         entries = [(eid, fields) for eid, fields in (response[0][1] if response else []) if fields]
         if not entries:
-            return
+            break
         yield entries
+    _unfinished.discard(stream)
 
 
 def _acknowledge(client: redis.Redis, stream: str, ids: list[bytes]) -> None:

@@ -48,6 +48,12 @@ _CANCELLED = APIError("The request was cancelled before it started.", status=499
 
 
 class ChatCompletionsConsumer(AsyncWebsocketConsumer):
+    # No channel layer: nothing is ever sent to a socket through one, and with one Channels
+    # keeps a blocking read on Redis open per socket, whose failure when Redis restarts (or
+    # refuses writes) ended every socket at once, cutting its streams without a final frame.
+    # Redis trouble reaches a request through the ledger instead (503 limiter_unavailable).
+    channel_layer_alias = None
+
     grant: KeyGrant | None
     authorization: str | None
     pinned_version: str | None  # from the handshake's X-Model-Version

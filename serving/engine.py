@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 from django.conf import settings
 
-from serving.errors import APIError, EngineFailed, EngineUnavailable
+from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
 from serving.replica_keys import replica_api_key
 from serving.routing import ReplicaRoute, Router
 
@@ -172,7 +172,13 @@ async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any]) -> ai
 
 
 async def dispatch(
-    router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any], *, stream: bool
+    router: Router,
+    replicas: list[ReplicaRoute],
+    path: str,
+    payload: dict[str, Any],
+    *,
+    stream: bool,
+    first_byte_by: float | None = None,
 ) -> tuple[ReplicaRoute, Any]:
     """Send to the first replica that accepts the connection; try the next on connect failure.
 
@@ -181,18 +187,27 @@ async def dispatch(
     breaks after the request went out is a 502. On success the replica is returned
     acquired (``router.acquire``): the caller releases it when the request is over. The
     answer is an ``EngineAnswer`` (read whole), or with ``stream`` the open aiohttp response.
+    ``first_byte_by`` (loop time): an engine that has not begun to answer by then (no status
+    line yet: hung, or too busy) is an ``EngineTimeout`` and a failure on its circuit.
     An error says which replicas the attempt went to (``APIError.replicas_tried``).
     """
     tried: list[int] = []
     try:
-        return await _dispatch(router, replicas, path, payload, stream=stream, tried=tried)
+        return await _dispatch(router, replicas, path, payload, stream=stream, tried=tried, first_byte_by=first_byte_by)
     except APIError as exc:
         exc.replicas_tried = tuple(tried)  # the fallback tries other replicas
         raise
 
 
 async def _dispatch(
-    router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any], *, stream: bool, tried: list[int]
+    router: Router,
+    replicas: list[ReplicaRoute],
+    path: str,
+    payload: dict[str, Any],
+    *,
+    stream: bool,
+    tried: list[int],
+    first_byte_by: float | None,
 ) -> tuple[ReplicaRoute, Any]:
     tries = settings.ENGINE_CONNECT_RETRIES + 1
     last_error: Exception | None = None
@@ -204,8 +219,10 @@ async def _dispatch(
         tries -= 1
         tried.append(replica.id)
         router.acquire(replica.id)
+        timer = asyncio.timeout_at(first_byte_by)
         try:
-            response = await _send(replica, path, payload)
+            async with timer:
+                response = await _send(replica, path, payload)
         except _NOT_SENT as exc:
             router.release(replica.id)
             router.record_failure(replica.id)
@@ -215,6 +232,8 @@ async def _dispatch(
         except (*_BROKEN, TimeoutError) as exc:  # timed out, disconnected, bad HTTP, ...
             router.release(replica.id)
             router.record_failure(replica.id)
+            if timer.expired():
+                raise EngineTimeout("The engine did not begin to answer in time.") from exc
             raise EngineFailed(f"The engine connection broke ({type(exc).__name__}).") from exc
         except BaseException:
             router.release(replica.id)
@@ -256,9 +275,17 @@ async def _dispatch(
     raise EngineUnavailable(f"No replica of this model could be reached ({type(last_error).__name__}).")
 
 
-async def open_stream(router: Router, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]) -> EngineStream:
-    """The replica stays acquired until the caller releases it (after closing the stream)."""
-    replica, response = await dispatch(router, replicas, path, payload, stream=True)
+async def open_stream(
+    router: Router,
+    replicas: list[ReplicaRoute],
+    path: str,
+    payload: dict[str, Any],
+    *,
+    first_byte_by: float | None = None,
+) -> EngineStream:
+    """The replica stays acquired until the caller releases it (after closing the stream).
+    ``first_byte_by``: as ``dispatch``'s (a stream's first-token deadline)."""
+    replica, response = await dispatch(router, replicas, path, payload, stream=True, first_byte_by=first_byte_by)
     return EngineStream(router, replica, response)
 
 

@@ -586,11 +586,14 @@ class InferenceCall:
             raise
 
     async def _open_stream(self, replicas: list[ReplicaRoute]) -> None:
-        """One attempt: open the stream and take its first event (an error event fails it)."""
-        upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload)
+        """One attempt: open the stream and take its first event (an error event fails it), both
+        within ENGINE_FIRST_TOKEN_TIMEOUT: an engine that never even sends its headers is a
+        first-token timeout too, not a wait for the whole request's limit."""
+        first_by = asyncio.get_running_loop().time() + settings.ENGINE_FIRST_TOKEN_TIMEOUT
+        upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload, first_byte_by=first_by)
         self._upstream, self._replica, self._ran = upstream, upstream.replica, True
         try:
-            async with asyncio.timeout(settings.ENGINE_FIRST_TOKEN_TIMEOUT):
+            async with asyncio.timeout_at(first_by):
                 self._first = await anext(upstream)
         except TimeoutError:
             router.record_failure(upstream.replica.id)

@@ -21,7 +21,9 @@ Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1
 needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
 endpoints stay open. ``GET /_env`` lists the names (never the values) of its environment.
 
-Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stats.
+Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stats, with the
+requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
+stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ LOCK = threading.Lock()
 RNG = random.Random()
 # Kept out of STATE, which /_control echoes to anyone.
 API_KEYS: list[str] = []
+# Requests being answered now, by "<stream|json>:<user>" (see /_stats).
+ACTIVE: dict[str, int] = {}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -95,7 +99,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"names": sorted(os.environ)})
         elif self.path == "/_stats":
             with LOCK:
-                self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"]})
+                active = {tag: n for tag, n in ACTIVE.items() if n}
+                self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "active": active})
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -117,6 +122,26 @@ class Handler(BaseHTTPRequestHandler):
             mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
             fail = RNG.random() < float(STATE["fail_rate"])
             latency = float(STATE["latency"])
+        self._active_as = f"{'stream' if body.get('stream') else 'json'}:{body.get('user') or ''}"
+        self._counted = False
+        if not body.get("stream"):
+            self._count_active()
+        try:
+            self._answer(body, mode, tokens, delay, die_after, fail, latency)
+        finally:
+            if self._counted:
+                with LOCK:
+                    ACTIVE[self._active_as] -= 1
+
+    def _count_active(self) -> None:
+        with LOCK:
+            ACTIVE[self._active_as] = ACTIVE.get(self._active_as, 0) + 1
+        self._counted = True
+
+    def _answer(
+        self, body: Any, mode: str, tokens: Any, delay: Any, die_after: Any, fail: bool, latency: float
+    ) -> None:
+        """Answer a /v1 request as ``mode`` says (the values are STATE's, as /_control set them)."""
         if mode == "reset":
             self.close_connection = True
             self.connection.shutdown(2)
@@ -178,6 +203,8 @@ class Handler(BaseHTTPRequestHandler):
                 }
                 chunk["usage"] = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i}
                 self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                if not self._counted:
+                    self._count_active()  # mid-stream from now on
                 time.sleep(delay)
             usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
             final = {
