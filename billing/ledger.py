@@ -464,19 +464,34 @@ async def settle(event: UsageEvent) -> bool:
 class Settlements:
     """Settlements this process could not write yet, retried until Redis takes them.
 
-    Memory is bounded by what was in flight when Redis went away: admission needs Redis,
-    so no new request can join while it is down. Settling is idempotent (the in-flight
-    entry is removed once), so a retry after an unknown outcome cannot count twice.
+    Settling is idempotent (the in-flight entry is removed once), so a retry after an
+    unknown outcome cannot count twice. Memory: every request that was admitted is kept
+    until written (admission needs Redis, so no new one joins while it is down). A request
+    whose admission's outcome is unknown (the call failed: while Redis is down, every
+    request that tries) is kept too, but at most ``UNKNOWN_KEPT`` of them: nearly all of
+    them never reached Redis, and one that did is still settled, by the sweeper, when it is
+    overdue (``sweep_lost_requests``).
     """
+
+    UNKNOWN_KEPT = 10_000
 
     def __init__(self) -> None:
         self._pending: deque[UsageEvent] = deque()
+        self._unknown: set[uuid.UUID] = set()
         self._worker: asyncio.Task[None] | None = None
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, event: UsageEvent) -> None:
+    def add(self, event: UsageEvent, *, admitted: bool = True) -> None:
+        if not admitted:
+            if len(self._unknown) >= self.UNKNOWN_KEPT:
+                self.dropped += 1
+                logger.warning("settlement of %s (admission unknown) not kept: %d such wait already",
+                               event.request_id, len(self._unknown))  # fmt: skip
+                return
+            self._unknown.add(event.request_id)
         self._pending.append(event)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._drain())
@@ -489,7 +504,7 @@ class Settlements:
                 await settle(event)
             except Exception as exc:  # the worker never stops while events wait
                 if isinstance(exc, RedisError) and not is_transient(exc) and await _park(event, exc):
-                    self._pending.popleft()  # it can never succeed, and it is kept where people look
+                    self._unknown.discard(self._pending.popleft().request_id)  # kept where people look
                     continue
                 if isinstance(exc, RedisError):
                     logger.warning("settlement of %s still waiting for Redis (%d pending): %s",
@@ -499,20 +514,21 @@ class Settlements:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            self._pending.popleft()
+            self._unknown.discard(self._pending.popleft().request_id)
             delay = 0.2
 
 
 settlements = Settlements()
 
 
-async def settle_or_defer(event: UsageEvent) -> bool:
+async def settle_or_defer(event: UsageEvent, *, admitted: bool = True) -> bool:
     """Settle now if Redis takes it; otherwise leave it to ``settlements``, which retries until
     it does. True if written now.
 
     A Redis that is down, or answers with an error that passes (READONLY after a failover,
     MISCONF, OOM, BUSY, NOREPLICAS …: ``core.redis.is_transient``), is waited for. Only a
     refusal that can never succeed (a script error) is parked in the dead-letter stream.
+    ``admitted=False``: the admission's outcome is unknown (see ``Settlements``).
     """
     try:
         await settle(event)
@@ -521,7 +537,7 @@ async def settle_or_defer(event: UsageEvent) -> bool:
         if not is_transient(exc) and await _park(event, exc):
             return False
         logger.warning("usage settlement deferred until Redis takes it: %s", exc)
-        settlements.add(event)
+        settlements.add(event, admitted=admitted)
         return False
 
 

@@ -442,16 +442,19 @@ class InferenceCall:
             for attempt in (1, 2):
                 started = time.perf_counter()
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    # The engine's answer (headers and body come together) is due by the deadline:
+                    # past it the engine is judged (504 and a failure on its circuit, so a slow
+                    # replica stops being chosen); the second after it covers reading the body.
+                    async with asyncio.timeout_at(deadline + 1.0):
                         self._replica, response = await engine.dispatch(
-                            router, replicas, self.endpoint.path, self.payload, stream=False
+                            router, replicas, self.endpoint.path, self.payload, stream=False, first_byte_by=deadline
                         )
                     self._ran = True
                     data = engine.parse_json(router, self._replica, response.content)
                     break
                 except TimeoutError:
                     raise EngineTimeout("The engine did not answer in time.") from None
-                except (EngineFailed, EngineUnavailable) as exc:
+                except (EngineFailed, EngineUnavailable) as exc:  # a timeout left no time to retry
                     fallback = await self._fall_back(exc, started, attempt)
                     if fallback is None:
                         raise
@@ -808,7 +811,7 @@ class InferenceCall:
             return
         event = self._event(status)
         self.status = status
-        written = await ledger.settle_or_defer(event)
+        written = await ledger.settle_or_defer(event, admitted=self._admitted)
         metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
         if not self._admitted:
             return  # admission outcome unknown: the ledger settles it if it landed

@@ -192,6 +192,26 @@ class TestSettlements:
         assert _entry(draft.request_id) is None
         assert len(_events_for(draft.request_id)) == 1
 
+    async def test_settlements_of_unknown_admissions_are_bounded(self):
+        """While Redis is down every request's admission fails with an unknown outcome, and each
+        would wait in memory for as long as the outage lasts; those are kept up to a bound
+        (nearly all never reached Redis; one that did is swept when overdue). Admitted
+        requests are always kept."""
+        grant = _grant()
+        pending = ledger.Settlements()
+        pending.UNKNOWN_KEPT = 2
+        for _ in range(3):
+            pending.add(replace(_draft(grant), status_code=503), admitted=False)
+        assert (len(pending), pending.dropped) == (2, 1)
+        pending.add(replace(_draft(grant), status_code=200))  # admitted: never dropped
+        assert len(pending) == 3
+        assert pending._worker is not None
+        await asyncio.wait_for(pending._worker, 10)  # none was in flight: each settles to nothing
+        assert len(pending) == 0
+        pending.add(replace(_draft(grant), status_code=503), admitted=False)  # room again
+        assert len(pending) == 1
+        await asyncio.wait_for(pending._worker, 10)
+
 
 async def test_a_write_on_a_closed_transport_is_a_lost_connection(monkeypatch):
     """uvloop raises RuntimeError for it; callers handle an outage as a ConnectionError."""
@@ -209,27 +229,46 @@ async def test_a_write_on_a_closed_transport_is_a_lost_connection(monkeypatch):
         await async_redis().ping()
 
 
+@pytest.fixture
+def own_redis(tmp_path, settings):
+    """A Redis server of this test's own, for the ledger in this process: making it refuse
+    writes must not refuse them to everyone sharing the embedded one."""
+    from core import redis as core_redis
+    from tests.serving.chaos import RedisServer
+
+    def forget_clients() -> None:
+        core_redis.sync_redis.cache_clear()
+        core_redis._async_clients.clear()
+        ledger._scripts.clear()  # bound to the clients they were registered on
+
+    server = RedisServer(tmp_path / "redis").start()
+    settings.REDIS_URL = server.url
+    forget_clients()
+    yield server
+    server.stop()
+    forget_clients()
+
+
 class TestRefusedWrites:
     """Defect 3 of issue 18: Redis that refuses writes for a while (MISCONF, READONLY, OOM,
     BUSY, NOREPLICAS) is an outage, not a verdict: the settlement waits and is written with
     the tokens the request used, never parked with them lost."""
 
-    async def test_a_settlement_refused_for_a_moment_is_written_once_redis_takes_it(self):
+    async def test_a_settlement_refused_for_a_moment_is_written_once_redis_takes_it(self, own_redis):
         grant = _grant()
         draft = _draft(grant)
         await ledger.admit(grant=grant, draft=draft, tokens=100, spend=Decimal(0), model_limit=10)
         final = replace(draft, status_code=200, completion_tokens=7)
         client = sync_redis()
         dead_before = client.xlen(keys.usage_dead_letters())
-        # Redis's own way of refusing every write: not enough replicas to write to.
-        client.config_set("min-replicas-to-write", 1)
+        own_redis.refuse_writes()  # Redis's own way of refusing every write: not enough replicas
         try:
             assert not await ledger.settle_or_defer(final)
             assert len(ledger.settlements) >= 1
             await asyncio.sleep(0.5)  # the worker tries again and is refused again
             assert _entry(draft.request_id) is not None
         finally:
-            client.config_set("min-replicas-to-write", 0)
+            own_redis.accept_writes()
         for _ in range(100):  # the worker's next try, after its backoff
             if _entry(draft.request_id) is None:
                 break

@@ -330,3 +330,15 @@ class TestAClientThatStopsReading:
             assert 0 < record.completion_tokens < 400_000  # billed for what it was sent, stopped early
         finally:
             client.close()
+
+
+class TestASlowReplica:
+    def test_json_requests_that_time_out_open_its_circuit(self, spawn_gateway, api_key, two_replicas):
+        """A JSON request that hits the whole request's limit judges its replica (504 and a
+        failure on its circuit), so a slow replica stops being chosen; it was 'nothing learnt'."""
+        gateway = spawn_gateway(REPLICA_STALE_AFTER="86400", ENGINE_REQUEST_TIMEOUT="1.5", CIRCUIT_OPEN_SECONDS="60")
+        two_replicas.control(0, mode="normal", latency=30)
+        statuses = [chat(gateway, api_key, two_replicas.name).status_code for _ in range(12)]
+        assert set(statuses) <= {200, 504}
+        assert 0 < statuses.count(504) <= 3, statuses  # CIRCUIT_FAILURE_THRESHOLD, then it rests
+        assert statuses[-5:] == [200] * 5, statuses
