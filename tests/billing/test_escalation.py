@@ -15,6 +15,7 @@ from billing.services import (
     membership_set,
     organization_create,
     organization_update,
+    platform_organization,
 )
 from tests.billing.conftest import client_for
 
@@ -28,7 +29,7 @@ def world(people):
     paid = organization_create(name="Bob Ltd", tier=Tier.PAID)
     membership_set(user=alice, organization=free, role=Role.ORG_ADMIN)
     membership_set(user=bob, organization=paid, role=Role.ORG_ADMIN)
-    platform = organization_create(name="Platform")
+    platform = platform_organization()
     membership_set(user=ml, organization=platform, role=Role.PLATFORM_ADMIN)
     return {"alice": alice, "bob": bob, "carol": carol, "ml": ml, "free": free, "paid": paid}
 

@@ -30,6 +30,7 @@ from billing.services import (
     invoice_void,
     membership_set,
     organization_create,
+    platform_organization,
 )
 from billing.services import invoices as invoices_module
 from billing.tasks import invoice_email, invoices_draft_due
@@ -567,7 +568,7 @@ class TestApi:
         membership_set(user=alice, organization=org_a, role=Role.ORG_ADMIN)
         membership_set(user=carol, organization=org_a, role=Role.ORG_MEMBER)
         membership_set(user=bob, organization=bob_org, role=Role.ORG_ADMIN)
-        membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+        membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
         p = price(model, "2026-09-01", "1", "1")
         record(key, "2026-10-05", prompt=1_000_000, price=p)
         record(api_key_create(organization=bob_org, name="b").api_key, "2026-10-05", prompt=3_000_000, price=p)

@@ -6,7 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from billing.models import ApiKey, Membership, Role
-from billing.services import api_key_create, membership_set, organization_create
+from billing.services import api_key_create, membership_set, organization_create, platform_organization
 from tests.billing.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,7 @@ def world(people):
     membership_set(user=alice, organization=org_a, role=Role.ORG_ADMIN)
     membership_set(user=carol, organization=org_a, role=Role.ORG_MEMBER)
     membership_set(user=bob, organization=org_b, role=Role.ORG_ADMIN)
-    platform = organization_create(name="Platform")
+    platform = platform_organization()
     membership_set(user=ml, organization=platform, role=Role.PLATFORM_ADMIN)
     key_a = api_key_create(organization=org_a, name="a").api_key
     key_b = api_key_create(organization=org_b, name="b").api_key

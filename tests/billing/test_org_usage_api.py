@@ -8,7 +8,7 @@ import pytest
 
 from billing.models import Role, RollupProgress
 from billing.rollups import rollups_build
-from billing.services import api_key_create, membership_set, organization_create
+from billing.services import api_key_create, membership_set, organization_create, platform_organization
 from tests.billing.conftest import client_for
 from tests.billing.records import make_record
 
@@ -27,7 +27,7 @@ def world(people):
     membership_set(user=alice, organization=org_a, role=Role.ORG_ADMIN)
     membership_set(user=carol, organization=org_a, role=Role.ORG_MEMBER)
     membership_set(user=bob, organization=org_b, role=Role.ORG_ADMIN)
-    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+    membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
     a1 = api_key_create(organization=org_a, name="a1").api_key
     a2 = api_key_create(organization=org_a, name="a2").api_key
     b1 = api_key_create(organization=org_b, name="b1").api_key

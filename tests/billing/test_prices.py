@@ -8,9 +8,9 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing.models import Membership, Organization, Price, Role
+from billing.models import Membership, Price, Role
 from billing.pricing import PriceQuote, micros_up, price_in_effect, request_cost
-from billing.services import InvalidInput, price_set
+from billing.services import InvalidInput, platform_organization, price_set
 from registry.models import Model, ModelVersion
 from tests.billing.conftest import client_for
 
@@ -118,7 +118,7 @@ class TestCosts:
 
 class TestPricesApi:
     def test_anyone_signed_in_reads_platform_admins_set(self, people, model):
-        platform = Organization.objects.create(name="Platform", slug="platform")
+        platform = platform_organization()
         Membership.objects.create(user=people["ml"], organization=platform, role=Role.PLATFORM_ADMIN)
         body = {"model": model.name, "input_per_million": "0.5", "output_per_million": "1.5"}
         assert client_for(people["alice"]).post("/api/prices/", body, format="json").status_code == 403

@@ -34,7 +34,7 @@ from console.management.commands.runplatform import celery_commands
 from core import keys
 from core.redis import sync_redis
 from registry.canary import canary_create
-from registry.models import Canary, Deployment, Model, ModelVersion
+from registry.models import AuditEntry, Canary, Deployment, Model, ModelVersion
 from tests.processes import BASE_DIR, child_env
 
 T = TypeVar("T")
@@ -251,6 +251,7 @@ def remove(tenant: Tenant) -> None:
     Deployment.objects.filter(version__model=model).delete()
     ModelVersion.objects.filter(model=model).delete()
     Model.objects.filter(pk=model.pk).delete()
+    AuditEntry.objects.filter(target=model.name).delete()  # the canary's and its split's
     BudgetAlert.objects.filter(organization_id=org).delete()
     ApiKey.objects.filter(organization_id=org).delete()
     Organization.objects.filter(pk=org).delete()

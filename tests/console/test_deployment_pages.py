@@ -147,7 +147,7 @@ class TestTrafficSplit:
         assert 'value="70"' in html
         assert 'value="20"' in html
         assert weights(chat_model) == {"v1": 100, "v2": 0}
-        assert not AuditEntry.objects.filter(action="traffic.set").exists()
+        assert not AuditEntry.objects.filter(action="traffic.set", target=chat_model.name).exists()
 
     def test_a_negative_or_missing_weight_is_a_field_error(self, admin_client, chat_model):
         response = admin_client.post(f"/console/deployments/models/{chat_model.name}/traffic/", {"weight-v1": "-5"})

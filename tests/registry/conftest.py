@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from billing.models import Role
-from billing.services import membership_set, organization_create
+from billing.services import membership_set, platform_organization
 from registry.models import Deployment, Model, ModelVersion
 
 
@@ -25,7 +25,7 @@ def people(alice_org) -> dict[str, Any]:
     """ml (the platform team), alice (an org admin, nothing more), and nobody signed in."""
     users = get_user_model().objects
     ml, alice = (users.create_user(username=name, password="pw-1234567890") for name in ("ml", "alice"))
-    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+    membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
     membership_set(user=alice, organization=alice_org, role=Role.ORG_ADMIN)
     return {"ml": ml, "alice": alice, "anonymous": None}
 

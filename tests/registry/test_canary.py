@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 from billing.models import ApiKey, CacheOutcome, Role, UsageRecord
 from billing.served_requests import served_requests
-from billing.services import api_key_create, membership_set, organization_create
+from billing.services import api_key_create, membership_set, organization_create, platform_organization
 from registry.canary import (
     CanaryConflict,
     canary_create,
@@ -546,7 +546,7 @@ class TestController:
 def people(alice_org) -> dict[str, Any]:
     users = get_user_model().objects
     ml, alice = (users.create_user(username=name, password="pw-1234567890") for name in ("ml", "alice"))
-    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+    membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
     membership_set(user=alice, organization=alice_org, role=Role.ORG_ADMIN)
     return {"ml": ml, "alice": alice}
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing.models import Role
-from billing.services import InvalidInput, membership_set, organization_create
+from billing.services import InvalidInput, membership_set, organization_create, platform_organization
 from core.db import run_db
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
 from serving.semcache import store
@@ -368,7 +368,7 @@ def client_for(user: Any) -> APIClient:
 def people(cached: dict[str, Any]) -> dict[str, Any]:
     users = get_user_model().objects
     ml, alice = (users.create_user(username=name, password="pw-1234567890") for name in ("ml", "alice"))
-    membership_set(user=ml, organization=organization_create(name="Platform"), role=Role.PLATFORM_ADMIN)
+    membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
     membership_set(user=alice, organization=cached["alice"], role=Role.ORG_ADMIN)
     return {"ml": ml, "alice": alice, "anonymous": None}
 
