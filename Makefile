@@ -55,6 +55,7 @@ run: bootstrap
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(VENV)/bin/mypy .

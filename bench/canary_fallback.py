@@ -74,7 +74,7 @@ def serve_versions(stable: str, canary: str) -> None:
 def organisation_key() -> tuple[str, int]:
     from decimal import Decimal
 
-    from billing.services import api_key_create, organization_create
+    from accounts.services import api_key_create, organization_create
 
     huge = 10**12
     limits: dict[str, Any] = {"rate_limit_rpm": huge, "rate_limit_tpm": huge, "max_concurrent": 100_000,

@@ -41,8 +41,8 @@ def setup() -> tuple[Any, Any, Any, Any]:
     """The organisation, its key, its admin and a platform admin (created once, reused)."""
     from django.contrib.auth import get_user_model
 
-    from billing.models import ApiKey, Role
-    from billing.services import api_key_create, membership_set, organization_get_or_create
+    from accounts.models import ApiKey, Role
+    from accounts.services import api_key_create, membership_set, organization_get_or_create
 
     users = get_user_model()
     org = organization_get_or_create(name=ORG)

@@ -152,8 +152,8 @@ def django_setup() -> None:
 def bench_key() -> str:
     """A fresh key of org ``Bench`` (earlier ones revoked), limits far above any run, with a spend cap."""
     django_setup()
-    from billing.models import ApiKey
-    from billing.services import api_key_create, api_key_revoke, organization_get_or_create, organization_update
+    from accounts.models import ApiKey
+    from accounts.services import api_key_create, api_key_revoke, organization_get_or_create, organization_update
 
     org = organization_get_or_create(name="Bench")
     for old in ApiKey.objects.filter(organization=org, name="bench", revoked_at__isnull=True):

@@ -180,7 +180,7 @@ def platform_setup(chat_endpoint: str, embed_endpoint: str, throttled_rpm: int) 
     and ``throttled`` (``throttled_rpm`` requests a minute). Returns the secrets and the key ids."""
     from decimal import Decimal
 
-    from billing.services import api_key_create, organization_create
+    from accounts.services import api_key_create, organization_create
     from registry.bundled import BUNDLED_MODELS, SMOLLM2, import_bundled_model
 
     smollm2 = next(b for b in BUNDLED_MODELS if b.name == SMOLLM2)

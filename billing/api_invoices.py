@@ -23,13 +23,14 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.models import Organization
+from accounts.permissions import is_platform_admin
+from accounts.selectors import organizations_visible_to
 from billing import invoicing
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
-from billing.models import Invoice, InvoiceLine, Organization
-from billing.selectors import is_platform_admin, organizations_visible_to
+from billing.models import Invoice, InvoiceLine
 from billing.services import (
     IllegalTransition,
-    InvalidInput,
     InvoiceFrozen,
     invoice_draft,
     invoice_finalize,
@@ -37,6 +38,7 @@ from billing.services import (
     invoice_reissue,
     invoice_void,
 )
+from core.errors import InvalidInput
 
 
 class Conflict(APIException):

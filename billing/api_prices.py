@@ -17,9 +17,10 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.permissions import is_platform_admin
 from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Price
-from billing.selectors import is_platform_admin
-from billing.services import InvalidInput, price_set
+from billing.services import price_set
+from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
 
 

@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.selectors import organizations_visible_to
 from billing.models import EXACT_DECIMAL_PLACES, EXACT_MAX_DIGITS
-from billing.selectors import organizations_visible_to
 from billing.usage_selectors import (
     USAGE_DEFAULT_DAYS,
     USAGE_PAGE_DEFAULT,

@@ -34,7 +34,8 @@ from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 from django.db.models import Count, DateField, Exists, F, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Greatest, TruncMonth
 
-from billing.models import CacheOutcome, Invoice, InvoiceLine, Organization, Plan, Price, UsageRecord
+from accounts.models import Organization, Plan
+from billing.models import CacheOutcome, Invoice, InvoiceLine, Price, UsageRecord
 
 CENT = Decimal("0.01")
 ZERO = Decimal("0.00")

@@ -44,7 +44,7 @@ from redis.asyncio.client import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from billing.grants import KeyGrant, ScopeLimits
+from accounts.grants import KeyGrant, ScopeLimits
 from billing.pricing import micros_up, to_micros
 from core import keys
 from core.redis import async_redis, is_transient, sync_redis

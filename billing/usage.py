@@ -35,9 +35,10 @@ import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from accounts.models import ApiKey, Organization
 from billing.invoicing import CLOSED_STATUSES
 from billing.ledger import UsageEvent
-from billing.models import ApiKey, BudgetAlert, FailedAttempt, Invoice, Organization, UsageRecord
+from billing.models import BudgetAlert, FailedAttempt, Invoice, UsageRecord
 from billing.pricing import from_micros
 from core import keys
 from core.redis import sync_redis

@@ -18,7 +18,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from billing.selectors import is_platform_admin
+from accounts.permissions import is_platform_admin
 from billing.usage_series import DEFAULT_RANGE, TIME_RANGES
 from console.pages.overview_data import GatewaySample, dashboard, gateway_rates, gateway_sample
 

@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from static, never from a CDN
     "channels",
     "console",
+    "accounts",
     "registry",
     "serving",
     "billing",
@@ -457,8 +458,8 @@ SPECTACULAR_SETTINGS = {
     # No badge fetched from Swagger's online validator.
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "ENUM_NAME_OVERRIDES": {
-        "RoleEnum": "billing.models.Role",
-        "InvitedRoleEnum": "billing.models.INVITABLE_ROLES",
+        "RoleEnum": "accounts.models.Role",
+        "InvitedRoleEnum": "accounts.models.INVITABLE_ROLES",
         # Every "status" field needs its own name once two choice sets share it.
         "DeploymentStatusEnum": "registry.models.Deployment.Status",
         "InvoiceStatusEnum": "billing.models.Invoice.Status",

@@ -21,6 +21,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/", include("django.contrib.auth.urls")),  # password change and reset
     path("", include("console.pages.urls")),
+    path("api/", include("accounts.urls")),
     path("api/", include("billing.urls")),
     # Management paths under /api/v1/ that the data plane does not claim (serving.urls.DATA_PLANE_PREFIXES).
     path("api/v1/", include("registry.urls")),

@@ -20,14 +20,12 @@ from rest_framework import generics, serializers, status
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 # Who is a platform admin is billing's (memberships and roles); only this HTTP layer of the
 # registry asks, its models and services never import billing.
-from billing.selectors import is_platform_admin
+from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
 from registry.autoscaler import AutoscalePolicy
 from registry.canary import (
@@ -63,13 +61,6 @@ from registry.services import (
     replica_restart_request,
     traffic_set,
 )
-
-
-class IsPlatformAdmin(BasePermission):
-    message = "Only platform admins manage the model registry."
-
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        return is_platform_admin(request.user)
 
 
 class Conflict(APIException):

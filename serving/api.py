@@ -14,8 +14,8 @@ import orjson
 from django.http import HttpResponse, HttpResponseBase
 from redis.exceptions import RedisError
 
+from accounts.grants import KeyGrant
 from billing import ledger
-from billing.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import APIError, ModelNotAllowed, RateLimited
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall

@@ -17,9 +17,9 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing.models import Organization
-from billing.selectors import is_platform_admin
-from billing.services import InvalidInput
+from accounts.models import Organization
+from accounts.permissions import is_platform_admin
+from core.errors import InvalidInput
 from serving.semcache.store import cache_stats
 from serving.services import cache_purge
 

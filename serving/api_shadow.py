@@ -20,8 +20,8 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
-from registry.api import IsPlatformAdmin
 from registry.models import Model, ModelVersion
 from serving.models import ShadowPolicy
 from serving.selectors import shadow_comparison

@@ -18,9 +18,9 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from billing.grants import KeyGrant
-from billing.selectors import api_key_by_hash
-from billing.services import api_keys_touch
+from accounts.grants import KeyGrant
+from accounts.selectors import api_key_by_hash
+from accounts.services import api_keys_touch
 from core import keys
 from core.db import run_db
 from core.redis import async_redis

@@ -35,7 +35,7 @@ import orjson
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from billing.grants import KeyGrant
+from accounts.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import APIError, AuthenticationFailed, InvalidRequest, PayloadTooLarge
 from serving.orchestrator import CHAT, CLIENT_CLOSED, InferenceCall

@@ -50,7 +50,7 @@ class CacheEntry(models.Model):
 
     scope = models.CharField(max_length=64, help_text="hex SHA-256 (serving.semcache.policy.scope_of)")
     organization = models.ForeignKey(
-        "billing.Organization", null=True, blank=True, on_delete=models.CASCADE, related_name="cache_entries",
+        "accounts.Organization", null=True, blank=True, on_delete=models.CASCADE, related_name="cache_entries",
         help_text="whose request stored it (entries of a shared scope are served to others too)",
     )  # fmt: skip
     model = models.CharField(max_length=255)

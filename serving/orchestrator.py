@@ -39,8 +39,8 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from accounts.grants import KeyGrant
 from billing import ledger
-from billing.grants import KeyGrant
 from billing.ledger import RateLimitHeaders, UsageEvent
 from billing.pricing import PriceQuote
 from serving import engine, metrics

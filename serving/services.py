@@ -10,8 +10,8 @@ from typing import Any
 from django.db import transaction
 from redis.exceptions import RedisError
 
-from billing.models import Organization
-from billing.services import InvalidInput
+from accounts.models import Organization
+from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
 from registry.services import Actor, audit_record

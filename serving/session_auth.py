@@ -6,7 +6,7 @@ request checks it: a logged-out or password-changed session is no longer valid),
 organisation must be one the user belongs to, and the socket's ``Origin`` must be this site
 (a page elsewhere could otherwise ride the cookie: cross-site WebSocket hijacking; cookies
 are sent on WebSocket handshakes whatever the page). Requests are then metered to the
-member's playground key (``billing.services.playground_key_get_or_create``), whose limits
+member's playground key (``accounts.services.playground_key_get_or_create``), whose limits
 and budgets apply as to any key. Everything is checked again on each request, so signing
 out, leaving the organisation or a revoked playground key stops the next request.
 """
@@ -24,10 +24,10 @@ from django.db import DatabaseError
 from django.http import parse_cookie
 from django.utils import timezone
 
-from billing.grants import KeyGrant
-from billing.models import Organization
-from billing.selectors import role_in
-from billing.services import playground_key_get_or_create
+from accounts.grants import KeyGrant
+from accounts.models import Organization
+from accounts.selectors import role_in
+from accounts.services import playground_key_get_or_create
 from core.db import run_db
 from serving.errors import AuthenticationFailed, EngineUnavailable, InvalidRequest, NotFound, PermissionDenied
 

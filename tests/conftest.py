@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,17 +78,28 @@ def engines(bundled_models, django_db_blocker, tmp_path_factory):
 
 @pytest.fixture
 def alice_org(db: None):
-    from billing.services import organization_create
+    from accounts.services import organization_create
 
     return organization_create(name="Alice Corp")
 
 
 @pytest.fixture
 def bob_org(db: None):
-    from billing.services import organization_create
+    from accounts.services import organization_create
 
     return organization_create(name="Bob Ltd")
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def people(db: None) -> dict[str, Any]:
+    """alice and bob (future org admins), carol (a member), ml (the platform team)."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model().objects
+    return {
+        name: users.create_user(username=name, password="pw-1234567890") for name in ("alice", "bob", "carol", "ml")
+    }

@@ -22,9 +22,10 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from accounts.models import Organization, Plan
 from billing import invoicing
-from billing.models import Invoice, InvoiceLine, InvoiceSequence, Organization, Plan, UsageRecord
-from billing.services.accounts import InvalidInput
+from billing.models import Invoice, InvoiceLine, InvoiceSequence, UsageRecord
+from core.errors import InvalidInput
 from registry.services import IllegalTransition
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Price
-from billing.services.accounts import InvalidInput
+from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
 

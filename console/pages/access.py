@@ -15,8 +15,9 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 
-from billing.models import Organization, Role
-from billing.selectors import is_platform_admin, role_in
+from accounts.models import Organization, Role
+from accounts.permissions import is_platform_admin
+from accounts.selectors import role_in
 
 View = TypeVar("View", bound=Callable[..., HttpResponse])
 

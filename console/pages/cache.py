@@ -18,9 +18,9 @@ from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
+from accounts.models import Organization
+from accounts.selectors import organizations_visible_to
 from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_savings
-from billing.models import Organization
-from billing.selectors import organizations_visible_to
 from console.pages.access import platform_admin_required
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem

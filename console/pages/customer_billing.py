@@ -18,14 +18,14 @@ from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts.models import Organization
 from billing import invoicing
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
-from billing.models import Invoice, Organization
+from billing.models import Invoice
 from billing.reconciliation import reconcile_month
 from billing.selectors import invoice_get, invoices_listed, prices_listed, reconciliations_latest
 from billing.services import (
     IllegalTransition,
-    InvalidInput,
     InvoiceFrozen,
     invoice_draft,
     invoice_finalize,
@@ -48,6 +48,7 @@ from console.pages.customer_forms import (
 from console.pages.lists import attachment, page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import refuse
+from core.errors import InvalidInput
 from registry.selectors import model_list_with_versions, model_named, model_version_named
 
 INVOICES_PER_PAGE = 25

@@ -12,20 +12,18 @@ from typing import Any
 
 from django import forms
 
-from billing import invoicing
-from billing.models import (
+from accounts.models import (
     LIMIT_MAX,
-    PRICE_DECIMAL_PLACES,
-    PRICE_MAX_DIGITS,
     SPEND_CAP_DECIMAL_PLACES,
     SPEND_CAP_MAX_DIGITS,
     SPEND_CAP_MIN,
-    Invoice,
     Organization,
     Role,
     Tier,
 )
-from billing.services.accounts import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, USERNAME_MAX_LENGTH
+from accounts.services import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, USERNAME_MAX_LENGTH
+from billing import invoicing
+from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Invoice
 from billing.services.invoices import VOID_REASON_MAX_LENGTH
 
 TAX_PERCENT_PLACES = 2  # the organisation stores a fraction with 4 places: 20.25 % is 0.2025

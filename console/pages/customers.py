@@ -20,12 +20,10 @@ from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from billing import invoicing
-from billing.models import ApiKey, Organization, Role
-from billing.selectors import api_keys_of, membership_of, memberships_of, organizations_listed, user_named
-from billing.services import (
+from accounts.models import ApiKey, Organization, Role
+from accounts.selectors import api_keys_of, membership_of, memberships_of, organizations_listed, user_named
+from accounts.services import (
     KEY_DEFAULTS,
-    InvalidInput,
     IssuedApiKey,
     api_key_create,
     api_key_revoke,
@@ -36,6 +34,7 @@ from billing.services import (
     organization_create,
     organization_update,
 )
+from billing import invoicing
 from billing.usage_selectors import cost_by_organization
 from console.pages import customer_billing
 from console.pages.access import platform_admin_required
@@ -52,6 +51,7 @@ from console.pages.portal import key_state
 from console.pages.portal_forms import ApiKeyRotateForm
 from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
 from console.pages.rollout_forms import refuse
+from core.errors import InvalidInput
 
 ORGANIZATIONS_PER_PAGE = 25
 MEMBERS_PER_PAGE = 25

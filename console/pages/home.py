@@ -7,7 +7,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 
-from billing.selectors import invitations_pending_for, is_platform_admin, organizations_visible_to
+from accounts.permissions import is_platform_admin
+from accounts.selectors import invitations_pending_for, organizations_visible_to
 from console.pages.lists import page_of
 
 INVITATIONS_PER_PAGE = 25

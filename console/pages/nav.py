@@ -46,8 +46,9 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    from billing.models import Role
-    from billing.selectors import is_platform_admin, organizations_visible_to, role_in
+    from accounts.models import Role
+    from accounts.permissions import is_platform_admin
+    from accounts.selectors import organizations_visible_to, role_in
 
     platform_admin = is_platform_admin(user)
     match = getattr(request, "resolver_match", None)

@@ -1,6 +1,6 @@
 """The customer portal: API keys, usage and cost, budgets, invoices.
 
-Who may do what follows the management API (billing/api.py, api_usage.py): every member
+Who may do what follows the management API (accounts/api.py, billing/api_usage.py): every member
 of the organisation sees its usage and its keys (never a secret); its admins create,
 rotate and revoke keys. Invoices are for its admins here. A key's secret is shown once,
 in the answer to the request that made it, and is never stored (not in the session
@@ -20,11 +20,12 @@ from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from accounts.models import ApiKey
+from accounts.selectors import api_keys_of, plan_key_ceilings
+from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
 from billing import invoicing
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
-from billing.models import ApiKey, Invoice
-from billing.selectors import api_keys_of, plan_key_ceilings
-from billing.services import InvalidInput, IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
+from billing.models import Invoice
 from console.pages.access import ORG_ADMIN_ROLES, org_member_required
 from console.pages.lists import attachment, never_stored, page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
@@ -36,6 +37,7 @@ from console.pages.portal_forms import (
     UsageWindowForm,
 )
 from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, totals_of
+from core.errors import InvalidInput
 
 KEYS_PER_PAGE = 25
 INVOICES_PER_PAGE = 25

@@ -12,8 +12,9 @@ from typing import Any
 
 from django import forms
 
-from billing.models import LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPEND_CAP_MAX_DIGITS, SPEND_CAP_MIN, Invoice
-from billing.services.accounts import NAME_MAX_LENGTH
+from accounts.models import LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPEND_CAP_MAX_DIGITS, SPEND_CAP_MIN
+from accounts.services import NAME_MAX_LENGTH
+from billing.models import Invoice
 
 RANGE_CHOICES = [("7", "Last 7 days"), ("30", "Last 30 days"), ("90", "Last 90 days")]
 DEFAULT_DAYS = 30

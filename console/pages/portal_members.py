@@ -1,10 +1,10 @@
 """The customer portal's members: who belongs to an organisation, its invitations, and answering one's own.
 
-Who may do what follows the management API (billing/api.py): every member sees the
+Who may do what follows the management API (accounts/api.py): every member sees the
 organisation's members; its admins invite usernames (answered alike whether or not the
 username exists, so the portal never tells a tenant which usernames are taken), cancel
 pending invitations, change roles and remove members, never the last org admin
-(billing.services.accounts.LastOrgAdmin). Anyone signed in accepts or declines the
+(accounts.services.LastOrgAdmin). Anyone signed in accepts or declines the
 invitations addressed to them, from the portal's home page.
 """
 
@@ -20,9 +20,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path
 from django.views.decorators.http import require_http_methods, require_POST
 
-from billing.models import INVITABLE_ROLES, Invitation, Membership, Role
-from billing.selectors import invitations_pending_for, invitations_pending_of, memberships_of
-from billing.services import (
+from accounts.models import INVITABLE_ROLES, Invitation, Membership, Role
+from accounts.selectors import invitations_pending_for, invitations_pending_of, memberships_of
+from accounts.services import (
+    USERNAME_MAX_LENGTH,
     invitation_accept,
     invitation_cancel,
     invitation_create,
@@ -30,7 +31,6 @@ from billing.services import (
     membership_remove,
     membership_set,
 )
-from billing.services.accounts import USERNAME_MAX_LENGTH
 from console.pages.access import ORG_ADMIN_ROLES, org_member_required
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem

@@ -17,8 +17,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from accounts.models import Organization
 from billing import invoicing
-from billing.models import BudgetAlert, Organization
+from billing.models import BudgetAlert
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
 

@@ -6,7 +6,8 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from billing.models import ApiKey, Price, UsageRecord
+from accounts.models import ApiKey
+from billing.models import Price, UsageRecord
 from billing.pricing import request_cost
 from billing.services import price_set
 from registry.models import Model

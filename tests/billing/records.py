@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from billing.models import ApiKey, UsageRecord
+from accounts.models import ApiKey
+from billing.models import UsageRecord
 from core import keys
 from core.redis import sync_redis
 

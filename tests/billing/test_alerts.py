@@ -12,9 +12,11 @@ import pytest
 from django.core import mail
 from django.core.mail.backends.base import BaseEmailBackend
 
+from accounts.models import ApiKey
+from accounts.services import api_key_create
 from billing import usage
-from billing.models import ApiKey, BudgetAlert
-from billing.services import api_key_create, budget_alert_notify
+from billing.models import BudgetAlert
+from billing.services import budget_alert_notify
 from billing.tasks import budget_alerts_email, budget_alerts_notify_pending, budget_alerts_persist
 from billing.usage import persist_budget_alerts
 from core import keys

@@ -10,9 +10,11 @@ from decimal import Decimal
 import pytest
 from pypdf import PdfReader
 
+from accounts.models import Plan
+from accounts.services import api_key_create, organization_create
 from billing.invoice_documents import CSV_COLUMNS, invoice_csv, invoice_filename, invoice_pdf
-from billing.models import Invoice, Plan
-from billing.services import api_key_create, invoice_draft, invoice_finalize, organization_create
+from billing.models import Invoice
+from billing.services import invoice_draft, invoice_finalize
 from tests.billing.invoice_fixtures import chat_model, price, record
 
 pytestmark = pytest.mark.django_db
@@ -78,7 +80,7 @@ class TestPdf:
     def test_a_finalized_invoice_prints_the_organisation_as_it_was_then(self, invoice, alice_org):
         """Issue 18: renaming the organisation (or moving its billing address) later must not
         rewrite an invoice already issued; a draft shows the current name."""
-        from billing.services import organization_update
+        from accounts.services import organization_update
 
         issued = invoice_finalize(invoice=invoice)
         organization_update(organization=alice_org, name="Alice Renamed", billing_email="new@alice.example")

@@ -14,28 +14,26 @@ from django.core import mail
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from accounts.models import Organization, Plan, Role
+from accounts.services import api_key_create, membership_set, organization_create, platform_organization
 from billing import invoicing
 from billing.invoicing import invoiced_usage, line_amount, round_cents, totals
-from billing.models import Invoice, InvoiceLine, InvoiceSequence, Organization, Plan, Role
+from billing.models import Invoice, InvoiceLine, InvoiceSequence
 from billing.services import (
     IllegalTransition,
-    InvalidInput,
     InvoiceFrozen,
-    api_key_create,
     invoice_draft,
     invoice_finalize,
     invoice_mark_paid,
     invoice_refresh,
     invoice_reissue,
     invoice_void,
-    membership_set,
-    organization_create,
-    platform_organization,
 )
 from billing.services import invoices as invoices_module
 from billing.tasks import invoice_email, invoices_draft_due
-from tests.billing.conftest import client_for
+from core.errors import InvalidInput
 from tests.billing.invoice_fixtures import at, chat_model, price, record
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -254,7 +252,7 @@ class TestDrafting:
         """Defect 4 of issue 18: drafting November before October's invoice exists (an admin
         previewing the current month during the grace period) takes nothing of October, and
         October keeps its usage and its plan credit."""
-        from billing.models import Plan
+        from accounts.models import Plan
 
         Plan.objects.filter(tier=key.organization.tier).update(included_credit=Decimal("1.00"))
         p = price(model, "2026-09-01", "1", "1")
@@ -689,7 +687,7 @@ class TestAdmin:
         client.force_login(admin)
         record(key, "2026-10-05", prompt=1_000_000, price=price(model, "2026-09-01", "1", "1"))
         invoice = invoice_draft(organization=key.organization, period=OCT)
-        for path in ("/admin/billing/invoice/", "/admin/billing/price/", "/admin/billing/plan/",
+        for path in ("/admin/billing/invoice/", "/admin/billing/price/", "/admin/accounts/plan/",
                      "/admin/billing/invoiceline/"):  # fmt: skip
             assert client.get(path).status_code == 200, path
         page = client.get(f"/admin/billing/invoice/{invoice.pk}/change/")

@@ -12,8 +12,8 @@ from decimal import Decimal
 import orjson
 import pytest
 
+from accounts.grants import KeyGrant, ScopeLimits
 from billing import ledger
-from billing.grants import KeyGrant, ScopeLimits
 from billing.ledger import Presence, UsageEvent
 from core import keys
 from core.redis import sync_redis
@@ -321,8 +321,8 @@ class TestALateSettlementCorrectsTheSweepers:
         assert int(month[b"rt"]) == 0
 
     def test_the_persister_puts_the_correction_in_place_of_the_first_record(self, db):
+        from accounts.services import api_key_create, organization_create
         from billing.models import UsageRecord
-        from billing.services import api_key_create, organization_create
         from billing.usage import persist_usage_stream
 
         key = api_key_create(organization=organization_create(name=f"Sweep {uuid.uuid4().hex[:6]}"), name="k").api_key

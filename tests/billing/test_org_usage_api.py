@@ -6,11 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from billing.models import Role, RollupProgress
+from accounts.models import Role
+from accounts.services import api_key_create, membership_set, organization_create, platform_organization
+from billing.models import RollupProgress
 from billing.rollups import rollups_build
-from billing.services import api_key_create, membership_set, organization_create, platform_organization
-from tests.billing.conftest import client_for
 from tests.billing.records import make_record
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

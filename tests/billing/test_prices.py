@@ -8,11 +8,14 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing.models import Membership, Price, Role
+from accounts.models import Membership, Role
+from accounts.services import platform_organization
+from billing.models import Price
 from billing.pricing import PriceQuote, micros_up, price_in_effect, request_cost
-from billing.services import InvalidInput, platform_organization, price_set
+from billing.services import price_set
+from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
-from tests.billing.conftest import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

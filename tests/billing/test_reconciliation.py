@@ -10,10 +10,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from billing.models import ApiKey, Reconciliation, UsageRecord
+from accounts.models import ApiKey
+from accounts.services import api_key_create
+from billing.models import Reconciliation, UsageRecord
 from billing.reconciliation import reconcile, reconcile_due_hours
 from billing.rollups import hour_start, rollups_rebuild
-from billing.services import api_key_create
 from billing.tasks import usage_reconcile
 from tests.billing.records import count_event, forget_counts, make_record
 

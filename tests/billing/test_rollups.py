@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from billing.models import ApiKey, Price, RollupProgress, UsageRecord, UsageRollup
+from accounts.models import ApiKey
+from accounts.services import api_key_create
+from billing.models import Price, RollupProgress, UsageRecord, UsageRollup
 from billing.rollups import CANDIDATE, WATERMARK, WATERMARK_LAG, rollups_build, rollups_rebuild
-from billing.services import api_key_create
 from billing.tasks import usage_rollups_build
 from billing.usage_selectors import (
     InvalidCursor,

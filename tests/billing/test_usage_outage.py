@@ -11,9 +11,10 @@ import pytest
 import redis
 from django.db import OperationalError
 
+from accounts.models import ApiKey
+from accounts.services import api_key_create
 from billing import usage
-from billing.models import ApiKey, UsageRecord
-from billing.services import api_key_create
+from billing.models import UsageRecord
 from core import keys
 from core.redis import sync_redis
 

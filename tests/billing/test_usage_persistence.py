@@ -11,9 +11,10 @@ from django.contrib.auth import get_user_model
 from django.db import OperationalError
 from django.test import Client
 
+from accounts.models import ApiKey
+from accounts.services import api_key_create
 from billing import usage
-from billing.models import ApiKey, BudgetAlert, UsageRecord
-from billing.services import api_key_create
+from billing.models import BudgetAlert, UsageRecord
 from billing.tasks import budget_alerts_persist, usage_persist
 from core import keys
 from core.redis import sync_redis
@@ -195,8 +196,8 @@ class TestKeysAreNeverDeleted:
         admin = get_user_model().objects.create_superuser(username="root", password="pw-1234567890")
         client = Client()
         client.force_login(admin)
-        assert client.get(f"/admin/billing/apikey/{key.pk}/delete/").status_code == 403
-        changelist = client.get("/admin/billing/apikey/").content.decode()
+        assert client.get(f"/admin/accounts/apikey/{key.pk}/delete/").status_code == 403
+        changelist = client.get("/admin/accounts/apikey/").content.decode()
         assert "delete_selected" not in changelist
         assert ApiKey.objects.filter(pk=key.pk).exists()
 
@@ -204,6 +205,6 @@ class TestKeysAreNeverDeleted:
         admin = get_user_model().objects.create_superuser(username="root", password="pw-1234567890")
         client = Client()
         client.force_login(admin)
-        response = client.post(f"/admin/billing/organization/{key.organization_id}/delete/", {"post": "yes"})
+        response = client.post(f"/admin/accounts/organization/{key.organization_id}/delete/", {"post": "yes"})
         assert response.status_code == 403
         assert ApiKey.objects.filter(pk=key.pk).exists()

@@ -134,7 +134,7 @@ def committed_users(django_db_setup, django_db_blocker) -> Iterator[dict[str, An
     from django.contrib.auth import get_user_model
     from django.db import connection
 
-    from billing.models import Membership, Organization, Role
+    from accounts.models import Membership, Organization, Role
 
     tag = uuid.uuid4().hex[:6]
 

@@ -12,8 +12,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from billing.models import Membership, Role
-from billing.services import api_key_create, invitation_create, invoice_draft, organization_create
+from accounts.models import Membership, Role
+from accounts.services import api_key_create, invitation_create, organization_create
+from billing.services import invoice_draft
 from console.pages import urls as page_urls
 from registry.models import Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_swap_version

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from billing.models import ApiKey, Membership
-from billing.services import api_key_hash
+from accounts.models import ApiKey, Membership
+from accounts.services import api_key_hash
 
 pytestmark = pytest.mark.django_db
 

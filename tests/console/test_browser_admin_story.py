@@ -85,7 +85,7 @@ def story(committed_users, engines, django_db_blocker) -> Iterator[Story]:
     account, a key for the canary's traffic. Everything the story made is removed after."""
     from django.contrib.auth import get_user_model
 
-    from billing.services import api_key_create
+    from accounts.services import api_key_create
     from registry.services import deployment_create, model_version_create
 
     tag = uuid.uuid4().hex[:6]
@@ -113,7 +113,8 @@ def remove_story(story: Story) -> None:
     from django.db.models import ProtectedError
     from django.utils import timezone
 
-    from billing.models import ApiKey, Invoice, InvoiceLine, Organization, Price, UsageRecord, UsageRollup
+    from accounts.models import ApiKey, Organization
+    from billing.models import Invoice, InvoiceLine, Price, UsageRecord, UsageRollup
     from core.events import publish_routing_change
     from registry.models import Canary, Deployment, Model, ModelVersion
 
@@ -543,6 +544,6 @@ def customer_uses_the_portal(page: Any, base: str, story: Story, django_db_block
 
 
 def organization_id(name: str) -> int:
-    from billing.models import Organization
+    from accounts.models import Organization
 
     return int(Organization.objects.get(name=name).pk)

@@ -40,7 +40,7 @@ def invitee(committed_users, django_db_blocker) -> Iterator[Any]:
     """A committed user who belongs to no organisation yet; removed (with their invitations) after."""
     from django.contrib.auth import get_user_model
 
-    from billing.models import Invitation
+    from accounts.models import Invitation
 
     username = f"invitee-{uuid.uuid4().hex[:6]}"
     with django_db_blocker.unblock():

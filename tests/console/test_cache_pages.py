@@ -15,9 +15,10 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import ApiKey, Membership, Organization, Role
+from accounts.services import api_key_create, organization_create
 from billing.cache_savings import cache_savings
-from billing.models import ApiKey, Membership, Organization, Role, UsageRollup
-from billing.services import api_key_create, organization_create
+from billing.models import UsageRollup
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Model, Task
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry, CachePolicy

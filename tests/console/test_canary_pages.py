@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from billing.models import Membership, Role
+from accounts.models import Membership, Role
 from registry.canary import canary_create
 from registry.canary_stats import RequestSample, judge
 from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion

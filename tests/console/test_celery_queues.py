@@ -26,9 +26,10 @@ from celery.schedules import crontab
 from django.conf import settings
 from django.db import connection, transaction
 
+from accounts.models import ApiKey, Organization
+from accounts.services import api_key_create, organization_create
 from billing.ledger import UsageEvent
-from billing.models import ApiKey, BudgetAlert, Organization, UsageRecord
-from billing.services import api_key_create, organization_create
+from billing.models import BudgetAlert, UsageRecord
 from console.celery import app
 from console.management.commands.runplatform import celery_commands
 from core import keys

@@ -50,8 +50,9 @@ def traffic(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
     import tempfile
     from pathlib import Path
 
-    from billing.models import ApiKey, UsageRollup
-    from billing.services import api_key_create
+    from accounts.models import ApiKey
+    from accounts.services import api_key_create
+    from billing.models import UsageRollup
     from registry.artifacts import get_artifact_store
 
     tag = uuid.uuid4().hex[:6]

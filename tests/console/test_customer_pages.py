@@ -16,16 +16,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.models import ApiKey, Membership, Organization, Role, Tier
+from accounts.services import api_key_create, api_key_hash, organization_create, organization_update
 from billing import invoicing
-from billing.models import ApiKey, Invoice, Membership, Organization, Price, Reconciliation, Role, Tier
-from billing.services import (
-    InvalidInput,
-    api_key_create,
-    api_key_hash,
-    invoice_draft,
-    organization_create,
-    organization_update,
-)
+from billing.models import Invoice, Price, Reconciliation
+from billing.services import invoice_draft
+from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
 
 pytestmark = pytest.mark.django_db

@@ -33,7 +33,8 @@ def organization_name(committed_users, django_db_blocker) -> Iterator[str]:
     yield name
 
     def remove() -> None:
-        from billing.models import ApiKey, Invoice, InvoiceLine, Organization
+        from accounts.models import ApiKey, Organization
+        from billing.models import Invoice, InvoiceLine
 
         organization = Organization.objects.filter(name=name).first()
         if organization is None:

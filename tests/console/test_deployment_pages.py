@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from billing.models import Membership, Role
+from accounts.models import Membership, Role
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_scale, deployment_swap_version, replica_record_load_time
 

@@ -67,7 +67,7 @@ class TestConsoleHome:
         assert response["Location"] == "/console/"
 
     def test_it_sends_everyone_else_to_the_portal(self, alice_org):
-        from billing.models import Membership, Role
+        from accounts.models import Membership, Role
 
         user = get_user_model().objects.create_user(username="member", password="pw-123456789")
         Membership.objects.create(user=user, organization=alice_org, role=Role.ORG_MEMBER)

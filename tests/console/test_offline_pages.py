@@ -25,7 +25,7 @@ ANONYMOUS_PAGES = ["/accounts/login/", "/accounts/password_reset/", "/admin/logi
 ADMIN_PAGES = [
     "/console/", "/console/models/", "/console/models/register/", "/console/audit/", "/console/deployments/",
     "/console/deployments/scaling/", "/console/canaries/", "/accounts/password_change/", "/portal/",
-    "/admin/", "/admin/billing/apikey/", "/api/docs/",
+    "/admin/", "/admin/accounts/apikey/", "/api/docs/",
 ]  # fmt: skip
 # The portal of an organisation (a platform admin acts as its admin): {org} is its id.
 PORTAL_PAGES = ["/portal/{org}/", "/portal/{org}/keys/", "/portal/{org}/invoices/", "/portal/{org}/playground/",
@@ -60,7 +60,7 @@ def fetch_pages() -> dict[str, str]:
     admin = get_user_model().objects.create_superuser(username="offline-admin", password="pw-1234567890")
     client = Client()
     client.force_login(admin)
-    from billing.services import organization_create
+    from accounts.services import organization_create
 
     org = organization_create(name="Offline Org")
     for path in [*ADMIN_PAGES, *(page.format(org=org.pk) for page in PORTAL_PAGES)]:

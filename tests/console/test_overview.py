@@ -13,8 +13,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from billing.models import Membership, Role, UsageRollup
-from billing.services import api_key_create, organization_create
+from accounts.models import Membership, Role
+from accounts.services import api_key_create, organization_create
+from billing.models import UsageRollup
 from console.pages.overview_data import dashboard
 
 NOW = datetime(2031, 1, 15, 12, 30, tzinfo=UTC)
@@ -175,7 +176,7 @@ def session_cookies(django_db_setup, django_db_blocker, settings):
     its flush at the end would wipe what the session's other tests committed (the bundled models)."""
     from django.contrib.sessions.models import Session
 
-    from billing.models import ApiKey, Organization
+    from accounts.models import ApiKey, Organization
 
     settings.CONSOLE_LIVE_INTERVAL_SECONDS = 0.2
     tag = uuid.uuid4().hex[:6]

@@ -13,8 +13,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from websockets.sync.client import connect
 
-from billing.models import ApiKey, Membership, Organization, Role, Tier
-from billing.services import (
+from accounts.models import ApiKey, Membership, Organization, Role, Tier
+from accounts.services import (
     api_key_create,
     api_key_hash,
     api_key_revoke,
@@ -153,8 +153,8 @@ class TestPlaygroundKey:
     def test_platform_staff_are_metered_to_the_platform_not_the_customer(self, alice_org):
         """Defect 9 of issue 18: a platform admin acts as admin of every organisation, but what
         they run in a customer's playground must not land on that customer's invoice."""
-        from billing.models import Membership, Role
-        from billing.services import platform_organization
+        from accounts.models import Membership, Role
+        from accounts.services import platform_organization
 
         staff = user("mona")
         Membership.objects.create(user=staff, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
@@ -238,7 +238,7 @@ class TestSessionSocket:
     def test_a_platform_admin_runs_on_the_platforms_key(
         self, console_gateway, committed_users, sessions, django_db_blocker
     ):
-        from billing.services import platform_organization
+        from accounts.services import platform_organization
 
         with open_socket(console_gateway, session=sessions["platform_admin"]) as socket:
             assert auth_answer(socket, organization=committed_users["org"].pk)["ok"] is True

@@ -15,9 +15,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.models import ApiKey, Membership, Organization, Plan, Role, Tier
+from accounts.services import api_key_create, api_key_hash, organization_create
 from billing import invoicing
-from billing.models import ApiKey, BudgetAlert, Invoice, Membership, Organization, Plan, Role, Tier, UsageRollup
-from billing.services import api_key_create, api_key_hash, invoice_draft, invoice_finalize, organization_create
+from billing.models import BudgetAlert, Invoice, UsageRollup
+from billing.services import invoice_draft, invoice_finalize
 
 pytestmark = pytest.mark.django_db
 

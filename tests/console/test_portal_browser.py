@@ -79,8 +79,8 @@ def no_horizontal_scroll(page: Any) -> bool:
 def test_an_org_admin_creates_a_key_calls_the_api_and_sees_usage_and_an_invoice(
     committed_users, embedder, console_gateway, chromium, django_db_blocker, tmp_path: Path
 ):
+    from accounts.models import ApiKey
     from billing import invoicing
-    from billing.models import ApiKey
     from billing.services import invoice_draft
     from billing.tasks import usage_rollups_build
 

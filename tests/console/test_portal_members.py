@@ -13,8 +13,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from billing.models import Invitation, Membership, Organization, Role
-from billing.services import (
+from accounts.models import Invitation, Membership, Organization, Role
+from accounts.services import (
     LastOrgAdmin,
     invitation_cancel,
     invitation_create,
@@ -360,7 +360,7 @@ class TestAnsweringAnInvitation:
 
 
 class TestTheServices:
-    """The rules live in billing.services.accounts, so the API and every other caller get them."""
+    """The rules live in accounts.services, so the API and every other caller get them."""
 
     def test_the_last_org_admin_is_neither_removed_nor_demoted(self, world):
         admin = world.membership("admin")

@@ -18,7 +18,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.utils import timezone
 
-from billing.models import Membership, Role
+from accounts.models import Membership, Role
 from registry import artifacts
 from registry.artifacts import directory_digest
 from registry.bundled import BUNDLED_MODELS

@@ -39,8 +39,8 @@ def in_db_thread(django_db_blocker: Any, work: Callable[[], T]) -> T:
 def rollout_model(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
     """A committed chat model with v1 (running, 100 %) and v2 (running, 0 %), and an API key of
     ``org`` whose usage records the controller will judge."""
+    from accounts.services import api_key_create
     from billing.models import UsageRecord
-    from billing.services import api_key_create
     from registry.models import Canary, Deployment, Model, ModelVersion
 
     name = f"rollout-{uuid.uuid4().hex[:6]}"

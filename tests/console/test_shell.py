@@ -12,7 +12,7 @@ from django.contrib.staticfiles import finders
 from django.core import mail
 from django.test import Client
 
-from billing.models import Membership, Organization, Role
+from accounts.models import Membership, Organization, Role
 from core import keys
 from core.redis import sync_redis
 

@@ -8,16 +8,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from billing.models import Role
-from billing.services import membership_set, platform_organization
+from accounts.models import Role
+from accounts.services import membership_set, platform_organization
 from registry.models import Deployment, Model, ModelVersion
-
-
-def client_for(user: Any) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    return client
+from tests.support.api import client_for
 
 
 @pytest.fixture

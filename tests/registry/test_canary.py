@@ -18,9 +18,10 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import ApiKey, CacheOutcome, Role, UsageRecord
+from accounts.models import ApiKey, Role
+from accounts.services import api_key_create, membership_set, organization_create, platform_organization
+from billing.models import CacheOutcome, UsageRecord
 from billing.served_requests import served_requests
-from billing.services import api_key_create, membership_set, organization_create, platform_organization
 from registry.canary import (
     CanaryConflict,
     canary_create,
@@ -470,7 +471,8 @@ class TestController:
     def test_a_version_under_an_active_canary_cannot_be_swapped_away(self, api_key):
         """Defect 10 of issue 18: a swap of the base would leave the canary's rollback unable to
         set {base: 100}, and a canary judged worse would keep its share."""
-        from registry.services import InvalidInput, deployment_swap_version
+        from core.errors import InvalidInput
+        from registry.services import deployment_swap_version
 
         model = deployed_model()
         v3 = ModelVersion.objects.create(

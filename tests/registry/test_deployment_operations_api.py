@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.models import UsageRecord
 from registry.models import AuditEntry, Deployment, Model
 from serving.models import ShadowPolicy, ShadowRecord
-from tests.registry.conftest import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -160,7 +160,7 @@ class TestShadow:
         assert not ShadowPolicy.objects.exists()
 
     def test_the_comparison_sets_the_candidate_beside_the_primary_on_the_same_requests(self, ml, chat_model, alice_org):
-        from billing.services import api_key_create
+        from accounts.services import api_key_create
 
         key = api_key_create(organization=alice_org, name="k").api_key
         now = timezone.now()

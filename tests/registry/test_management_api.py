@@ -16,7 +16,7 @@ from registry import artifacts
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_create, traffic_set
 from serving.urls import DATA_PLANE_PREFIXES
-from tests.registry.conftest import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from registry.services import (
     replica_surplus,
     replica_transition,
 )
-from tests.registry.conftest import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -63,7 +63,7 @@ def committed(django_db_blocker: Any, fn: Callable[[], Any]) -> Any:
 def api_key(django_db_setup, django_db_blocker) -> ApiKeyFixture:
     """A key of a new organisation for each test: the semantic cache is per organisation, so
     no test is answered from another test's answers."""
-    from billing.services import api_key_create, organization_create
+    from accounts.services import api_key_create, organization_create
 
     def make() -> ApiKeyFixture:
         org = organization_create(name=f"API tests {uuid.uuid4().hex[:6]}")
@@ -75,7 +75,7 @@ def api_key(django_db_setup, django_db_blocker) -> ApiKeyFixture:
 
 @pytest.fixture(scope="session")
 def make_api_key(django_db_setup, django_db_blocker) -> Callable[..., ApiKeyFixture]:
-    from billing.services import api_key_create, organization_create
+    from accounts.services import api_key_create, organization_create
 
     def make(**kwargs: Any) -> ApiKeyFixture:
         def create() -> ApiKeyFixture:

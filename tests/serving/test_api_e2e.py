@@ -317,7 +317,7 @@ class TestRefusedRequestsDispatchNothing:
         assert "sk-nopesk-nope" not in error["message"]  # the key is not echoed back
 
     def test_revoked_key(self, gateway, make_api_key, django_db_blocker, nothing_dispatched):
-        from billing.models import ApiKey
+        from accounts.models import ApiKey
 
         key = make_api_key()
         assert _post(gateway, "/v1/models", method="GET", secret=key.secret).status_code == 200
@@ -330,7 +330,7 @@ class TestRefusedRequestsDispatchNothing:
     def test_expired_key(self, gateway, make_api_key, django_db_blocker, nothing_dispatched):
         from datetime import UTC, datetime, timedelta
 
-        from billing.models import ApiKey
+        from accounts.models import ApiKey
 
         key = make_api_key(expires_at=datetime.now(UTC) + timedelta(seconds=30))  # only a future expiry is accepted
         expired = datetime.now(UTC) - timedelta(seconds=1)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from billing.services import api_key_create, organization_create
+from accounts.services import api_key_create, organization_create
 from core.errors import InvalidInput
 from registry.autoscaler import AutoscalePolicy, DeploymentConfig, Observations, decide, last_change_at
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica

@@ -323,8 +323,8 @@ class TestModels:
         client.assert_nothing_ran()
 
     def test_a_model_outside_the_keys_allowed_models(self, client, django_db_blocker):
-        from billing.models import Organization
-        from billing.services import api_key_create
+        from accounts.models import Organization
+        from accounts.services import api_key_create
 
         def restricted() -> str:
             organization = Organization.objects.get(pk=client.key.organization_id)

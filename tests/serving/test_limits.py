@@ -206,13 +206,13 @@ class TestBudgets:
         }
 
     def test_an_org_budget_binds_all_its_keys(self, gateways, fake_model, make_api_key, django_db_blocker):
-        from billing.models import ApiKey, Organization
+        from accounts.models import ApiKey, Organization
 
         first = make_api_key(rate_limit_tpm=1_000_000)
         org_id = first.organization_id
 
         def second_key_and_budget():
-            from billing.services import api_key_create
+            from accounts.services import api_key_create
 
             # One token costs 0.001 in and out: an answer of 3 + 140 tokens costs 0.143 of the 0.2.
             price_model(fake_model.name, input_per_million="1000", output_per_million="1000")
@@ -274,13 +274,13 @@ class TestKeyLifecycle:
     ):
         from django.contrib.auth import get_user_model
 
-        from billing.models import Role
-        from billing.services import membership_set
+        from accounts.models import Role
+        from accounts.services import membership_set
 
         key = make_api_key(rate_limit_rpm=10_000)
 
         def admin() -> None:
-            from billing.models import Organization
+            from accounts.models import Organization
 
             user = get_user_model().objects.create_user(username=f"admin-{key.key_id}", password="pw-1234567890")
             membership_set(
@@ -307,8 +307,8 @@ class TestKeyLifecycle:
     def test_rotation_keeps_the_old_key_for_the_grace_period(
         self, gateways, fake_model, make_api_key, django_db_blocker
     ):
-        from billing.models import ApiKey
-        from billing.services import api_key_rotate
+        from accounts.models import ApiKey
+        from accounts.services import api_key_rotate
 
         old = make_api_key(rate_limit_rpm=10_000)
         fake_model.control(mode="normal", tokens=1, delay=0)
@@ -325,7 +325,7 @@ class TestKeyLifecycle:
         assert chat(gateways[0], issued.secret, fake_model.name).status_code == 200
 
     def test_last_use_is_recorded(self, gateways, fake_model, make_api_key, django_db_blocker):
-        from billing.models import ApiKey
+        from accounts.models import ApiKey
 
         key = make_api_key()
         fake_model.control(mode="normal", tokens=1, delay=0)

@@ -109,15 +109,10 @@ def fuzz_world(django_db_setup, django_db_blocker) -> Iterator[FuzzWorld]:
         from django.contrib.auth import get_user_model
         from django.utils import timezone
 
+        from accounts.models import Role
+        from accounts.services import api_key_create, invitation_create, membership_set, organization_create
         from billing.invoicing import parse_period
-        from billing.models import Role
-        from billing.services import (
-            api_key_create,
-            invitation_create,
-            invoice_draft,
-            membership_set,
-            organization_create,
-        )
+        from billing.services import invoice_draft
         from registry.models import Replica
 
         users = get_user_model().objects

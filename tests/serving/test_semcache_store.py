@@ -21,15 +21,16 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, connections, transaction
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.utils import timezone
-from rest_framework.test import APIClient
 
-from billing.models import Role
-from billing.services import InvalidInput, membership_set, organization_create, platform_organization
+from accounts.models import Role
+from accounts.services import membership_set, organization_create, platform_organization
 from core.db import run_db
+from core.errors import InvalidInput
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
 from serving.semcache import store
 from serving.semcache.store import CacheUnavailable, SearchTuning
 from serving.services import cache_purge
+from tests.support.api import client_for
 
 PLANS = ["exact", "hnsw"]
 
@@ -355,13 +356,6 @@ class TestPurgeCommand:
         with pytest.raises(CommandError, match="no organisation"):
             call_command("purge_cache", "--org", "Nobody Inc", stdout=StringIO())
         assert remaining(cached) == ALL
-
-
-def client_for(user: Any) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def forget_usage(django_db_blocker, key_ids: list[int]) -> None:
 @pytest.fixture(scope="module")
 def tenants(django_db_setup, django_db_blocker) -> Iterator[Tenants]:
     """Daily rollups (the only thing the endpoint reads) for three keys, committed."""
-    from billing.services import api_key_create, organization_create
+    from accounts.services import api_key_create, organization_create
 
     today = datetime.now(UTC).date()
 

@@ -8,9 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from accounts.models import Organization
 from billing import invoicing
-from billing.models import Organization
-from billing.services import InvalidInput, invoices_draft_month
+from billing.services import invoices_draft_month
+from core.errors import InvalidInput
 
 
 class Command(BaseCommand):

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from billing.services import InvalidInput, price_set
+from billing.services import price_set
+from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
 
 # The service's field names, as this command's options.

@@ -18,16 +18,17 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from billing.models import ApiKey, Price, Role, Tier
-from billing.services import (
+from accounts.models import ApiKey, Role, Tier
+from accounts.services import (
     api_key_create,
     api_key_hash,
     api_key_update,
     membership_set,
     organization_get_or_create,
     platform_organization,
-    price_set,
 )
+from billing.models import Price
+from billing.services import price_set
 from core.embedded import VAR_DIR
 from registry.bundled import BUNDLED_MODELS
 from registry.models import Deployment, Model, ModelVersion

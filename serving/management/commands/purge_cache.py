@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from billing.models import Organization
-from billing.services import InvalidInput
+from accounts.models import Organization
+from core.errors import InvalidInput
 from serving.services import cache_purge
 
 

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 
-from billing.models import ApiKey
-from billing.services import api_key_create, api_key_hash
+from accounts.models import ApiKey
+from accounts.services import api_key_create, api_key_hash
 
 pytestmark = pytest.mark.django_db
 
@@ -179,8 +179,8 @@ class TestPlanAtAdmission:
 
     @pytest.fixture
     def downgraded(self, alice_org, django_user_model):
-        from billing.models import Membership, Role
-        from billing.services import organization_update
+        from accounts.models import Membership, Role
+        from accounts.services import organization_update
 
         big = api_key_create(
             organization=alice_org, name="big", tier="paid", rate_limit_rpm=10_000, rate_limit_tpm=10_000_000,
@@ -192,7 +192,7 @@ class TestPlanAtAdmission:
         return ApiKey.objects.select_related("organization").get(pk=big.pk), admin
 
     def test_an_old_key_is_admitted_within_the_plan_it_is_on_now(self, downgraded):
-        from billing.grants import KeyGrant
+        from accounts.grants import KeyGrant
 
         key, _ = downgraded
         grant = KeyGrant.of(key)
@@ -203,7 +203,7 @@ class TestPlanAtAdmission:
     def test_rotation_keeps_the_plan_bounds(self, downgraded):
         from datetime import timedelta
 
-        from billing.services import api_key_rotate
+        from accounts.services import api_key_rotate
 
         key, admin = downgraded
         with pytest.raises(ValueError, match="plan"):  # what the org admin may not create
@@ -216,8 +216,8 @@ class TestPlanAtAdmission:
             assert (rotated.rate_limit_rpm, rotated.rate_limit_tpm, rotated.max_concurrent) == (60, 100_000, 4)
 
     def test_a_key_with_no_limit_of_its_own_gets_the_ceiling(self, alice_org):
-        from billing.grants import KeyGrant
-        from billing.services import organization_update
+        from accounts.grants import KeyGrant
+        from accounts.services import organization_update
 
         key = api_key_create(organization=alice_org, name="open", max_concurrent=None).api_key
         assert KeyGrant.of(key).key_limits.concurrent == 256  # the paid plan's ceiling

@@ -2,7 +2,7 @@
 
 A grant is always within the organisation's *current* plan, whatever the key was created
 with: its tier is at most the organisation's, and each of its limits at most the plan's
-ceiling (``billing.selectors.plan_key_ceilings``; an empty limit under a ceiling becomes the
+ceiling (``accounts.selectors.plan_key_ceilings``; an empty limit under a ceiling becomes the
 ceiling). So a downgraded organisation's old keys, and keys rotated from them, are admitted
 only within the plan it is on now.
 """
@@ -14,8 +14,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from billing.models import ApiKey, Limits, Tier
-from billing.selectors import KEY_CEILING_FIELDS, TIER_RANK, plan_key_ceilings
+from accounts.models import ApiKey, Limits, Tier
+from accounts.selectors import KEY_CEILING_FIELDS, TIER_RANK, plan_key_ceilings
 
 
 @dataclass(frozen=True)

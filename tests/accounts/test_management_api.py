@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from billing.models import ApiKey, Membership, Role
-from billing.services import api_key_create, membership_set, organization_create, platform_organization
-from tests.billing.conftest import client_for
+from accounts.models import ApiKey, Membership, Role
+from accounts.services import api_key_create, membership_set, organization_create, platform_organization
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

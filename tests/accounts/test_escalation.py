@@ -7,9 +7,8 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import PermissionDenied
 
-from billing.models import ApiKey, Invitation, Membership, Role, Tier
-from billing.services import (
-    InvalidInput,
+from accounts.models import ApiKey, Invitation, Membership, Role, Tier
+from accounts.services import (
     api_key_create,
     invitation_create,
     membership_set,
@@ -17,7 +16,8 @@ from billing.services import (
     organization_update,
     platform_organization,
 )
-from tests.billing.conftest import client_for
+from core.errors import InvalidInput
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from billing.models import Organization, Tier
-from billing.services import InvalidInput, api_key_create
+from accounts.models import Organization, Tier
+from accounts.services import api_key_create
+from core.errors import InvalidInput
 
 # The longest expiry the command takes: beyond it, use no expiry at all.
 MAX_EXPIRES_IN_DAYS = 36_500

@@ -27,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from billing.models import (
+from accounts.models import (
     LIMIT_MAX,
     SPEND_CAP_DECIMAL_PLACES,
     SPEND_CAP_MAX_DIGITS,
@@ -39,9 +39,10 @@ from billing.models import (
     Role,
     Tier,
 )
-from billing.selectors import TIER_RANK, is_platform_admin, plan_key_ceilings, role_in
+from accounts.permissions import is_platform_admin
+from accounts.selectors import TIER_RANK, plan_key_ceilings, role_in
 from core import keys
-from core.errors import InvalidInput as InvalidInput  # re-exported: billing's callers import it from here
+from core.errors import InvalidInput
 from core.redis import sync_redis
 
 KEY_PREFIX = "sk-"

@@ -2,7 +2,7 @@
 
 Every object is reached through an organisation the user may see; anyone else's objects
 answer 404, so tenants cannot even learn what exists. Who may do what (the rules live in
-billing/services.py; views pass who is acting):
+accounts/services.py; views pass who is acting):
 
 - platform admins (the ML team): everything, including creating organisations, setting
   organisation limits, budgets and tiers, and adding existing users directly;
@@ -29,11 +29,11 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing.models import ApiKey, Invitation, Membership, Organization, Role
-from billing.selectors import invitations_pending_for, is_platform_admin, organizations_visible_to, role_in
-from billing.services import (
+from accounts.models import ApiKey, Invitation, Membership, Organization, Role
+from accounts.permissions import is_platform_admin
+from accounts.selectors import invitations_pending_for, organizations_visible_to, role_in
+from accounts.services import (
     LIMIT_FIELDS,
-    InvalidInput,
     api_key_create,
     api_key_revoke,
     api_key_rotate,
@@ -45,6 +45,7 @@ from billing.services import (
     organization_create,
     organization_update,
 )
+from core.errors import InvalidInput
 
 ADMIN_ROLES = {Role.PLATFORM_ADMIN, Role.ORG_ADMIN}
 
