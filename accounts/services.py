@@ -91,10 +91,6 @@ def api_key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def key_invalidation_channel() -> str:
-    return keys.key_invalidation_channel()
-
-
 def _publish_key_change(key_hash: str) -> None:
     """Tell every gateway to drop its cached copy of this key, after the change commits.
 
@@ -104,7 +100,7 @@ def _publish_key_change(key_hash: str) -> None:
     def publish() -> None:
         # Best effort: the 1 s cache bound still holds without the message.
         with contextlib.suppress(Exception):
-            sync_redis().publish(key_invalidation_channel(), key_hash)
+            sync_redis().publish(keys.key_invalidation_channel(), key_hash)
 
     transaction.on_commit(publish)
 

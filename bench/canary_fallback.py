@@ -5,8 +5,8 @@ the traffic. Model ``canary-bench`` has v1 (stable) and v2 (the canary), each se
 fake vLLM server (``tests/fake_engine.py``; v2's with ``fail_rate``); a canary of v2 starts
 at 10 % (steps 10, 50, 100, ``--interval`` seconds each). Client threads send JSON chat
 completions from many callers (so the split is the canary's) at about ``--rps`` requests a
-second, while this process runs the real canary controller (``registry.canary.canary_tick``
-over ``billing.served_requests``, as the Celery control worker does) and a persister moves
+second, while this process runs the real canary controller (``rollout.canary.canary_tick``
+over ``rollout.served_requests``, as the Celery control worker does) and a persister moves
 the usage stream and the failed attempts into PostgreSQL, until the canary is rolled back.
 
 It runs the scenario twice in one run, with the gateway's fallback off
@@ -51,7 +51,8 @@ def serve_versions(stable: str, canary: str) -> None:
     """v1 at weight 100 on ``stable``, v2 at 0 on ``canary``: running, one ready replica each."""
     from django.utils import timezone
 
-    from registry.models import Canary, Deployment, Model, ModelVersion, Replica
+    from registry.models import Deployment, Model, ModelVersion, Replica
+    from rollout.models import Canary
 
     model, _ = Model.objects.get_or_create(name=MODEL, defaults={"task": "chat", "owner": "bench"})
     Canary.objects.filter(model=model, status__in=Canary.ACTIVE_STATUSES).update(status=Canary.Status.ROLLED_BACK)
@@ -104,10 +105,11 @@ def start_gateway(workdir: Path, *, fallback: bool) -> Server:
 def run_scenario(args: argparse.Namespace, workdir: Path, *, fallback: bool) -> dict[str, Any]:
     from django.db import connections
 
-    from billing.served_requests import served_requests
     from billing.usage import persist_failed_attempts, persist_usage_stream
-    from registry.canary import canary_create, canary_tick
-    from registry.models import Canary, Model
+    from registry.models import Model
+    from rollout.canary import canary_create, canary_tick
+    from rollout.models import Canary
+    from rollout.served_requests import served_requests
 
     stable = start_fake_engine(workdir, f"stable-{fallback}", 4)
     canary_engine = start_fake_engine(workdir, f"canary-{fallback}", 4)

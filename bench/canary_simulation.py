@@ -4,8 +4,8 @@ repeatable run (docs/performance.md, "Canary controller: simulation").
 No database and no engines: requests arrive as a Poisson process, each goes to the canary
 with the current step's probability, and its answer (status, latency, TTFT, tokens, finish
 reason) is drawn from the arm's profile. At every interval boundary the current step's
-window goes through ``registry.canary_stats.judge`` and ``registry.canary.plan_move``, the
-functions ``registry.canary.canary_decide`` applies to the usage records; a promoted step
+window goes through ``rollout.canary_stats.judge`` and ``rollout.canary.plan_move``, the
+functions ``rollout.canary.canary_decide`` applies to the usage records; a promoted step
 starts a new window, as there. The database plumbing around them (locks, weights, audit)
 is tested in tests/registry/test_canary.py.
 
@@ -42,8 +42,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from registry.canary import plan_move  # noqa: E402
-from registry.canary_stats import ALPHA, RequestSample, judge  # noqa: E402
+from rollout.canary import plan_move  # noqa: E402
+from rollout.canary_stats import ALPHA, RequestSample, judge  # noqa: E402
 
 MAX_TOKENS = 256
 

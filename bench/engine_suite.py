@@ -40,7 +40,7 @@ def replica_of(model: str) -> tuple[str, str, str]:
     """The model's ready replica: endpoint, its own key, and the tokenizer directory."""
     django_setup()
     from registry.models import Replica
-    from serving.replica_keys import replica_api_key
+    from registry.replica_keys import replica_api_key
     from serving.routing import _tokenizer_dir
 
     replica = (

@@ -114,7 +114,7 @@ def discover(args: argparse.Namespace) -> tuple[str, str, str]:
 
     django.setup()
     from registry.models import Replica
-    from serving.replica_keys import replica_api_key
+    from registry.replica_keys import replica_api_key
 
     replica = Replica.objects.filter(state="ready", deployment__version__model__name=args.model).first()
     if replica is None:

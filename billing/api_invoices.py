@@ -30,7 +30,6 @@ from billing import invoicing
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice, InvoiceLine
 from billing.services import (
-    IllegalTransition,
     InvoiceFrozen,
     invoice_draft,
     invoice_finalize,
@@ -39,6 +38,7 @@ from billing.services import (
     invoice_void,
 )
 from core.errors import InvalidInput
+from core.transitions import IllegalTransition
 
 
 class Conflict(APIException):

@@ -399,7 +399,7 @@ async def admit(
 async def note_failed_attempt(event: UsageEvent) -> None:
     """Record an engine attempt that failed before the request's first byte and was retried
     elsewhere: never billed or limited (the request is, once, as the attempt that answered),
-    but the version that failed is judged by it (``billing.served_requests``). Best effort:
+    but the version that failed is judged by it (``rollout.served_requests``). Best effort:
     with Redis away the request still goes on."""
     try:
         await async_redis().xadd(keys.failed_attempts(), event.to_fields())  # type: ignore[arg-type]

@@ -99,7 +99,7 @@ class FailedAttempt(models.Model):
     was retried on another replica or version (``serving.orchestrator``, the fallback).
 
     Never billed, limited or invoiced: the request is metered once, as the attempt that
-    answered. But the version that failed is judged by it (``billing.served_requests``), so
+    answered. But the version that failed is judged by it (``rollout.served_requests``), so
     a failing canary is rolled back as fast as if its customers had seen the errors.
     """
 

@@ -120,6 +120,7 @@ INSTALLED_APPS = [
     "registry",
     "serving",
     "billing",
+    "rollout",
 ]
 
 MIDDLEWARE = [
@@ -231,7 +232,7 @@ CELERY_TASK_ROUTES = {
     for queue, tasks in {
         "metering": ("billing.tasks.usage_persist", "billing.tasks.budget_alerts_persist",
                      "serving.tasks.usage_sweep_lost"),
-        "control": ("registry.tasks.canary_tick", "serving.tasks.autoscale_tick"),
+        "control": ("rollout.tasks.canary_tick", "rollout.tasks.autoscale_tick"),
         "slow": ("registry.tasks.bundled_models_import", "billing.tasks.invoices_draft_due",
                  "billing.tasks.invoice_email", "billing.tasks.budget_alerts_email",
                  "billing.tasks.budget_alerts_notify_pending", "billing.tasks.usage_rollups_build",
@@ -343,12 +344,12 @@ CELERY_BEAT_SCHEDULE = {
     "semantic-cache-purge-expired": every(
         envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0), "serving.tasks.cache_purge_expired"
     ),
-    # The autoscaler (registry.autoscaler, serving.autoscaling): one pass over every running
+    # The autoscaler (rollout.autoscaler, rollout.observations): one pass over every running
     # deployment whose policy is enabled; its changes are audited ("autoscale").
-    "autoscale-tick": every(envfloat("AUTOSCALER_TICK_SECONDS", 15.0), "serving.tasks.autoscale_tick"),
+    "autoscale-tick": every(envfloat("AUTOSCALER_TICK_SECONDS", 15.0), "rollout.tasks.autoscale_tick"),
     # Each running canary is judged at its own interval boundaries; this is only how often
-    # the controller looks for boundaries that have come (registry.canary).
-    "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "registry.tasks.canary_tick"),
+    # the controller looks for boundaries that have come (rollout.canary).
+    "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),
 }
 
 # --- Semantic cache (serving/semcache) ---------------------------------------------------
@@ -400,7 +401,7 @@ ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
 # The program a replica runs (its arguments follow). Empty: vLLM's OpenAI server.
 WORKER_ENGINE_LAUNCHER = os.environ.get("WORKER_ENGINE_LAUNCHER", "")
 
-# --- Autoscaler (registry.autoscaler; each deployment's policy is its ``autoscale`` JSON) ---
+# --- Autoscaler (rollout.autoscaler; each deployment's policy is its ``autoscale`` JSON) ---
 # Each replica's /metrics must answer within this, or it counts as not observed.
 AUTOSCALER_SCRAPE_TIMEOUT = envfloat("AUTOSCALER_SCRAPE_TIMEOUT", 1.0)
 # p99 latency is read over the usage records of this many last seconds, and only from

@@ -25,8 +25,9 @@ urlpatterns = [
     path("api/", include("billing.urls")),
     # Management paths under /api/v1/ that the data plane does not claim (serving.urls.DATA_PLANE_PREFIXES).
     path("api/v1/", include("registry.urls")),
-    path("api/v1/", include("serving.api_shadow")),
-    path("api/cache/", include("serving.api_cache")),
+    path("api/v1/", include("rollout.urls")),
+    path("api/v1/", include("serving.shadow_management_api")),
+    path("api/cache/", include("serving.cache_management_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

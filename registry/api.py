@@ -1,6 +1,7 @@
 """The registry's management API under /api/v1/, for platform admins: register model versions,
-deploy them, split a model's traffic between its versions, run canaries, hot-swap a deployment's
-version, set its replicas and autoscaling, restart a replica, read the audit log.
+deploy them, split a model's traffic between its versions, set a deployment's replicas, restart a
+replica, read the audit log. Canaries, hot-swaps and autoscaling policies are rollout's
+(``rollout.api``, under the same prefix).
 
 Views parse, call ``registry.services`` (which hold every write and its audit entry) and
 render. A service's refusal is a 400 naming the field; registering a version again is 200
@@ -9,11 +10,11 @@ when every value is the same (a retried request) and 409 when any differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -23,40 +24,15 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-# Who is a platform admin is billing's (memberships and roles); only this HTTP layer of the
-# registry asks, its models and services never import billing.
 from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
-from registry.autoscaler import AutoscalePolicy
-from registry.canary import (
-    CanaryConflict,
-    active_canary,
-    canary_create,
-    canary_pause,
-    canary_promote,
-    canary_resume,
-    canary_rollback,
-)
-from registry.canary_stats import CRITERIA
-from registry.hotswap import Swap, swap_get
-from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion, Replica, Task
-from registry.selectors import (
-    audit_entries,
-    canary_latest,
-    deployments_with_replicas,
-    model_traffic_split,
-    models_with_deployments,
-)
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+from registry.selectors import audit_entries, deployments_with_replicas, models_with_deployments
 from registry.services import (
-    SWAP,
-    IllegalTransition,
     VersionConflict,
-    deployment_autoscale_set,
     deployment_bounds_set,
     deployment_create,
     deployment_scale,
-    deployment_swap_cancel,
-    deployment_swap_version,
     model_version_create,
     replica_restart_request,
     traffic_set,
@@ -69,7 +45,7 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
-def _refused(exc: InvalidInput, api_fields: Mapping[str, str] | None = None) -> ValidationError:
+def refused(exc: InvalidInput, api_fields: Mapping[str, str] | None = None) -> ValidationError:
     """A service's refusal as a 400 naming the field as the API calls it."""
     field = (api_fields or {}).get(exc.field, exc.field)
     return ValidationError({field: [exc.message]})
@@ -239,7 +215,7 @@ def model_collection(request: Request) -> Response:
             **data.get("gpu_requirements", {}),
         )
     except InvalidInput as exc:
-        raise _refused(exc) from exc
+        raise refused(exc) from exc
     except VersionConflict as exc:
         raise Conflict(str(exc)) from exc
     return Response(
@@ -303,7 +279,7 @@ def deployment_collection(request: Request) -> Response:
             gpu_type=resources.get("gpu_type", version.gpu_type),
         )
     except InvalidInput as exc:
-        raise _refused(exc, {"traffic_weight": "traffic_percent", "replicas": "resources"}) from exc
+        raise refused(exc, {"traffic_weight": "traffic_percent", "replicas": "resources"}) from exc
     created = deployments_with_replicas().get(pk=deployment.pk)
     return Response(DeploymentSerializer(created).data, status=status.HTTP_201_CREATED)
 
@@ -326,7 +302,7 @@ def traffic_split(request: Request, model: str) -> Response:
     try:
         split = traffic_set(actor=request.user, model=found, weights=request.data)
     except InvalidInput as exc:
-        raise _refused(exc) from exc
+        raise refused(exc) from exc
     return Response(split)
 
 
@@ -369,202 +345,7 @@ class AuditEntryList(generics.ListAPIView[AuditEntry]):
         )
 
 
-# --- Canaries -------------------------------------------------------------------------
-
-
-class CanaryCreateSerializer(serializers.Serializer[Any]):
-    base_version = serializers.CharField(max_length=50, help_text="the version serving now")
-    canary_version = serializers.CharField(max_length=50, help_text="the candidate")
-    canary_percentage = serializers.IntegerField(
-        required=False, help_text="the first step (1 to 99) when steps are omitted; default 5"
-    )
-    steps = serializers.ListField(
-        child=serializers.IntegerField(),
-        required=False,
-        help_text="the canary's percentage at each step, increasing, e.g. [5, 25, 50, 100] (the default)",
-    )
-    interval_seconds = serializers.IntegerField(help_text="how long each step's window lasts before a decision")
-    min_samples = serializers.IntegerField(
-        required=False, default=50, help_text="requests each arm needs before any verdict"
-    )
-    success_criteria = serializers.DictField(
-        child=serializers.FloatField(),
-        required=False,
-        default=dict,
-        help_text="absolute bounds on the canary: " + "; ".join(f"{k}: {v}" for k, v in CRITERIA.items()),
-    )
-    auto_promote = serializers.BooleanField(
-        required=False, default=False, help_text="promote at the last step; else hold there for a person"
-    )
-
-
-class CanaryDecisionSerializer(serializers.ModelSerializer[CanaryDecision]):
-    actor = serializers.CharField(
-        source="actor.username", default=None, read_only=True, allow_null=True, help_text="null: automatic"
-    )
-
-    class Meta:
-        model = CanaryDecision
-        fields = ["id", "at", "step", "canary_percent", "verdict", "reasons", "figures", "actor"]
-        read_only_fields = fields
-
-
-class CanarySerializer(serializers.ModelSerializer[Canary]):
-    model = serializers.CharField(source="model.name", read_only=True)
-    base_version = serializers.CharField(source="base_version.version", read_only=True)
-    canary_version = serializers.CharField(source="canary_version.version", read_only=True)
-    canary_percent = serializers.IntegerField(read_only=True, help_text="the current step's percentage")
-    weights = serializers.SerializerMethodField(help_text="the model's split in force now: version to percentage")
-    created_by = serializers.CharField(
-        source="created_by.username",
-        default=None,
-        read_only=True,
-        allow_null=True,
-        help_text="null: the operator (a command), or a deleted user",
-    )
-    decisions = CanaryDecisionSerializer(many=True, read_only=True)
-
-    class Meta:
-        model = Canary
-        fields = [
-            "id", "model", "base_version", "canary_version", "status", "steps", "current_step", "canary_percent",
-            "weights", "interval_seconds", "min_samples", "success_criteria", "auto_promote", "step_started_at",
-            "next_decision_at", "created_by", "created_at", "updated_at", "decisions",
-        ]  # fmt: skip
-        read_only_fields = fields
-
-    def get_weights(self, canary: Canary) -> dict[str, int]:
-        return model_traffic_split(model=canary.model)
-
-
-def _model_named(name: str) -> Model:
-    found = Model.objects.filter(name=name).first()
-    if found is None:
-        raise NotFound(f"No model named {name!r}.")
-    return found
-
-
-def _canary_response(model: Model, status_code: int = status.HTTP_200_OK) -> Response:
-    canary = canary_latest(model=model)
-    return Response(CanarySerializer(canary).data, status=status_code)
-
-
-@extend_schema(
-    methods=["GET"],
-    tags=["registry"],
-    description="The model's active canary (else its latest): state, current step, the split in force and every "
-    "decision with the figures and test statistics that drove it.",
-    responses={200: CanarySerializer, 404: OpenApiResponse(description="the model never had a canary")},
-)
-@extend_schema(
-    methods=["POST"],
-    tags=["registry"],
-    description="Start a canary: the canary version takes the first step's share of the traffic from the base at "
-    "once, and the controller judges it at every interval (error rate, latency, TTFT, time per output token, empty "
-    "and truncated answers, and the absolute criteria): next step, hold, or roll back. Both versions need a pending "
-    "or running deployment.",
-    request=CanaryCreateSerializer,
-    responses={
-        201: CanarySerializer,
-        409: OpenApiResponse(description="the model has an active canary already"),
-    },
-)
-@api_view(["GET", "POST"])
-@permission_classes([IsPlatformAdmin])
-def canary_collection(request: Request, name: str) -> Response:
-    """GET: the model's canary and its decisions. POST: start one."""
-    model = _model_named(name)
-    if request.method == "GET":
-        if canary_latest(model=model) is None:
-            raise NotFound(f"{name} has no canary.")
-        return _canary_response(model)
-    body = CanaryCreateSerializer(data=request.data)
-    body.is_valid(raise_exception=True)
-    data = body.validated_data
-    try:
-        canary_create(
-            actor=request.user,
-            model=model,
-            base_version=data["base_version"],
-            canary_version=data["canary_version"],
-            canary_percentage=data.get("canary_percentage"),
-            steps=data.get("steps"),
-            interval_seconds=data["interval_seconds"],
-            min_samples=data["min_samples"],
-            success_criteria=data["success_criteria"],
-            auto_promote=data["auto_promote"],
-        )
-    except InvalidInput as exc:
-        parent, _, key = exc.field.partition(".")
-        if key:  # success_criteria.<key>: nested as DRF nests a dict field's errors
-            raise ValidationError({parent: {key: [exc.message]}}) from exc
-        raise _refused(exc) from exc
-    except CanaryConflict as exc:
-        raise Conflict(str(exc)) from exc
-    return _canary_response(model, status.HTTP_201_CREATED)
-
-
-_CANARY_ACTIONS: dict[str, tuple[Callable[..., Canary], str]] = {
-    "pause": (canary_pause, "Stop judging; the split stays as it is."),
-    "resume": (canary_resume, "Judge again, from a fresh window of the current step."),
-    "promote": (canary_promote, "The canary takes all the traffic; the canary is promoted."),
-    "rollback": (canary_rollback, "The canary's weight is 0 at once; the base takes all the traffic."),
-}
-
-
-@extend_schema(
-    tags=["registry"],
-    operation_id="v1_models_canary_action",
-    request=None,
-    parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH, enum=list(_CANARY_ACTIONS))],
-    description="pause, resume, promote or roll back the model's active canary. "
-    + " ".join(f"{action}: {text}" for action, (_, text) in _CANARY_ACTIONS.items()),
-    responses={
-        200: CanarySerializer,
-        400: OpenApiResponse(description="the split could not be set (a version's deployment has stopped)"),
-        404: OpenApiResponse(description="no active canary"),
-        409: OpenApiResponse(description="not from its current state (e.g. resume when running)"),
-    },
-)
-@api_view(["POST"])
-@permission_classes([IsPlatformAdmin])
-def canary_action(request: Request, name: str, action: str) -> Response:
-    """Pause, resume, promote or roll back the model's active canary."""
-    model = _model_named(name)
-    if action not in _CANARY_ACTIONS:
-        raise NotFound(f"No canary action {action!r}.")
-    canary = active_canary(model=model)
-    if canary is None:
-        raise NotFound(f"{name} has no active canary.")
-    act, _ = _CANARY_ACTIONS[action]
-    try:
-        act(actor=request.user, canary=canary)
-    except IllegalTransition as exc:
-        raise Conflict(f"The canary is {exc.current}: it cannot {action}.") from exc
-    except InvalidInput as exc:  # the split could not be set (a version's deployment has stopped)
-        raise _refused(exc) from exc
-    return _canary_response(model)
-
-
-# --- Deployment operations: hot-swap, replicas, autoscaling ---------------------------
-
-
-class SwapRequestSerializer(serializers.Serializer[Any]):
-    version = serializers.CharField(max_length=50, help_text="the registered version to serve instead")
-
-
-class SwapSerializer(serializers.Serializer[Any]):
-    id = serializers.IntegerField(source="entry.pk", help_text="the swap's audit entry")
-    model = serializers.CharField()
-    from_version = serializers.CharField()
-    to_version = serializers.CharField()
-    old_deployment = serializers.IntegerField(source="old_id")
-    new_deployment = serializers.IntegerField(source="new_id")
-    phase = serializers.CharField(help_text="starting, shifted, draining, completed, aborted or cancelled")
-    started_at = serializers.DateTimeField()
-    shifted_at = serializers.DateTimeField(allow_null=True, help_text="when the traffic moved to the new replicas")
-    drain_at = serializers.DateTimeField(allow_null=True, help_text="when the old replicas began to drain")
-    outcome = serializers.CharField(allow_null=True)
+# --- Deployment operations: replicas and restarts ---------------------------
 
 
 class ReplicaBoundsSerializer(serializers.Serializer[Any]):
@@ -578,77 +359,11 @@ class ReplicaBoundsSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-def _deployment_numbered(pk: int) -> Deployment:
+def deployment_numbered(pk: int) -> Deployment:
     found = Deployment.objects.select_related("version__model").filter(pk=pk).first()
     if found is None:
         raise NotFound(f"No deployment {pk}.")
     return found
-
-
-def _latest_swap(deployment: Deployment) -> Swap | None:
-    entry = (
-        AuditEntry.objects.filter(action=SWAP)
-        .filter(Q(target=str(deployment.pk)) | Q(after__swap_to=deployment.pk))
-        .order_by("-id")
-        .first()
-    )
-    return swap_get(swap_id=entry.pk) if entry is not None else None
-
-
-@extend_schema(
-    methods=["GET"],
-    tags=["registry"],
-    description="The latest hot-swap this deployment took part in (as the old or the new one), with its phase.",
-    responses={200: SwapSerializer, 404: OpenApiResponse(description="never swapped")},
-)
-@extend_schema(
-    methods=["POST"],
-    tags=["registry"],
-    description="Hot-swap: a new deployment of `version` starts (same replicas and bounds, no traffic), the "
-    "traffic moves to it once every replica is ready, then this one drains (in-flight requests finish) and "
-    "stops. Supervisors carry it out; follow it with GET.",
-    request=SwapRequestSerializer,
-    responses={202: SwapSerializer, 409: OpenApiResponse(description="a swap of it is under way already")},
-)
-@extend_schema(
-    methods=["DELETE"],
-    tags=["registry"],
-    description="Cancel the deployment's swap before the traffic moves: the new replicas stop, this one serves on.",
-    responses={200: SwapSerializer, 409: OpenApiResponse(description="over, or the traffic has moved already")},
-)
-@api_view(["GET", "POST", "DELETE"])
-@permission_classes([IsPlatformAdmin])
-def deployment_swap(request: Request, pk: int) -> Response:
-    """GET: the deployment's latest swap. POST: swap it to another version. DELETE: cancel."""
-    deployment = _deployment_numbered(pk)
-    if request.method == "POST":
-        body = SwapRequestSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        version = ModelVersion.objects.filter(
-            model_id=deployment.version.model_id, version=body.validated_data["version"]
-        ).first()
-        if version is None:
-            raise ValidationError(
-                {"version": [f"{deployment.version.model.name} has no version {body.validated_data['version']!r}."]}
-            )
-        try:
-            deployment_swap_version(actor=request.user, deployment=deployment, version=version)
-        except InvalidInput as exc:
-            if exc.field == "deployment" and "under way" in exc.message:
-                raise Conflict(exc.message) from exc
-            raise _refused(exc) from exc
-        started = _latest_swap(deployment)
-        return Response(SwapSerializer(started).data, status=status.HTTP_202_ACCEPTED)
-    swap = _latest_swap(deployment)
-    if swap is None:
-        raise NotFound(f"Deployment {pk} was never swapped.")
-    if request.method == "DELETE":
-        try:
-            deployment_swap_cancel(actor=request.user, swap=swap.entry)
-        except InvalidInput as exc:
-            raise Conflict(exc.message) from exc
-        swap = swap_get(swap_id=swap.entry.pk)
-    return Response(SwapSerializer(swap).data)
 
 
 @extend_schema(
@@ -661,7 +376,7 @@ def deployment_swap(request: Request, pk: int) -> Response:
 @api_view(["PUT"])
 @permission_classes([IsPlatformAdmin])
 def deployment_replicas(request: Request, pk: int) -> Response:
-    deployment = _deployment_numbered(pk)
+    deployment = deployment_numbered(pk)
     body = ReplicaBoundsSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     data = body.validated_data
@@ -683,29 +398,7 @@ def deployment_replicas(request: Request, pk: int) -> Response:
                     action="deployment.scale",
                 )
     except InvalidInput as exc:
-        raise _refused(exc) from exc
-    return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)
-
-
-@extend_schema(
-    tags=["registry"],
-    description="Set the deployment's autoscaling policy (every key optional; unknown keys are refused). The "
-    "autoscaler scales out on queue depth, in-flight requests per replica and p99 latency or TTFT above target, "
-    "and in after a quiet period, within min/max replicas and with cooldowns.",
-    request={"application/json": {"type": "object", "example": AutoscalePolicy(enabled=True).as_json()}},
-    responses={200: DeploymentSerializer},
-)
-@api_view(["PUT"])
-@permission_classes([IsPlatformAdmin])
-def deployment_autoscale(request: Request, pk: int) -> Response:
-    deployment = _deployment_numbered(pk)
-    if not isinstance(request.data, Mapping):
-        raise ValidationError({"autoscale": ["Send an object."]})
-    try:
-        deployment_autoscale_set(actor=request.user, deployment=deployment, autoscale=dict(request.data))
-    except InvalidInput as exc:
-        parent, _, key = exc.field.partition(".")
-        raise ValidationError({key or parent: [exc.message]}) from exc
+        raise refused(exc) from exc
     return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)
 
 
@@ -733,6 +426,6 @@ def replica_restart(request: Request, pk: int) -> Response:
     try:
         replica_restart_request(actor=request.user, replica=replica)
     except InvalidInput as exc:
-        raise _refused(exc) from exc
+        raise refused(exc) from exc
     replica.refresh_from_db()
     return Response(ReplicaSerializer(replica).data, status=status.HTTP_202_ACCEPTED)

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from django.db.models import Prefetch, Q, QuerySet
 
-from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 
 
 def model_list_with_versions() -> QuerySet[Model]:
@@ -110,19 +110,7 @@ def model_traffic_split(*, model: Model) -> dict[str, int]:
     return split
 
 
-def canary_latest(*, model: Model) -> Canary | None:
-    """The model's active canary, else its most recent one, with every decision in order."""
-    canaries = (
-        Canary.objects.filter(model=model)
-        .select_related("model", "base_version", "canary_version", "created_by")
-        .prefetch_related(
-            Prefetch("decisions", queryset=CanaryDecision.objects.select_related("actor").order_by("at", "id"))
-        )
-    )
-    return canaries.filter(status__in=Canary.ACTIVE_STATUSES).first() or canaries.order_by("-created_at", "-id").first()
-
-
-# --- The console's deployment and canary pages -------------------------------------------
+# --- The console's deployment pages -------------------------------------------
 
 # Audit actions that changed a deployment's replica count: the autoscaler's decisions and a person's.
 SCALE_ACTIONS = ("autoscale", "deployment.scale")
@@ -134,11 +122,6 @@ def model_named(*, name: str) -> Model | None:
 
 def model_version_named(*, model: Model, version: str) -> ModelVersion | None:
     return ModelVersion.objects.select_related("model").filter(model=model, version=version).first()
-
-
-def serving_versions(*, model: Model) -> list[str]:
-    """The versions of ``model`` with a pending or running deployment, by name."""
-    return sorted(set(serving_deployments().filter(version__model=model).values_list("version__version", flat=True)))
 
 
 def deployment_board(*, model_ids: list[int], include_stopped: bool = False) -> QuerySet[Deployment]:
@@ -178,29 +161,6 @@ def scale_decisions(*, model: Model | None = None, deployment_ids: list[int] | N
     if deployment_ids is not None:
         entries = entries.filter(target__in=[str(pk) for pk in deployment_ids])
     return entries
-
-
-def swap_latest_id(*, deployment_id: int) -> int | None:
-    """The audit entry of the latest hot-swap ``deployment_id`` took part in (old or new side)."""
-    return (
-        AuditEntry.objects.filter(action="deployment.swap")
-        .filter(Q(target=str(deployment_id)) | Q(after__swap_to=deployment_id))
-        .order_by("-id")
-        .values_list("pk", flat=True)
-        .first()
-    )
-
-
-def models_with_latest_canary(*, q: str = "") -> list[tuple[Model, Canary | None]]:
-    """Every model (whose name contains ``q``) with its active canary, else its latest one."""
-    models = list(Model.objects.filter(name__icontains=q).order_by("name") if q else Model.objects.order_by("name"))
-    canaries = Canary.objects.filter(model__in=models).select_related("base_version", "canary_version")
-    latest: dict[int, Canary] = {}
-    for canary in canaries.order_by("created_at", "id"):
-        current = latest.get(canary.model_id)
-        if current is None or current.status not in Canary.ACTIVE_STATUSES:
-            latest[canary.model_id] = canary
-    return [(model, latest.get(model.pk)) for model in models]
 
 
 def models_for_board(*, q: str = "") -> QuerySet[Model]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, models, transaction
@@ -15,50 +14,20 @@ from django.utils import timezone
 
 from core.errors import InvalidInput
 from core.events import publish_routing_change
+from core.transitions import transition
 from registry.artifacts import get_artifact_store
-from registry.models import AuditEntry, Canary, Deployment, Model, ModelVersion, Replica, Task
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 
 # The user acting: a platform admin through the API, or None for the operator (commands, bootstrap).
 Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
 
 
-class IllegalTransition(Exception):
-    """A status change that the object's transition table does not allow."""
-
-    def __init__(self, obj: models.Model, field: str, current: str, target: str) -> None:
-        self.current = current
-        self.target = target
-        super().__init__(f"{type(obj).__name__} {obj.pk}: {field} cannot go from {current!r} to {target!r}")
-
-
-_M = TypeVar("_M", ModelVersion, Deployment, Replica)
-
-
-def _transition(obj: _M, *, field: str, target: str, extra: dict[str, Any] | None = None) -> _M:
-    """Move ``obj.<field>`` to ``target`` if its table allows it, atomically.
-
-    The row is locked while we read its current value, so two concurrent callers cannot both
-    make a move that is only legal from the same starting state.
-    """
-    model_cls = type(obj)
-    with transaction.atomic():
-        locked = model_cls.objects.select_for_update().get(pk=obj.pk)
-        current = getattr(locked, field)
-        if target not in model_cls.TRANSITIONS.get(current, frozenset()):
-            raise IllegalTransition(obj, field, current, target)
-        updates = {field: target, **(extra or {})}
-        model_cls.objects.filter(pk=obj.pk).update(**updates)
-    for name, value in updates.items():
-        setattr(obj, name, value)
-    return obj
-
-
 def model_version_transition(*, version: ModelVersion, status: str) -> ModelVersion:
-    return _transition(version, field="status", target=status)
+    return transition(version, status)
 
 
 def deployment_transition(*, deployment: Deployment, status: str) -> Deployment:
-    return _transition(deployment, field="status", target=status)
+    return transition(deployment, status)
 
 
 def replica_transition(*, replica: Replica, state: str, **fields: Any) -> Replica:
@@ -69,7 +38,7 @@ def replica_transition(*, replica: Replica, state: str, **fields: Any) -> Replic
     """
     if state in (Replica.State.STARTING, Replica.State.STOPPED):
         fields.setdefault("restart_requested_at", None)
-    return _transition(replica, field="state", target=state, extra=fields)
+    return transition(replica, state, field="state", **fields)
 
 
 def model_get_or_create(*, name: str, task: Task | str, description: str = "", owner: str = "") -> Model:
@@ -264,10 +233,6 @@ def bundled_import_start(*, actor: Actor, force: bool = False) -> bool:
     return True
 
 
-def replica_heartbeat(*, replica: Replica) -> None:
-    Replica.objects.filter(pk=replica.pk).update(last_heartbeat=timezone.now())
-
-
 def replica_heartbeats(*, replica_ids: list[int]) -> int:
     """Heart-beat every ready replica of ``replica_ids`` in one statement (a supervisor's whole host).
 
@@ -328,7 +293,7 @@ def deployment_create(
             target_type="deployment",
             target=str(deployment.pk),
             before=None,
-            after=_deployment_snapshot(deployment),
+            after=deployment_snapshot(deployment),
         )
         publish_routing_change("deployments")
     return deployment
@@ -395,7 +360,7 @@ def replica_restart_refusal(*, replica: Replica, deployment_status: str) -> str 
     if replica.state != Replica.State.READY:
         why = _NOT_RESTARTABLE.get(replica.state, f"it is {replica.state}")
         return f"Replica {replica.pk} cannot be restarted: {why}."
-    if deployment_status not in _SERVING_STATUSES:
+    if deployment_status not in SERVING_STATUSES:
         deployment = replica.deployment_id
         return f"Replica {replica.pk} cannot be restarted: its deployment {deployment} is {deployment_status}."
     return None
@@ -452,7 +417,7 @@ def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
 
 
 # Deployments that take traffic: the router serves pending and running ones.
-_SERVING_STATUSES = (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+SERVING_STATUSES = (Deployment.Status.PENDING, Deployment.Status.RUNNING)
 
 
 def traffic_set(*, actor: Actor, model: Model, weights: Mapping[str, object]) -> dict[str, int]:
@@ -483,7 +448,7 @@ def traffic_set(*, actor: Actor, model: Model, weights: Mapping[str, object]) ->
         )
         serving: dict[str, list[Deployment]] = defaultdict(list)
         for deployment in deployments:
-            if deployment.status in _SERVING_STATUSES:
+            if deployment.status in SERVING_STATUSES:
                 serving[deployment.version.version].append(deployment)
         known = set(ModelVersion.objects.filter(model=model).values_list("version", flat=True))
         for version in percents:
@@ -547,7 +512,7 @@ def _version_snapshot(version: ModelVersion) -> dict[str, Any]:
     }
 
 
-def _deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
+def deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
     return {
         "id": deployment.pk,
         "model": deployment.version.model.name,
@@ -562,192 +527,7 @@ def _deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
     }
 
 
-# --- Hot-swap and scaling -------------------------------------------------------------
-# A swap is recorded in the audit log, not in a table of its own: the ``deployment.swap``
-# entry (target: the old deployment; after: ``swap_to``, the new one) is the intent, and its
-# steps are entries that name it (``after.swap``). registry.hotswap.swap_step reads them
-# and calls the functions below, each of which re-checks under a row lock, so any number of
-# supervisors (and ``manage.py swap_version``) may drive the same swap.
-
-SWAP = "deployment.swap"
-SWAP_SHIFT = "deployment.swap.shift"
-SWAP_DRAIN = "deployment.swap.drain"
-SWAP_DONE = "deployment.swap.done"
-
-
-def _swap_step_recorded(swap: AuditEntry, action: str) -> bool:
-    return AuditEntry.objects.filter(action=action, after__swap=swap.pk).exists()
-
-
-def _swap_to(swap: AuditEntry) -> int:
-    """The new deployment of a swap."""
-    return int((swap.after or {})["swap_to"])
-
-
-def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: ModelVersion) -> Deployment:
-    """Start serving ``version`` in place of ``deployment``'s, without dropping a request.
-
-    Creates the replacement deployment (same replicas, bounds, GPU type and autoscaling,
-    weight 0, so nothing is routed to it yet) and records the swap. The supervisors then
-    start its replicas; once every one of them is ready, ``deployment_swap_shift`` moves
-    the traffic, and after the gateways have reloaded the old deployment drains (its
-    in-flight requests finish) and stops. Returns the new deployment.
-    """
-    if version.model_id != deployment.version.model_id:
-        raise InvalidInput("version", f"{version} is not a version of {deployment.version.model.name}.")
-    with transaction.atomic():
-        old = Deployment.objects.select_for_update().select_related("version__model").get(pk=deployment.pk)
-        if old.version_id == version.pk:
-            raise InvalidInput("version", f"Deployment {old.pk} serves {version} already.")
-        if old.status not in _SERVING_STATUSES:
-            raise InvalidInput("deployment", f"Deployment {old.pk} is {old.status}; only a serving one can be swapped.")
-        # A canary judges (and rolls back to) the versions it was started with: swapping one of
-        # them away would leave it unable to set its split, and a worse canary keeping its share.
-        canary = (
-            Canary.objects.filter(model_id=old.version.model_id, status__in=Canary.ACTIVE_STATUSES)
-            .filter(models.Q(base_version_id=old.version_id) | models.Q(canary_version_id=old.version_id))
-            .first()
-        )
-        if canary is not None:
-            raise InvalidInput(
-                "deployment",
-                f"Deployment {old.pk} serves {old.version.version}, which the {canary.status} canary of "
-                f"{old.version.model.name} compares; promote or roll the canary back first.",
-            )
-        involved = AuditEntry.objects.filter(action=SWAP).filter(
-            models.Q(target=str(old.pk)) | models.Q(after__swap_to=old.pk)
-        )
-        closed = AuditEntry.objects.filter(
-            action=SWAP_DONE, after__swap__in=list(involved.values_list("pk", flat=True))
-        )
-        if involved.count() > closed.count():
-            raise InvalidInput("deployment", f"A swap of deployment {old.pk} is under way already.")
-        new = deployment_create(
-            version=version,
-            replicas=old.replicas,
-            min_replicas=old.min_replicas,
-            max_replicas=old.max_replicas,
-            traffic_weight=0,
-            gpu_type=old.gpu_type,
-            actor=actor,
-        )
-        if old.autoscale:
-            Deployment.objects.filter(pk=new.pk).update(autoscale=old.autoscale)
-            new.autoscale = old.autoscale
-        audit_record(
-            actor=actor,
-            action=SWAP,
-            target_type="deployment",
-            target=str(old.pk),
-            before=_deployment_snapshot(old),
-            after={
-                "swap_to": new.pk,
-                "model": old.version.model.name,
-                "from_version": old.version.version,
-                "to_version": version.version,
-                "replicas": new.replicas,
-            },
-        )
-    return new
-
-
-def deployment_swap_shift(*, swap: AuditEntry, heartbeat_after: datetime) -> bool:
-    """Move a swap's traffic to the new deployment once every replica it wants is ready (with a
-    heartbeat after ``heartbeat_after``, so routable): the new one gets the old one's weight,
-    the old one 0, in one transaction; gateways reload on commit. False: not yet, or done."""
-    old_id, new_id = int(swap.target), _swap_to(swap)
-    with transaction.atomic():
-        rows = {d.pk: d for d in Deployment.objects.select_for_update().filter(pk__in=[old_id, new_id]).order_by("id")}
-        old, new = rows.get(old_id), rows.get(new_id)
-        if old is None or new is None or _swap_step_recorded(swap, SWAP_SHIFT):
-            return False
-        ready = Replica.objects.filter(
-            deployment=new, state=Replica.State.READY, last_heartbeat__gte=heartbeat_after
-        ).count()
-        if new.status not in _SERVING_STATUSES or ready < new.replicas:
-            return False
-        before = {"old": old.traffic_weight, "new": new.traffic_weight}
-        after = {"old": 0, "new": min(100, new.traffic_weight + old.traffic_weight)}
-        Deployment.objects.filter(pk=new.pk).update(traffic_weight=after["new"])
-        Deployment.objects.filter(pk=old.pk).update(traffic_weight=0)
-        audit_record(
-            actor=None,
-            action=SWAP_SHIFT,
-            target_type="deployment",
-            target=str(old.pk),
-            before={"swap": swap.pk, "weights": before},
-            after={"swap": swap.pk, "weights": after, "ready_replicas": ready},
-        )
-        publish_routing_change("traffic")
-    return True
-
-
-def deployment_swap_drain(*, swap: AuditEntry) -> bool:
-    """Drain a swap's old deployment (its traffic moved a while ago): supervisors stop routing
-    to its replicas and stop each once its engine is idle. False: done already."""
-    with transaction.atomic():
-        old = Deployment.objects.select_for_update().filter(pk=int(swap.target)).first()
-        if old is None or _swap_step_recorded(swap, SWAP_DRAIN):
-            return False
-        before = old.status
-        if old.status == Deployment.Status.RUNNING:
-            deployment_transition(deployment=old, status=Deployment.Status.DRAINING)
-        elif old.status == Deployment.Status.PENDING:  # never ready: nothing to drain
-            deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
-        audit_record(
-            actor=None,
-            action=SWAP_DRAIN,
-            target_type="deployment",
-            target=str(old.pk),
-            before={"swap": swap.pk, "status": before},
-            after={"swap": swap.pk, "status": old.status},
-        )
-        publish_routing_change("deployments")
-    return True
-
-
-def deployment_swap_finish(*, swap: AuditEntry, outcome: str, reason: str) -> bool:
-    """Close a swap: ``completed`` stops its drained old deployment; ``aborted`` and
-    ``cancelled`` leave the deployments as they are. False: closed already."""
-    with transaction.atomic():
-        old = Deployment.objects.select_for_update().filter(pk=int(swap.target)).first()
-        if _swap_step_recorded(swap, SWAP_DONE):
-            return False
-        if outcome == "completed" and old is not None and old.status == Deployment.Status.DRAINING:
-            deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
-        audit_record(
-            actor=None,
-            action=SWAP_DONE,
-            target_type="deployment",
-            target=swap.target,
-            before=None,
-            after={"swap": swap.pk, "outcome": outcome, "reason": reason},
-        )
-    return True
-
-
-def deployment_swap_cancel(*, actor: Actor, swap: AuditEntry) -> None:
-    """Give up a swap whose traffic has not moved: its new deployment stops (supervisors stop
-    its replicas; nothing was routed to them) and the old one serves on."""
-    with transaction.atomic():
-        new = Deployment.objects.select_for_update().filter(pk=_swap_to(swap)).first()
-        if _swap_step_recorded(swap, SWAP_DONE):
-            raise InvalidInput("swap", "The swap is over already.")
-        if _swap_step_recorded(swap, SWAP_SHIFT):
-            raise InvalidInput("swap", "The traffic has moved already: swap back to the old version instead.")
-        if new is not None and new.status == Deployment.Status.RUNNING:
-            deployment_transition(deployment=new, status=Deployment.Status.DRAINING)
-        if new is not None and new.status in (Deployment.Status.PENDING, Deployment.Status.DRAINING):
-            deployment_transition(deployment=new, status=Deployment.Status.STOPPED)
-        audit_record(
-            actor=actor,
-            action=SWAP_DONE,
-            target_type="deployment",
-            target=swap.target,
-            before=None,
-            after={"swap": swap.pk, "outcome": "cancelled", "reason": "cancelled"},
-        )
-        publish_routing_change("deployments")
+# --- Scaling ---------------------------------------------------------------------------
 
 
 def deployment_scale(
@@ -789,30 +569,6 @@ def deployment_scale(
             after={"replicas": replicas, "reasons": reasons, "observations": observations or {}},
         )
     deployment.replicas = replicas
-    return locked
-
-
-def deployment_autoscale_set(*, actor: Actor, deployment: Deployment, autoscale: dict[str, Any]) -> Deployment:
-    """Set a deployment's autoscaling policy (the keys of ``registry.autoscaler.AutoscalePolicy``),
-    checked first: a bad value is an InvalidInput naming the key. Audited."""
-    # Imported here: the autoscaler carries out its decisions through this module.
-    from registry.autoscaler import AutoscalePolicy
-
-    policy = AutoscalePolicy.from_json(autoscale)
-    with transaction.atomic():
-        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
-        before = {"autoscale": locked.autoscale}
-        Deployment.objects.filter(pk=locked.pk).update(autoscale=policy.as_json())
-        locked.autoscale = policy.as_json()
-        audit_record(
-            actor=actor,
-            action="deployment.autoscale",
-            target_type="deployment",
-            target=str(locked.pk),
-            before=before,
-            after={"autoscale": locked.autoscale},
-        )
-    deployment.autoscale = locked.autoscale
     return locked
 
 

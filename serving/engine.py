@@ -1,7 +1,7 @@
 """The engine client: pooled async HTTP to vLLM replicas, retries before the first byte,
 timeouts, and engine errors mapped to OpenAI errors.
 
-Each replica requires its own key (``serving.replica_keys``); a replica that breaks a
+Each replica requires its own key (``registry.replica_keys``); a replica that breaks a
 request (5xx, a dropped or garbled connection) counts a failure on its circuit, one that
 answers (2xx, 4xx) a success, and a replica whose circuit does not ``allow`` it is skipped.
 """
@@ -19,8 +19,8 @@ import aiohttp
 import orjson
 from django.conf import settings
 
+from registry.replica_keys import replica_api_key
 from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
-from serving.replica_keys import replica_api_key
 from serving.routing import ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)

@@ -408,9 +408,6 @@ class Router:
         self._loading = future
         return future
 
-    def invalidate(self) -> None:
-        self.table = None
-
     def routable(self, version: VersionRoute) -> list[ReplicaRoute]:
         fresh_after = time.time() - settings.REPLICA_STALE_AFTER
         return [r for r in version.replicas if r.heartbeat_at >= fresh_after and not self.circuits.is_open(r.id)]

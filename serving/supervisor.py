@@ -14,7 +14,7 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
   restart path, at once;
 - records each replica's load time (start to first good /health) in the log, the audit
   log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
-- carries every hot-swap under way through its next step (``registry.hotswap``);
+- carries every hot-swap under way through its next step (``rollout.hotswap``);
 - drains a replica that is no longer wanted (no new requests are routed to it; in-flight
   ones finish or the drain timeout passes), then stops it;
 - on SIGTERM/SIGINT drains and stops everything it started.
@@ -49,9 +49,10 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from django.utils import timezone
 
 from core.events import publish_routing_change_now
+from core.transitions import IllegalTransition
 from registry.artifacts import get_artifact_store
-from registry.hotswap import swap_step
 from registry.models import Deployment, Replica
+from registry.replica_keys import replica_api_key
 from registry.selectors import (
     deployment_with_version,
     live_replica_pids,
@@ -61,7 +62,6 @@ from registry.selectors import (
     serving_deployments,
 )
 from registry.services import (
-    IllegalTransition,
     replica_claim,
     replica_heartbeats,
     replica_mark_ready,
@@ -71,8 +71,8 @@ from registry.services import (
     replica_surplus,
     replica_transition,
 )
+from rollout.hotswap import swap_step
 from serving.metrics import REPLICA_LOAD_SECONDS
-from serving.replica_keys import replica_api_key
 from serving.routing import served_context_length
 
 logger = logging.getLogger(__name__)

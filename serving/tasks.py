@@ -5,8 +5,6 @@ from __future__ import annotations
 from celery import shared_task
 
 from billing.ledger import sweep_lost_requests
-from registry.autoscaler import autoscale_deployments
-from serving.autoscaling import observe_deployment
 from serving.semcache.store import purge_expired, scope_sizes_refresh
 
 
@@ -24,12 +22,3 @@ def cache_purge_expired() -> int:
     purged = purge_expired()
     scope_sizes_refresh()
     return purged
-
-
-@shared_task(ignore_result=True, time_limit=60)
-def autoscale_tick() -> int:
-    """One autoscaler pass (every AUTOSCALER_TICK_SECONDS): scrape, decide, and set the
-    replica count of each autoscaled deployment that needs another; the number changed.
-    Idempotent: a pass overlapping another changes a deployment at most once (each change
-    names the count it was decided from)."""
-    return len(autoscale_deployments(observe=observe_deployment))

@@ -3,7 +3,6 @@
 
 from billing.services.alerts import budget_alert_notify, budget_alerts_notify
 from billing.services.invoices import (
-    IllegalTransition,
     InvoiceFrozen,
     invoice_draft,
     invoice_email_send,
@@ -17,7 +16,6 @@ from billing.services.invoices import (
 from billing.services.prices import price_set
 
 __all__ = [
-    "IllegalTransition",
     "InvoiceFrozen",
     "budget_alert_notify",
     "budget_alerts_notify",

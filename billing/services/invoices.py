@@ -26,7 +26,7 @@ from accounts.models import Organization, Plan
 from billing import invoicing
 from billing.models import Invoice, InvoiceLine, InvoiceSequence, UsageRecord
 from core.errors import InvalidInput
-from registry.services import IllegalTransition
+from core.transitions import transition
 
 logger = logging.getLogger(__name__)
 
@@ -137,19 +137,6 @@ def invoice_refresh(*, invoice: Invoice) -> Invoice:
     return locked
 
 
-def _move(invoice: Invoice, target: str, **fields: object) -> Invoice:
-    """Move the invoice to ``target`` if its table allows it from the *stored* state. Call
-    inside transaction.atomic; the row stays locked until commit."""
-    locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
-    if target not in Invoice.TRANSITIONS.get(locked.status, frozenset()):
-        raise IllegalTransition(locked, "status", locked.status, target)
-    locked.status = target
-    for name, value in fields.items():
-        setattr(locked, name, value)
-    locked.save(update_fields=["status", "updated_at", *fields])
-    return locked
-
-
 def invoice_finalize(*, invoice: Invoice) -> Invoice:
     """Freeze a draft: from here on it never changes. Once committed, it is emailed with its
     PDF to the organisation's billing address (a Celery task, retried if mail fails)."""
@@ -158,7 +145,7 @@ def invoice_finalize(*, invoice: Invoice) -> Invoice:
         raise InvalidInput("period", f"{invoicing.period_label(invoice.period)} has not ended yet")
     with transaction.atomic():
         organization = Organization.objects.select_for_update().get(pk=invoice.organization_id)
-        finalized = _move(
+        finalized = transition(
             invoice,
             Invoice.Status.FINALIZED,
             finalized_at=timezone.now(),
@@ -176,7 +163,7 @@ def invoice_finalize(*, invoice: Invoice) -> Invoice:
 
 def invoice_mark_paid(*, invoice: Invoice) -> Invoice:
     with transaction.atomic():
-        return _move(invoice, Invoice.Status.PAID, paid_at=timezone.now())
+        return transition(invoice, Invoice.Status.PAID, paid_at=timezone.now())
 
 
 def _reason(reason: str) -> str:
@@ -191,7 +178,7 @@ def _reason(reason: str) -> str:
 def _void(invoice: Invoice, reason: str) -> Invoice:
     """Void and release its usage (to a reissue or the next invoice). Call inside
     transaction.atomic with the organisation row locked."""
-    voided = _move(invoice, Invoice.Status.VOID, voided_at=timezone.now(), void_reason=reason)
+    voided = transition(invoice, Invoice.Status.VOID, voided_at=timezone.now(), void_reason=reason)
     UsageRecord.objects.filter(invoice=voided).update(invoice=None)
     return voided
 
@@ -304,7 +291,6 @@ def invoice_email_send(*, invoice: Invoice) -> bool:
 
 
 __all__ = [
-    "IllegalTransition",
     "InvoiceFrozen",
     "invoice_draft",
     "invoice_email_send",

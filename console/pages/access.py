@@ -21,6 +21,14 @@ from accounts.selectors import role_in
 
 View = TypeVar("View", bound=Callable[..., HttpResponse])
 
+
+class OrgRequest(HttpRequest):
+    """The request of a portal page: ``org_member_required`` sets who it is for."""
+
+    organization: Organization
+    org_role: str
+
+
 # Roles allowed to manage an organisation (keys of every member, budgets, invoices).
 ORG_ADMIN_ROLES = frozenset({Role.ORG_ADMIN, Role.PLATFORM_ADMIN})
 
@@ -41,8 +49,8 @@ def platform_admin_required(view: View) -> View:
 
 def org_member_required(*, admin: bool = False) -> Callable[[View], View]:
     """The portal's pages, under ``/portal/<org_id>/``: members of that organisation (platform
-    admins act as its admin). ``admin=True``: its org admins only. Sets ``request.organization``
-    and ``request.org_role`` for the view."""
+    admins act as its admin). ``admin=True``: its org admins only. The view gets an
+    ``OrgRequest``: ``request.organization`` and ``request.org_role`` are set."""
 
     def decorate(view: View) -> View:
         @wraps(view)
@@ -55,9 +63,9 @@ def org_member_required(*, admin: bool = False) -> Callable[[View], View]:
                 raise Http404("No such organisation.")
             if admin and role not in ORG_ADMIN_ROLES:
                 raise PermissionDenied("Organisation admins only.")
-            request.organization = organization  # type: ignore[attr-defined]
-            request.org_role = role  # type: ignore[attr-defined]
-            return view(request, *args, org_id=org_id, **kwargs)
+            scoped = cast(OrgRequest, request)
+            scoped.organization, scoped.org_role = organization, role
+            return view(scoped, *args, org_id=org_id, **kwargs)
 
         return cast(View, guarded)
 

@@ -2,7 +2,7 @@
 comparison charts and decision timeline, the start wizard, and the shadow policy.
 
 Part of the deployments area (``console.pages.deployments`` lists these routes). The charts
-are built here from the figures each ``CanaryDecision`` stored (``registry.canary_stats``),
+are built here from the figures each ``CanaryDecision`` stored (``rollout.canary_stats``),
 so the page reads no usage records: one row per decision.
 """
 
@@ -28,7 +28,10 @@ from console.pages.lists import page_of
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm, refuse
 from core.errors import InvalidInput
-from registry.canary import (
+from core.transitions import IllegalTransition
+from registry.models import Model
+from registry.selectors import model_named, model_traffic_split, model_version_named
+from rollout.canary import (
     CanaryConflict,
     active_canary,
     canary_create,
@@ -37,15 +40,8 @@ from registry.canary import (
     canary_resume,
     canary_rollback,
 )
-from registry.models import Canary, CanaryDecision, Model
-from registry.selectors import (
-    canary_latest,
-    model_named,
-    model_traffic_split,
-    model_version_named,
-    models_with_latest_canary,
-)
-from registry.services import IllegalTransition
+from rollout.models import Canary, CanaryDecision
+from rollout.selectors import canary_latest, models_with_latest_canary
 from serving.selectors import shadow_comparison, shadow_policy_of
 from serving.services import shadow_policy_delete, shadow_policy_set
 

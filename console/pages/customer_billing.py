@@ -25,7 +25,6 @@ from billing.models import Invoice
 from billing.reconciliation import reconcile_month
 from billing.selectors import invoice_get, invoices_listed, prices_listed, reconciliations_latest
 from billing.services import (
-    IllegalTransition,
     InvoiceFrozen,
     invoice_draft,
     invoice_finalize,
@@ -49,6 +48,7 @@ from console.pages.lists import attachment, page_of, query_without_page
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import refuse
 from core.errors import InvalidInput
+from core.transitions import IllegalTransition
 from registry.selectors import model_list_with_versions, model_named, model_version_named
 
 INVOICES_PER_PAGE = 25

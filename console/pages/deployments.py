@@ -25,7 +25,6 @@ from console.pages.lists import page_of
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm, refuse
 from core.errors import InvalidInput
-from registry.hotswap import Swap, swap_get
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
     deployment_board,
@@ -37,19 +36,18 @@ from registry.selectors import (
     replica_get,
     replica_load_seconds,
     scale_decisions,
-    swap_latest_id,
 )
 from registry.services import (
-    deployment_autoscale_set,
     deployment_bounds_set,
     deployment_create,
     deployment_scale,
-    deployment_swap_cancel,
-    deployment_swap_version,
     replica_restart_refusal,
     replica_restart_request,
     traffic_set,
 )
+from rollout.autoscaler import deployment_autoscale_set
+from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, swap_get
+from rollout.selectors import swap_latest_id
 
 MODELS_PER_PAGE = 25
 DECISIONS_PER_PAGE = 25

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, URLPattern, URLResolver, path, reverse
 
-from console.pages.access import org_member_required
+from console.pages.access import OrgRequest, org_member_required
 from console.pages.nav import PORTAL, NavItem
 from registry.models import Task
 from registry.selectors import serving_deployments
@@ -49,7 +49,7 @@ def served_models() -> list[ServedModel]:
 
 
 @org_member_required()
-def playground(request: HttpRequest, org_id: int) -> HttpResponse:
+def playground(request: OrgRequest, org_id: int) -> HttpResponse:
     chat_models = [m for m in served_models() if m.task == Task.CHAT]
     config: dict[str, Any] = {
         "organization": org_id,
@@ -60,7 +60,7 @@ def playground(request: HttpRequest, org_id: int) -> HttpResponse:
         request,
         "console/playground/playground.html",
         {
-            "organization": request.organization,  # type: ignore[attr-defined]
+            "organization": request.organization,
             "chat_models": chat_models,
             "config": config,
             "default_max_tokens": DEFAULT_MAX_TOKENS,
@@ -153,7 +153,7 @@ def quickstart_snippets(*, api_base: str, ws_url: str, chat_model: str, embeddin
 
 
 @org_member_required()
-def quickstart(request: HttpRequest, org_id: int) -> HttpResponse:
+def quickstart(request: OrgRequest, org_id: int) -> HttpResponse:
     models = served_models()
     chat = next((m.name for m in models if m.task == Task.CHAT), "MODEL")
     embedding = next((m.name for m in models if m.task == Task.EMBEDDING), "EMBEDDING_MODEL")
@@ -161,7 +161,7 @@ def quickstart(request: HttpRequest, org_id: int) -> HttpResponse:
     ws_scheme = "wss" if request.is_secure() else "ws"
     ws_url = f"{ws_scheme}://{request.get_host()}{WEBSOCKET_PATH}"
     context: dict[str, Any] = {
-        "organization": request.organization,  # type: ignore[attr-defined]
+        "organization": request.organization,
         "base_url": base_url,
         "api_base": f"{base_url}/v1",
         "ws_url": ws_url,

@@ -14,7 +14,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
@@ -26,7 +26,7 @@ from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_
 from billing import invoicing
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
-from console.pages.access import ORG_ADMIN_ROLES, org_member_required
+from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.lists import attachment, never_stored, page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
@@ -43,17 +43,17 @@ KEYS_PER_PAGE = 25
 INVOICES_PER_PAGE = 25
 
 
-def _is_admin(request: HttpRequest) -> bool:
-    return request.org_role in ORG_ADMIN_ROLES  # type: ignore[attr-defined]
+def _is_admin(request: OrgRequest) -> bool:
+    return request.org_role in ORG_ADMIN_ROLES
 
 
 # --- Usage -----------------------------------------------------------------------------
 
 
 @org_member_required()
-def usage(request: HttpRequest, org_id: int) -> HttpResponse:
+def usage(request: OrgRequest, org_id: int) -> HttpResponse:
     """Usage and cost by model and day over a window, totals, and the month's budget status."""
-    organization = request.organization  # type: ignore[attr-defined]
+    organization = request.organization
     today = timezone.now().date()  # UTC: rollup days are UTC days
     keys = [(key.pk, f"{key.name} ({key.prefix}…)") for key in api_keys_of(organization_id=organization.pk)]
     form = UsageWindowForm(request.GET or None, keys=keys, today=today)
@@ -92,8 +92,8 @@ def key_state(api_key: ApiKey) -> str:
 
 
 @org_member_required()
-def keys(request: HttpRequest, org_id: int) -> HttpResponse:
-    organization = request.organization  # type: ignore[attr-defined]
+def keys(request: OrgRequest, org_id: int) -> HttpResponse:
+    organization = request.organization
     found = api_keys_of(organization_id=organization.pk)
     form = ApiKeyFilterForm(request.GET or None)
     if form.is_valid():
@@ -117,16 +117,16 @@ def keys(request: HttpRequest, org_id: int) -> HttpResponse:
     return render(request, "console/portal/keys.html", context)
 
 
-def _secret_shown_once(request: HttpRequest, issued: IssuedApiKey, *, title: str) -> HttpResponse:
+def _secret_shown_once(request: OrgRequest, issued: IssuedApiKey, *, title: str) -> HttpResponse:
     """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
-    context = {"organization": request.organization, "issued": issued, "title": title}  # type: ignore[attr-defined]
+    context = {"organization": request.organization, "issued": issued, "title": title}
     return never_stored(render(request, "console/portal/key_secret.html", context))
 
 
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
-def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
-    organization = request.organization  # type: ignore[attr-defined]
+def key_create(request: OrgRequest, org_id: int) -> HttpResponse:
+    organization = request.organization
     form = ApiKeyCreateForm(
         request.POST or None,
         ceilings=plan_key_ceilings(organization=organization),
@@ -145,14 +145,14 @@ def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
     return render(request, "console/portal/key_form.html", {"organization": organization, "form": form})
 
 
-def _key_of(request: HttpRequest, key_id: int) -> ApiKey:
-    organization = request.organization  # type: ignore[attr-defined]
+def _key_of(request: OrgRequest, key_id: int) -> ApiKey:
+    organization = request.organization
     return get_object_or_404(api_keys_of(organization_id=organization.pk), pk=key_id)
 
 
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
-def key_revoke(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
+def key_revoke(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
     """GET: are you sure? POST: revoke (refused by every gateway within a second)."""
     api_key = _key_of(request, key_id)
     if request.method == "POST":
@@ -162,13 +162,13 @@ def key_revoke(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
         else:
             messages.info(request, f"API key {api_key.name!r} was revoked already.")
         return redirect("console:portal-keys", org_id=org_id)
-    context = {"organization": request.organization, "api_key": api_key}  # type: ignore[attr-defined]
+    context = {"organization": request.organization, "api_key": api_key}
     return render(request, "console/portal/key_revoke.html", context)
 
 
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
-def key_rotate(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
+def key_rotate(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
     """GET: choose how long the old key keeps working. POST: a new key with the same grants,
     its secret shown once."""
     api_key = _key_of(request, key_id)
@@ -186,26 +186,26 @@ def key_rotate(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
         else:
             messages.success(request, f"API key {api_key.name!r} rotated.")
             return _secret_shown_once(request, issued, title="Your rotated API key")
-    context = {"organization": request.organization, "api_key": api_key, "form": form}  # type: ignore[attr-defined]
+    context = {"organization": request.organization, "api_key": api_key, "form": form}
     return render(request, "console/portal/key_rotate.html", context)
 
 
 # --- Invoices --------------------------------------------------------------------------
 
 
-def _invoices(request: HttpRequest) -> QuerySet[Invoice]:
-    return invoicing.invoices_of(organization=request.organization)  # type: ignore[attr-defined]
+def _invoices(request: OrgRequest) -> QuerySet[Invoice]:
+    return invoicing.invoices_of(organization=request.organization)
 
 
 @org_member_required(admin=True)
-def invoices(request: HttpRequest, org_id: int) -> HttpResponse:
+def invoices(request: OrgRequest, org_id: int) -> HttpResponse:
     found = _invoices(request).order_by("-period", "-number")
     form = InvoiceFilterForm(request.GET or None)
     if form.is_valid() and form.cleaned_data["status"]:
         found = found.filter(status=form.cleaned_data["status"])
     page = page_of(request, found, INVOICES_PER_PAGE)
     context = {
-        "organization": request.organization,  # type: ignore[attr-defined]
+        "organization": request.organization,
         "form": form,
         "page": page,
         "rows": [{"invoice": i, "number": invoicing.display_number(i)} for i in page.object_list],
@@ -214,15 +214,15 @@ def invoices(request: HttpRequest, org_id: int) -> HttpResponse:
     return render(request, "console/portal/invoices.html", context)
 
 
-def _invoice_of(request: HttpRequest, invoice_id: int) -> Invoice:
+def _invoice_of(request: OrgRequest, invoice_id: int) -> Invoice:
     return get_object_or_404(_invoices(request), pk=invoice_id)
 
 
 @org_member_required(admin=True)
-def invoice_detail(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+def invoice_detail(request: OrgRequest, org_id: int, invoice_id: int) -> HttpResponse:
     invoice = _invoice_of(request, invoice_id)
     context = {
-        "organization": request.organization,  # type: ignore[attr-defined]
+        "organization": request.organization,
         "invoice": invoice,
         "number": invoicing.display_number(invoice),
         "lines": list(invoice.lines.order_by("id")),
@@ -231,13 +231,13 @@ def invoice_detail(request: HttpRequest, org_id: int, invoice_id: int) -> HttpRe
 
 
 @org_member_required(admin=True)
-def invoice_pdf_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+def invoice_pdf_download(request: OrgRequest, org_id: int, invoice_id: int) -> HttpResponse:
     invoice = _invoice_of(request, invoice_id)
     return attachment(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
 
 
 @org_member_required(admin=True)
-def invoice_csv_download(request: HttpRequest, org_id: int, invoice_id: int) -> HttpResponse:
+def invoice_csv_download(request: OrgRequest, org_id: int, invoice_id: int) -> HttpResponse:
     invoice = _invoice_of(request, invoice_id)
     return attachment(
         invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")

@@ -31,7 +31,7 @@ from accounts.services import (
     membership_remove,
     membership_set,
 )
-from console.pages.access import ORG_ADMIN_ROLES, org_member_required
+from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from core.errors import InvalidInput
@@ -57,8 +57,8 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(label="Role", choices=INVITABLE_ROLES)
 
 
-def _is_admin(request: HttpRequest) -> bool:
-    return request.org_role in ORG_ADMIN_ROLES  # type: ignore[attr-defined]
+def _is_admin(request: OrgRequest) -> bool:
+    return request.org_role in ORG_ADMIN_ROLES
 
 
 def _back_to_members(org_id: int) -> HttpResponse:
@@ -68,8 +68,8 @@ def _back_to_members(org_id: int) -> HttpResponse:
 # --- The members page ------------------------------------------------------------------
 
 
-def _members_page(request: HttpRequest, invite_form: InviteForm | None = None) -> HttpResponse:
-    organization = request.organization  # type: ignore[attr-defined]
+def _members_page(request: OrgRequest, invite_form: InviteForm | None = None) -> HttpResponse:
+    organization = request.organization
     can_manage = _is_admin(request)
     members = memberships_of(organization_id=organization.pk)
     invitations = invitations_pending_of(organization_id=organization.pk)
@@ -96,21 +96,21 @@ def _members_page(request: HttpRequest, invite_form: InviteForm | None = None) -
 
 
 @org_member_required()
-def members(request: HttpRequest, org_id: int) -> HttpResponse:
+def members(request: OrgRequest, org_id: int) -> HttpResponse:
     """The organisation's members with their roles; for its admins, invitations and changes."""
     return _members_page(request)
 
 
 @org_member_required(admin=True)
 @require_POST
-def member_invite(request: HttpRequest, org_id: int) -> HttpResponse:
+def member_invite(request: OrgRequest, org_id: int) -> HttpResponse:
     """Invite a username with a role: the same answer whether or not the username exists."""
     form = InviteForm(request.POST)
     if form.is_valid():
         username, role = form.cleaned_data["username"].strip(), form.cleaned_data["role"]
         try:
             invitation = invitation_create(
-                organization=request.organization,  # type: ignore[attr-defined]
+                organization=request.organization,
                 username=username,
                 role=role,
                 actor=request.user,
@@ -130,14 +130,14 @@ def member_invite(request: HttpRequest, org_id: int) -> HttpResponse:
     return _members_page(request, invite_form=form)
 
 
-def _membership_of(request: HttpRequest, membership_id: int) -> Membership:
-    organization = request.organization  # type: ignore[attr-defined]
+def _membership_of(request: OrgRequest, membership_id: int) -> Membership:
+    organization = request.organization
     return get_object_or_404(memberships_of(organization_id=organization.pk), pk=membership_id)
 
 
 @org_member_required(admin=True)
 @require_POST
-def member_role(request: HttpRequest, org_id: int, membership_id: int) -> HttpResponse:
+def member_role(request: OrgRequest, org_id: int, membership_id: int) -> HttpResponse:
     """Make a member an org admin or a plain member (never the last org admin a member)."""
     membership = _membership_of(request, membership_id)
     username = membership.user.get_username()
@@ -148,7 +148,7 @@ def member_role(request: HttpRequest, org_id: int, membership_id: int) -> HttpRe
     try:
         changed = membership_set(
             user=membership.user,
-            organization=request.organization,  # type: ignore[attr-defined]
+            organization=request.organization,
             role=form.cleaned_data["role"],
             actor=request.user,
         )
@@ -161,10 +161,10 @@ def member_role(request: HttpRequest, org_id: int, membership_id: int) -> HttpRe
 
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
-def member_remove(request: HttpRequest, org_id: int, membership_id: int) -> HttpResponse:
+def member_remove(request: OrgRequest, org_id: int, membership_id: int) -> HttpResponse:
     """GET: are you sure? POST: remove the member (never the last org admin)."""
     membership = _membership_of(request, membership_id)
-    organization = request.organization  # type: ignore[attr-defined]
+    organization = request.organization
     username = membership.user.get_username()
     leaving = membership.user_id == request.user.pk
     if request.method == "POST":
@@ -184,9 +184,9 @@ def member_remove(request: HttpRequest, org_id: int, membership_id: int) -> Http
 
 @org_member_required(admin=True)
 @require_POST
-def invitation_withdraw(request: HttpRequest, org_id: int, invitation_id: int) -> HttpResponse:
+def invitation_withdraw(request: OrgRequest, org_id: int, invitation_id: int) -> HttpResponse:
     """Cancel a pending invitation of this organisation."""
-    organization = request.organization  # type: ignore[attr-defined]
+    organization = request.organization
     invitation = get_object_or_404(invitations_pending_of(organization_id=organization.pk), pk=invitation_id)
     try:
         invitation_cancel(invitation=invitation, actor=request.user)

@@ -8,8 +8,8 @@ from typing import Any
 from django import forms
 
 from core.errors import InvalidInput
-from registry.autoscaler import AutoscalePolicy
-from registry.canary import DEFAULT_MIN_SAMPLES, DEFAULT_STEPS, MAX_INTERVAL_SECONDS
+from rollout.autoscaler import AutoscalePolicy
+from rollout.canary import DEFAULT_MIN_SAMPLES, DEFAULT_STEPS, MAX_INTERVAL_SECONDS
 
 SMALLINT = 32767
 
@@ -71,7 +71,7 @@ class ScaleForm(forms.Form):
 
 
 class AutoscaleForm(forms.Form):
-    """The autoscaling policy (``registry.autoscaler.AutoscalePolicy``); a blank field is its default."""
+    """The autoscaling policy (``rollout.autoscaler.AutoscalePolicy``); a blank field is its default."""
 
     enabled = forms.BooleanField(required=False)
     target_queue_per_replica = forms.FloatField(required=False, label="Queue per replica")
@@ -110,7 +110,7 @@ class SwapForm(forms.Form):
 
 
 class CanaryStartForm(forms.Form):
-    """The canary wizard; the service (``registry.canary.canary_create``) has the last word."""
+    """The canary wizard; the service (``rollout.canary.canary_create``) has the last word."""
 
     base_version = forms.ChoiceField(help_text="the version serving now")
     canary_version = forms.ChoiceField(help_text="the candidate; both need a pending or running deployment")

@@ -20,7 +20,6 @@ from billing import invoicing
 from billing.invoicing import invoiced_usage, line_amount, round_cents, totals
 from billing.models import Invoice, InvoiceLine, InvoiceSequence
 from billing.services import (
-    IllegalTransition,
     InvoiceFrozen,
     invoice_draft,
     invoice_finalize,
@@ -32,6 +31,7 @@ from billing.services import (
 from billing.services import invoices as invoices_module
 from billing.tasks import invoice_email, invoices_draft_due
 from core.errors import InvalidInput
+from core.transitions import IllegalTransition
 from tests.billing.invoice_fixtures import at, chat_model, price, record
 from tests.support.api import client_for
 

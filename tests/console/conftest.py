@@ -113,7 +113,7 @@ def serve_canary_requests(model: str, key: Any) -> None:
 
 def tick_until_decided(deadline_s: float = 30.0) -> int:
     """The canary controller's beat, as Celery runs it, until it has judged a canary."""
-    from registry.tasks import canary_tick
+    from rollout.tasks import canary_tick
 
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from accounts.services import api_key_create, invitation_create, organization_cr
 from billing.services import invoice_draft
 from console.pages import urls as page_urls
 from registry.models import Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_swap_version
+from rollout.hotswap import deployment_swap_version
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def world() -> dict[str, Any]:
     deployment = Deployment.objects.create(version=versions[0], status="running", traffic_weight=100)
     replica = Replica.objects.create(deployment=deployment, host="walk-host", state="ready")
     deployment_swap_version(actor=None, deployment=deployment, version=versions[1])
-    from registry.hotswap import open_swaps
+    from rollout.hotswap import open_swaps
 
     kwargs = {
         "org_id": org.pk,

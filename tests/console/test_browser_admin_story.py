@@ -10,7 +10,7 @@ page, and opens the invoice and downloads its PDF.
 
 The story's model is served by fake engines (tests/fake_engine.py) under a supervisor of its
 own, stepped in a thread of this process on a host of its own; the canary's verdict comes
-from the controller's own task (``registry.tasks.canary_tick``) over usage records committed
+from the controller's own task (``rollout.tasks.canary_tick``) over usage records committed
 as the gateway writes them (as in test_rollout_browser.py). The playground streams from the
 session's real vLLM replica (the ``engines`` fixture). Usage is persisted and rolled up by the
 beat tasks' own functions, called here. Every step saves a screenshot under tests/screenshots/.
@@ -116,7 +116,8 @@ def remove_story(story: Story) -> None:
     from accounts.models import ApiKey, Organization
     from billing.models import Invoice, InvoiceLine, Price, UsageRecord, UsageRollup
     from core.events import publish_routing_change
-    from registry.models import Canary, Deployment, Model, ModelVersion
+    from registry.models import Deployment, Model, ModelVersion
+    from rollout.models import Canary
 
     organization = Organization.objects.filter(name=story.organization).first()
     keys = ApiKey.objects.filter(pk=story.canary_key.pk)

@@ -13,9 +13,10 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.models import Membership, Role
-from registry.canary import canary_create
-from registry.canary_stats import RequestSample, judge
-from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion
+from registry.models import AuditEntry, Deployment, Model, ModelVersion
+from rollout.canary import canary_create
+from rollout.canary_stats import RequestSample, judge
+from rollout.models import Canary, CanaryDecision
 from serving.models import ShadowPolicy
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +60,7 @@ def served(n: int, *, seed: int, slow: float = 1.0) -> list[RequestSample]:
 
 
 def decide(canary: Canary, *, slow: float, verdict: str, seed: int = 1) -> CanaryDecision:
-    """A decision as registry.canary.canary_decide stores it: the judgement's figures and reasons."""
+    """A decision as rollout.canary.canary_decide stores it: the judgement's figures and reasons."""
     judgement = judge(served(400, seed=seed), served(120, seed=seed + 1, slow=slow), min_samples=50)
     return CanaryDecision.objects.create(
         canary=canary, at=timezone.now(), step=canary.current_step, canary_percent=canary.canary_percent,
@@ -277,7 +278,7 @@ class TestShadow:
 
 def test_the_controllers_decision_is_shown(admin_client, canary):
     """A decision the controller itself made (canary_decide with its own loader) shows, figures and all."""
-    from registry.canary import canary_decide
+    from rollout.canary import canary_decide
 
     def loader(*, model: str, version: str, since: object) -> list[RequestSample]:
         return served(300, seed=7) if version == "v1" else served(80, seed=8)

@@ -34,8 +34,9 @@ from console.celery import app
 from console.management.commands.runplatform import celery_commands
 from core import keys
 from core.redis import sync_redis
-from registry.canary import canary_create
-from registry.models import AuditEntry, Canary, Deployment, Model, ModelVersion
+from registry.models import AuditEntry, Deployment, Model, ModelVersion
+from rollout.canary import canary_create
+from rollout.models import Canary
 from tests.processes import BASE_DIR, child_env
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ class TestRouting:
         assert by_queue["metering"] == {
             "billing.tasks.usage_persist", "billing.tasks.budget_alerts_persist", "serving.tasks.usage_sweep_lost",
         }  # fmt: skip
-        assert by_queue["control"] == {"registry.tasks.canary_tick", "serving.tasks.autoscale_tick"}
+        assert by_queue["control"] == {"rollout.tasks.canary_tick", "rollout.tasks.autoscale_tick"}
         assert {
             "registry.tasks.bundled_models_import", "billing.tasks.invoice_email", "billing.tasks.budget_alerts_email",
             "billing.tasks.invoices_draft_due",

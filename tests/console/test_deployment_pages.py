@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from accounts.models import Membership, Role
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_scale, deployment_swap_version, replica_record_load_time
+from registry.services import deployment_scale, replica_record_load_time
+from rollout.hotswap import deployment_swap_version
 
 pytestmark = pytest.mark.django_db
 
@@ -292,7 +293,7 @@ class TestHotSwap:
         )
         assert response.status_code == 200
         assert f"Deployment {deployment.pk} serves gpt-tiny:v1 already." in response.content.decode()
-        assert not AuditEntry.objects.filter(action="deployment.swap").exists()
+        assert not AuditEntry.objects.filter(action="deployment.swap", target=str(deployment.pk)).exists()
 
     def test_a_swap_is_cancelled(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")

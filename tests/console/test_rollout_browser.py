@@ -1,7 +1,7 @@
 """Rollouts in real Chromium: a platform admin edits a traffic split, then starts a canary
 with the wizard and watches the controller's first decision appear on the canary page.
 
-The decision is driven by the controller's own task (``registry.tasks.canary_tick``) over
+The decision is driven by the controller's own task (``rollout.tasks.canary_tick``) over
 usage records committed by the test, as the gateway would have written them.
 """
 
@@ -41,7 +41,8 @@ def rollout_model(committed_users, django_db_blocker) -> Iterator[dict[str, Any]
     ``org`` whose usage records the controller will judge."""
     from accounts.services import api_key_create
     from billing.models import UsageRecord
-    from registry.models import Canary, Deployment, Model, ModelVersion
+    from registry.models import Deployment, Model, ModelVersion
+    from rollout.models import Canary
 
     name = f"rollout-{uuid.uuid4().hex[:6]}"
     with django_db_blocker.unblock():

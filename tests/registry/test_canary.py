@@ -21,8 +21,9 @@ from rest_framework.test import APIClient
 from accounts.models import ApiKey, Role
 from accounts.services import api_key_create, membership_set, organization_create, platform_organization
 from billing.models import CacheOutcome, UsageRecord
-from billing.served_requests import served_requests
-from registry.canary import (
+from core.transitions import IllegalTransition
+from registry.models import AuditEntry, Deployment, Model, ModelVersion
+from rollout.canary import (
     CanaryConflict,
     canary_create,
     canary_decide,
@@ -32,16 +33,9 @@ from registry.canary import (
     canary_tick,
     plan_move,
 )
-from registry.canary_stats import (
-    RequestSample,
-    distribution_test,
-    holm,
-    judge,
-    percentile,
-    proportion_test,
-)
-from registry.models import AuditEntry, Canary, CanaryDecision, Deployment, Model, ModelVersion
-from registry.services import IllegalTransition
+from rollout.canary_stats import RequestSample, distribution_test, holm, judge, percentile, proportion_test
+from rollout.models import Canary, CanaryDecision
+from rollout.served_requests import served_requests
 
 INTERVAL = 60
 
@@ -472,7 +466,7 @@ class TestController:
         """Defect 10 of issue 18: a swap of the base would leave the canary's rollback unable to
         set {base: 100}, and a canary judged worse would keep its share."""
         from core.errors import InvalidInput
-        from registry.services import deployment_swap_version
+        from rollout.hotswap import deployment_swap_version
 
         model = deployed_model()
         v3 = ModelVersion.objects.create(
@@ -721,8 +715,8 @@ class TestAdmin:
         canary_rollback(actor=None, canary=canary)
         admin = get_user_model().objects.create_superuser(username="root", password="pw-1234567890")
         client.force_login(admin)
-        assert client.get("/admin/registry/canary/").status_code == 200
-        page = client.get(f"/admin/registry/canary/{canary.pk}/change/")
+        assert client.get("/admin/rollout/canary/").status_code == 200
+        page = client.get(f"/admin/rollout/canary/{canary.pk}/change/")
         assert page.status_code == 200
         assert b"rolled back by the operator" in page.content
         assert b'name="_save"' not in page.content

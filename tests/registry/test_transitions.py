@@ -2,13 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from core.transitions import IllegalTransition
 from registry.models import Deployment, Model, ModelVersion, Replica, Task
-from registry.services import (
-    IllegalTransition,
-    deployment_transition,
-    model_version_transition,
-    replica_transition,
-)
+from registry.services import deployment_transition, model_version_transition, replica_transition
 
 pytestmark = pytest.mark.django_db
 

@@ -101,7 +101,7 @@ class Engines:
 
     def key(self, model: str) -> str:
         """The replica's own API key (engines refuse /v1 without it)."""
-        from serving.replica_keys import replica_api_key
+        from registry.replica_keys import replica_api_key
 
         return replica_api_key(self.replica_ids[model])
 

@@ -16,12 +16,19 @@ from django.utils import timezone
 
 from accounts.services import api_key_create, organization_create
 from core.errors import InvalidInput
-from registry.autoscaler import AutoscalePolicy, DeploymentConfig, Observations, decide, last_change_at
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_autoscale_set, deployment_create, deployment_scale
-from serving.autoscaling import engine_load, latency_p99, observe_deployment, peak_in_flight
+from registry.services import deployment_create, deployment_scale
+from rollout.autoscaler import (
+    AutoscalePolicy,
+    DeploymentConfig,
+    Observations,
+    decide,
+    deployment_autoscale_set,
+    last_change_at,
+)
+from rollout.observations import engine_load, latency_p99, observe_deployment, peak_in_flight
+from rollout.tasks import autoscale_tick
 from serving.supervisor import Supervisor
-from serving.tasks import autoscale_tick
 from tests.billing.records import make_record
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

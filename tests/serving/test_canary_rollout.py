@@ -12,10 +12,11 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from billing.served_requests import served_requests
 from billing.usage import persist_failed_attempts, persist_usage_stream
-from registry.canary import canary_create, canary_tick
-from registry.models import Canary, Model
+from registry.models import Model
+from rollout.canary import canary_create, canary_tick
+from rollout.models import Canary
+from rollout.served_requests import served_requests
 from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
 
 # The marker makes pytest-django set up the test database; the writes go through committed().

@@ -26,16 +26,19 @@ from django.db import connection
 from django.utils import timezone
 
 from core.errors import InvalidInput
-from registry.hotswap import drain_delay, open_swaps, swap_get, swap_step
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
-from registry.services import (
+from registry.replica_keys import replica_api_key
+from registry.services import deployment_create
+from rollout.hotswap import (
     SWAP_DRAIN,
     SWAP_SHIFT,
-    deployment_create,
     deployment_swap_cancel,
     deployment_swap_version,
+    drain_delay,
+    open_swaps,
+    swap_get,
+    swap_step,
 )
-from serving.replica_keys import replica_api_key
 from serving.supervisor import Supervisor, marked_engines
 from tests.processes import BASE_DIR, child_env
 from tests.serving.conftest import committed, persisted, request_id_of

@@ -24,8 +24,8 @@ from django.utils import timezone
 
 from console.management.commands.runplatform import ChildProcesses
 from registry.models import Deployment, Model, ModelVersion, Replica
+from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, replica_restart_request
-from serving.replica_keys import replica_api_key
 from serving.supervisor import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, Supervisor, marked_engines
 from tests import processes
 from tests.processes import BASE_DIR, child_env, free_port

@@ -1,8 +1,7 @@
 """What the requests one version of a model served in a time window tell about it, read from usage records.
 
-The canary controller (``registry.canary``) judges versions by these. The registry's models
-and services never import billing, so its Celery task hands this function to the
-controller (``registry.tasks.canary_tick``).
+The canary controller (``rollout.canary``) judges versions by these; its Celery task
+(``rollout.tasks.canary_tick``) hands this function to the controller.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from billing.models import CacheOutcome, FailedAttempt, UsageRecord
-from registry.canary_stats import RequestSample
+from rollout.canary_stats import RequestSample
 
 # The newest this many requests of a version in a window are judged: bounded memory and time
 # for a base at 95 % of heavy traffic over a long interval, and plenty for the tests.

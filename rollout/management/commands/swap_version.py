@@ -9,9 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import InvalidInput
-from registry.hotswap import Swap, open_swaps, swap_get, swap_step
 from registry.models import Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_swap_cancel, deployment_swap_version
+from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, open_swaps, swap_get, swap_step
 
 
 class Command(BaseCommand):

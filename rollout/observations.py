@@ -15,9 +15,9 @@ from django.db.models import Aggregate, Count, F, FloatField, Func, IntegerField
 from django.utils import timezone
 
 from billing.models import CacheOutcome, UsageRecord
-from registry.autoscaler import AutoscalePolicy, Observations
 from registry.models import Deployment, Replica
-from serving.replica_keys import replica_api_key
+from registry.replica_keys import replica_api_key
+from rollout.autoscaler import AutoscalePolicy, Observations
 
 logger = logging.getLogger(__name__)
 

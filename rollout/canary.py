@@ -12,9 +12,9 @@ changes nothing twice. Weights move only through ``registry.services.traffic_set
 publishes the routing change when the transaction commits.
 
 The controller reads the requests each arm served through a function it is given
-(``SampleLoader``): the usage records are billing's, and the registry's modules never import
-billing; ``registry.tasks`` hands it ``billing.served_requests.served_requests``. The
-statistics are ``registry.canary_stats``.
+(``SampleLoader``), so tests and benchmarks can feed it samples of their own;
+``rollout.tasks`` hands it ``rollout.served_requests.served_requests`` (billing's usage
+records). The statistics are ``rollout.canary_stats``.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.errors import InvalidInput
-from registry.canary_stats import CRITERIA, Judgement, RequestSample, Verdict, judge
-from registry.models import Canary, CanaryDecision, Deployment, Model, ModelVersion
-from registry.services import Actor, IllegalTransition, audit_record, traffic_set
+from core.transitions import check_transition
+from registry.models import Deployment, Model, ModelVersion
+from registry.services import Actor, audit_record, traffic_set
+from rollout.canary_stats import CRITERIA, Judgement, RequestSample, Verdict, judge
+from rollout.models import Canary, CanaryDecision
 
 logger = logging.getLogger(__name__)
 
@@ -220,13 +222,6 @@ def _locked(canary: Canary) -> Canary:
     )
 
 
-def _move(canary: Canary, target: str) -> None:
-    """Check a status move against the locked row's status. Call inside transaction.atomic with it locked."""
-    if target not in Canary.TRANSITIONS.get(canary.status, frozenset()):
-        raise IllegalTransition(canary, "status", canary.status, target)
-    canary.status = target
-
-
 def _audit(actor: Actor, action: str, before: dict[str, Any], canary: Canary, **extra: Any) -> None:
     audit_record(
         actor=actor,
@@ -243,7 +238,7 @@ def canary_pause(*, actor: Actor, canary: Canary) -> Canary:
     with transaction.atomic():
         locked = _locked(canary)
         before = _snapshot(locked)
-        _move(locked, Canary.Status.PAUSED)
+        check_transition(locked, Canary.Status.PAUSED)
         locked.save(update_fields=["status", "updated_at"])
         _audit(actor, "canary.pause", before, locked)
     return locked
@@ -255,7 +250,7 @@ def canary_resume(*, actor: Actor, canary: Canary, now: datetime | None = None) 
     with transaction.atomic():
         locked = _locked(canary)
         before = _snapshot(locked)
-        _move(locked, Canary.Status.RUNNING)
+        check_transition(locked, Canary.Status.RUNNING)
         locked.step_started_at = now
         locked.next_decision_at = now + timedelta(seconds=locked.interval_seconds)
         locked.save(update_fields=["status", "step_started_at", "next_decision_at", "updated_at"])
@@ -279,7 +274,7 @@ def _finish(actor: Actor, canary: Canary, target: str, *, now: datetime | None) 
     with transaction.atomic():
         locked = _locked(canary)
         before = _snapshot(locked)
-        _move(locked, target)
+        check_transition(locked, target)
         weights = {locked.canary_version.version: 100} if promoted else {locked.base_version.version: 100}
         split = traffic_set(actor=actor, model=locked.model, weights=weights)
         locked.save(update_fields=["status", "updated_at"])
@@ -426,7 +421,7 @@ def _apply(canary: Canary, judgement: Judgement, now: datetime) -> tuple[str, li
             reasons.append(f"the split {weights} could not be set ({exc.message}); holding")
             move = Move(CanaryDecision.Verdict.HOLD)
     if move.status is not None:
-        _move(canary, move.status)
+        check_transition(canary, move.status)
     if move.next_step is not None:
         canary.current_step = move.next_step
         canary.step_started_at = now

@@ -3,7 +3,7 @@
 ``decide`` is pure: a deployment's bounds and policy, what its replicas are doing now
 (``Observations``), the time and the time of its last change in, a ``Decision`` (target
 and reasons) out. ``autoscale_deployments`` applies it to every running deployment whose
-policy is enabled, with the observations gathered by the caller (``serving.autoscaling``
+policy is enabled, with the observations gathered by the caller (``rollout.observations``
 scrapes the engines: the registry never talks HTTP to them), and writes each change with
 ``registry.services.deployment_scale``; that audit entry ("autoscale", with the reasons
 and the figures) is the stored decision. Supervisors follow ``Deployment.replicas``.
@@ -34,12 +34,13 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Deployment
-from registry.services import deployment_scale
+from registry.services import Actor, audit_record, deployment_scale
 
 logger = logging.getLogger(__name__)
 
@@ -285,3 +286,24 @@ def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> 
             )
             changes.append(Change(deployment.pk, before, decision.target_replicas, decision.reasons))
     return changes
+
+
+def deployment_autoscale_set(*, actor: Actor, deployment: Deployment, autoscale: dict[str, Any]) -> Deployment:
+    """Set a deployment's autoscaling policy (the keys of ``AutoscalePolicy``),
+    checked first: a bad value is an InvalidInput naming the key. Audited."""
+    policy = AutoscalePolicy.from_json(autoscale)
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        before = {"autoscale": locked.autoscale}
+        Deployment.objects.filter(pk=locked.pk).update(autoscale=policy.as_json())
+        locked.autoscale = policy.as_json()
+        audit_record(
+            actor=actor,
+            action="deployment.autoscale",
+            target_type="deployment",
+            target=str(locked.pk),
+            before=before,
+            after={"autoscale": locked.autoscale},
+        )
+    deployment.autoscale = locked.autoscale
+    return locked

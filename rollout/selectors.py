@@ -1,0 +1,44 @@
+"""Reads of rollouts: canaries with their decisions, the latest hot-swap of a deployment."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch, Q
+
+from registry.models import AuditEntry, Model
+from rollout.hotswap import SWAP
+from rollout.models import Canary, CanaryDecision
+
+
+def canary_latest(*, model: Model) -> Canary | None:
+    """The model's active canary, else its most recent one, with every decision in order."""
+    canaries = (
+        Canary.objects.filter(model=model)
+        .select_related("model", "base_version", "canary_version", "created_by")
+        .prefetch_related(
+            Prefetch("decisions", queryset=CanaryDecision.objects.select_related("actor").order_by("at", "id"))
+        )
+    )
+    return canaries.filter(status__in=Canary.ACTIVE_STATUSES).first() or canaries.order_by("-created_at", "-id").first()
+
+
+def models_with_latest_canary(*, q: str = "") -> list[tuple[Model, Canary | None]]:
+    """Every model (whose name contains ``q``) with its active canary, else its latest one."""
+    models = list(Model.objects.filter(name__icontains=q).order_by("name") if q else Model.objects.order_by("name"))
+    canaries = Canary.objects.filter(model__in=models).select_related("base_version", "canary_version")
+    latest: dict[int, Canary] = {}
+    for canary in canaries.order_by("created_at", "id"):
+        current = latest.get(canary.model_id)
+        if current is None or current.status not in Canary.ACTIVE_STATUSES:
+            latest[canary.model_id] = canary
+    return [(model, latest.get(model.pk)) for model in models]
+
+
+def swap_latest_id(*, deployment_id: int) -> int | None:
+    """The audit entry of the latest hot-swap ``deployment_id`` took part in (old or new side)."""
+    return (
+        AuditEntry.objects.filter(action=SWAP)
+        .filter(Q(target=str(deployment_id)) | Q(after__swap_to=deployment_id))
+        .order_by("-id")
+        .values_list("pk", flat=True)
+        .first()
+    )
