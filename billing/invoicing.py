@@ -31,11 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
-from django.db.models import Count, DateField, Exists, F, OuterRef, Q, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce, Greatest, TruncMonth
+from django.db.models import Count, DateField, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import TruncMonth
 
 from accounts.models import Organization, Plan
-from billing.models import CacheOutcome, Invoice, InvoiceLine, Price, UsageRecord
+from billing.models import Invoice, InvoiceLine, Price, UsageRecord
+from billing.pricing import charged_tokens_sql
 
 CENT = Decimal("0.01")
 ZERO = Decimal("0.00")
@@ -159,6 +161,9 @@ def _description(*, model: str, token_kind: str, period: dt.date, kind: str, pri
     return f"{what}{late}{unpriced}"[:255]
 
 
+_CHARGED = charged_tokens_sql(UsageRecord._meta.db_table)
+
+
 def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[LineDraft]:
     """The usage and adjustment lines of ``records`` on the invoice of ``period``.
 
@@ -169,12 +174,8 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
         records.annotate(month=TruncMonth("created_at", tzinfo=dt.UTC))
         .values("month", "model", "price_id")
         .annotate(
-            # As the rollups count them: a record never has fewer than 0 input tokens.
-            input=Sum(Greatest(F("prompt_tokens") - F("cached_tokens"), Value(0))),
-            output=Sum("completion_tokens", filter=Q(cache=CacheOutcome.MISS)),
-            # A request answered from the cache is charged whole at the cached input price
-            # (billing.pricing), so its completion tokens are cached tokens here too.
-            cached=Sum("cached_tokens") + Coalesce(Sum("completion_tokens", filter=~Q(cache=CacheOutcome.MISS)), 0),
+            # Tokens by the price each is charged at: billing.pricing's one rule.
+            **{kind: Sum(RawSQL(sql, ())) for kind, sql in _CHARGED.items()},
         )
         .order_by()
     )

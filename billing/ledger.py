@@ -168,37 +168,34 @@ class UsageEvent:
 
 
 @dataclass(frozen=True)
-class RateLimitHeaders:
-    """OpenAI's x-ratelimit-* headers, from the tightest of the key's and the org's buckets."""
+class Bucket:
+    """One limit as a request sees it: its size, what is left, seconds until it is full again."""
 
-    values: dict[str, str]
+    limit: int
+    left: int
+    reset_seconds: float
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """The tightest of the key's and the organisation's per-minute buckets, by dimension
+    (None: no such limit). The data plane turns it into its protocol's headers."""
+
+    requests: Bucket | None = None
+    tokens: Bucket | None = None
 
     @classmethod
-    def from_report(cls, report: list[dict[str, Any]]) -> RateLimitHeaders:
-        values: dict[str, str] = {}
-        for dimension, suffix in (("rpm", "requests"), ("tpm", "tokens")):
-            tightest = min(
-                (r for r in report if dimension in r),
-                key=lambda r: r[f"{dimension}_left"],
-                default=None,
-            )
-            if tightest is None:
-                continue
-            values[f"x-ratelimit-limit-{suffix}"] = str(int(tightest[dimension]))
-            values[f"x-ratelimit-remaining-{suffix}"] = str(max(0, math.floor(tightest[f"{dimension}_left"])))
-            values[f"x-ratelimit-reset-{suffix}"] = format_duration(tightest[f"{dimension}_reset"])
-        return cls(values)
-
-
-def format_duration(seconds: float) -> str:
-    """OpenAI's style: ``0s``, ``250ms``, ``1.5s``, ``6m0s``."""
-    seconds = max(0.0, seconds)
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    if seconds < 60:
-        return f"{seconds:.3g}s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest}s"
+    def from_report(cls, report: list[dict[str, Any]]) -> Headroom:
+        found: dict[str, Bucket] = {}
+        for dimension, name in (("rpm", "requests"), ("tpm", "tokens")):
+            tightest = min((r for r in report if dimension in r), key=lambda r: r[f"{dimension}_left"], default=None)
+            if tightest is not None:
+                found[name] = Bucket(
+                    limit=int(tightest[dimension]),
+                    left=max(0, math.floor(tightest[f"{dimension}_left"])),
+                    reset_seconds=max(0.0, float(tightest[f"{dimension}_reset"])),
+                )
+        return cls(**found)
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,7 @@ class Refusal:
     code: str
     message: str
     retry_after: int
-    headers: RateLimitHeaders
+    headroom: Headroom
 
 
 class Refused(Exception):
@@ -242,30 +239,6 @@ def _cache_outcome(value: str) -> str:
 FINISH_REASON_MAX_LENGTH = 16
 
 
-def note_finish_reasons(reasons: dict[int, str], choices: object) -> None:
-    """Add the finish reasons that an answer's (or a stream chunk's) ``choices`` carry to
-    ``reasons``, by choice index: a stream ends its choices one chunk at a time."""
-    if not isinstance(choices, list):
-        return
-    for position, choice in enumerate(choices):
-        if isinstance(choice, dict) and choice.get("finish_reason"):
-            index = choice.get("index")
-            reasons[index if isinstance(index, int) else position] = str(choice["finish_reason"])
-
-
-def finish_reason_of(reasons: Mapping[int, str]) -> str:
-    """The one finish reason a usage event keeps for a request's choices (by index).
-
-    "length" when any choice was cut by its token limit (a truncated answer was delivered,
-    which is what a canary's truncation share counts), else the first choice's; "" when no
-    choice finished (embeddings, a failed or interrupted request).
-    """
-    if not reasons:
-        return ""
-    reason = "length" if "length" in reasons.values() else reasons[min(reasons)]
-    return reason[:FINISH_REASON_MAX_LENGTH]
-
-
 # The longest error code a usage record keeps (UsageRecord.error_code's max_length).
 ERROR_CODE_MAX_LENGTH = 40
 
@@ -282,7 +255,7 @@ def _finish_reason(value: str) -> str:
     return value
 
 
-def _refusal(result: dict[str, Any], grant: KeyGrant, headers: RateLimitHeaders) -> Refusal:
+def _refusal(result: dict[str, Any], grant: KeyGrant, headroom: Headroom) -> Refusal:
     code = result["code"]
     retry = max(1, math.ceil(result.get("retry", 1)))
     if code == "rate_limit_exceeded":
@@ -294,7 +267,7 @@ def _refusal(result: dict[str, Any], grant: KeyGrant, headers: RateLimitHeaders)
         )
     else:
         message = _REFUSALS[code].format(tier=grant.tier, **result)
-    return Refusal(code=code, message=message, retry_after=retry, headers=headers)
+    return Refusal(code=code, message=message, retry_after=retry, headroom=headroom)
 
 
 @lru_cache(maxsize=1)
@@ -353,7 +326,7 @@ ALERT_THRESHOLDS = (50, 80, 100)
 
 async def admit(
     *, grant: KeyGrant, draft: UsageEvent, tokens: int, spend: Decimal, model_limit: int, rpm_paid: bool = False
-) -> RateLimitHeaders:
+) -> Headroom:
     """Check and charge everything for one request and record it in flight, atomically.
 
     ``draft`` is the usage event as known at admission (status 0); ``tokens`` and
@@ -393,7 +366,7 @@ async def admit(
     result = orjson.loads(raw)
     if not result["ok"]:
         raise Refused(_refusal(result, grant, await peek(grant)))
-    return RateLimitHeaders.from_report(result["scopes"])
+    return Headroom.from_report(result["scopes"])
 
 
 async def note_failed_attempt(event: UsageEvent) -> None:
@@ -422,11 +395,11 @@ async def take_request(grant: KeyGrant, *, force: bool = False) -> None:
         raise Refused(_refusal(result, grant, await peek(grant)))
 
 
-async def peek(grant: KeyGrant) -> RateLimitHeaders:
+async def peek(grant: KeyGrant) -> Headroom:
     """The key's buckets as they stand, without charging anything."""
     client = async_redis()
     raw = await _script(client)(keys=[], args=["peek", orjson.dumps({"scopes": _scopes(grant)}), _clock()])
-    return RateLimitHeaders.from_report(orjson.loads(raw)["scopes"])
+    return Headroom.from_report(orjson.loads(raw)["scopes"])
 
 
 # --- Settlement ----------------------------------------------------------------------------

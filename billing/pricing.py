@@ -6,7 +6,12 @@ line (``billing.invoicing``). The limiter counts spend in integer micro-units (e
 Redis's Lua doubles): a request's cost there is rounded *up* to the micro-unit, so a spend
 cap can only be reached a little early, never overshot by rounding.
 
-Input tokens are the prompt tokens not served from a cache; cached ones are priced apart.
+What a request is charged for is one rule, written here once (``ChargedTokens.of``) and
+stated here in SQL for the rollups and invoices (``CHARGED_TOKENS_SQL``): input tokens are
+the prompt tokens not served from an engine's prefix cache, priced at the input price;
+those served from it at the cached input price; a request answered from the semantic cache
+is charged whole (prompt and answer) at the cached input price. ``PriceQuote`` answers
+every cost question the gateway asks (reservation, charge, savings).
 """
 
 from __future__ import annotations
@@ -14,11 +19,53 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
-from billing.models import Price
+from billing.models import CacheOutcome, Price
 
 MICRO = Decimal("0.000001")
 SPEND_MICRO = 1_000_000
 PER_MILLION = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class ChargedTokens:
+    """A request's tokens by the price each is charged at."""
+
+    input: int
+    output: int
+    cached: int
+
+    @classmethod
+    def of(cls, *, prompt: int, completion: int, cached: int, cache_hit: bool) -> ChargedTokens:
+        """The rule. ``cached``: the prompt tokens an engine served from its prefix cache (a
+        semantic-cache hit reports its whole prompt so); never more than the prompt."""
+        if cache_hit:
+            return cls(input=0, output=0, cached=prompt + completion)
+        from_cache = min(prompt, max(0, cached))
+        return cls(input=prompt - from_cache, output=completion, cached=from_cache)
+
+
+def charged_tokens_sql(records: str) -> dict[str, str]:
+    """The rule over usage records (``records``: their table or alias), as SQL for queries
+    that sum it: the hourly rollups and the invoices' lines. A test holds it to
+    ``ChargedTokens.of`` on every kind of record."""
+    hit = f"{records}.cache <> '{CacheOutcome.MISS.value}'"
+    prompt, completion = f"{records}.prompt_tokens", f"{records}.completion_tokens"
+    from_cache = f"least(greatest({records}.cached_tokens, 0), {prompt})"
+    return {
+        "input": f"CASE WHEN {hit} THEN 0 ELSE {prompt} - {from_cache} END",
+        "output": f"CASE WHEN {hit} THEN 0 ELSE {completion} END",
+        "cached": f"CASE WHEN {hit} THEN {prompt} + {completion} ELSE {from_cache} END",
+    }
+
+
+def saved_sql(records: str, prices: str) -> str:
+    """``PriceQuote.saved`` over usage records joined to their prices (aliases): what a
+    semantic-cache hit saved; 0 for a request an engine answered."""
+    return (
+        f"CASE WHEN {records}.cache <> '{CacheOutcome.MISS.value}' THEN ({records}.prompt_tokens * "
+        f"{prices}.input_per_million + {records}.completion_tokens * {prices}.output_per_million) / 1000000"
+        f" - {records}.cost ELSE 0 END"
+    )
 
 
 @dataclass(frozen=True)
@@ -49,6 +96,20 @@ class PriceQuote:
 
     def in_effect(self, when: float) -> bool:
         return self.effective_from <= when and (self.effective_to is None or when < self.effective_to)
+
+    def reservation(self, *, prompt_tokens: int, output_tokens: int) -> Decimal:
+        """The most a request may cost before it runs: every prompt token at the input price
+        (an engine's prefix cache can only lower it) and its output bound."""
+        return self.cost(input_tokens=prompt_tokens, output_tokens=output_tokens)
+
+    def charge(self, *, prompt: int, completion: int, cached: int, cache_hit: bool) -> Decimal:
+        """What a request is charged (``ChargedTokens.of``, the one rule)."""
+        tokens = ChargedTokens.of(prompt=prompt, completion=completion, cached=cached, cache_hit=cache_hit)
+        return self.cost(input_tokens=tokens.input, output_tokens=tokens.output, cached_tokens=tokens.cached)
+
+    def saved(self, *, prompt: int, completion: int, charged: Decimal) -> Decimal:
+        """What a semantic-cache hit saved: its tokens as an engine's answer, less its charge."""
+        return self.cost(input_tokens=prompt, output_tokens=completion) - charged
 
     def cost(self, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> Decimal:
         return request_cost(

@@ -42,6 +42,7 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from billing.models import Price, RollupProgress, UsageRecord, UsageRollup
+from billing.pricing import charged_tokens_sql, saved_sql
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,11 @@ _PERCENTILES = (
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
 )  # fmt: skip
 _VALUES = ("organization_id", *_SUMS, *_PERCENTILES)
+_CHARGED = charged_tokens_sql("u")
 
 # One bucket, recomputed whole. Errors are answers outside 2xx (client disconnects
-# included). Input tokens are the prompt tokens not served from a cache (never below
-# zero, whatever an engine reported). Percentiles are over every request of the bucket;
+# included). Input tokens are those charged at the input price (billing.pricing, the one
+# rule); output and cached tokens are what the records report. Percentiles are over every request of the bucket;
 # TTFT ignores requests that produced no token (null). One sort per column: the three
 # percentiles come from one ``percentile_disc(array)``. Cache hits are counted, with what
 # they saved: their tokens at the input and output prices, less what they were charged.
@@ -79,13 +81,12 @@ WITH fresh AS (
         SELECT organization_id, api_key_id, model, model_version, price_id,
                count(*) AS requests,
                count(*) FILTER (WHERE status_code NOT BETWEEN 200 AND 299) AS errors,
-               sum(greatest(prompt_tokens - cached_tokens, 0)) AS input_tokens,
+               sum({_CHARGED["input"]}) AS input_tokens,
                sum(completion_tokens) AS output_tokens,
                sum(cached_tokens) AS cached_tokens,
                sum(cost) AS cost,
                count(*) FILTER (WHERE cache <> 'miss') AS cache_hits,
-               coalesce(sum((prompt_tokens * p.input_per_million + completion_tokens * p.output_per_million)
-                            / 1000000 - cost) FILTER (WHERE cache <> 'miss'), 0) AS saved,
+               coalesce(sum({saved_sql("u", "p")}), 0) AS saved,
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY latency_ms) AS latency,
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms) AS ttft
         FROM {_RECORDS} u LEFT JOIN {_PRICES} p ON p.id = u.price_id

@@ -21,7 +21,7 @@ from django.conf import settings
 
 from registry.replica_keys import replica_api_key
 from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
-from serving.routing import ReplicaRoute, Router
+from serving.routing import Lease, ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +95,10 @@ class EngineStream:
     connection (unless the stream ended with ``[DONE]``), which makes vLLM abort the sequence.
     """
 
-    def __init__(self, router: Router, replica: ReplicaRoute, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, router: Router, lease: Lease, response: aiohttp.ClientResponse) -> None:
         self.router = router
-        self.replica = replica
+        self.lease = lease
+        self.replica = lease.replica
         self._response = response
         self._finished = False
         self._buffer = b""
@@ -160,6 +161,7 @@ class EngineStream:
                 self._response.release()  # complete: the connection goes back to the pool
             else:
                 self._response.close()  # unfinished: dropping the connection aborts the engine's sequence
+            self.lease.release()
 
 
 async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
@@ -179,13 +181,13 @@ async def dispatch(
     *,
     stream: bool,
     first_byte_by: float | None = None,
-) -> tuple[ReplicaRoute, Any]:
+) -> tuple[Lease, Any]:
     """Send to the first replica that accepts the connection; try the next on connect failure.
 
     Only failures before the request reached an engine are retried, so a request is never
     run twice. A 4xx/5xx answer is raised as the matching APIError; a connection that
-    breaks after the request went out is a 502. On success the replica is returned
-    acquired (``router.acquire``): the caller releases it when the request is over. The
+    breaks after the request went out is a 502. On success the replica is returned held
+    (a ``Lease``): the caller releases it when the request is over. The
     answer is an ``EngineAnswer`` (read whole), or with ``stream`` the open aiohttp response.
     ``first_byte_by`` (loop time): an engine that has not begun to answer by then (no status
     line yet: hung, or too busy) is an ``EngineTimeout`` and a failure on its circuit.
@@ -208,7 +210,7 @@ async def _dispatch(
     stream: bool,
     tried: list[int],
     first_byte_by: float | None,
-) -> tuple[ReplicaRoute, Any]:
+) -> tuple[Lease, Any]:
     tries = settings.ENGINE_CONNECT_RETRIES + 1
     last_error: Exception | None = None
     for replica in replicas:
@@ -218,29 +220,29 @@ async def _dispatch(
             continue  # its circuit opened meanwhile, or another request is its half-open probe
         tries -= 1
         tried.append(replica.id)
-        router.acquire(replica.id)
+        lease = router.lease(replica)
         timer = asyncio.timeout_at(first_byte_by)
         try:
             async with timer:
                 response = await _send(replica, path, payload)
         except _NOT_SENT as exc:
-            router.release(replica.id)
+            lease.release()
             router.record_failure(replica.id)
             logger.warning("replica %s could not be reached: %s %s", replica.id, type(exc).__name__, exc)
             last_error = exc
             continue
         except (*_BROKEN, TimeoutError) as exc:  # timed out, disconnected, bad HTTP, ...
-            router.release(replica.id)
+            lease.release()
             router.record_failure(replica.id)
             if timer.expired():
                 raise EngineTimeout("The engine did not begin to answer in time.") from exc
             raise EngineFailed(f"The engine connection broke ({type(exc).__name__}).") from exc
         except BaseException:
-            router.release(replica.id)
+            lease.release()
             router.abandon(replica.id)  # cancelled: nothing learnt about the replica
             raise
         if response.status >= 400:
-            router.release(replica.id)
+            lease.release()
             if response.status >= 500:
                 router.record_failure(replica.id)
             else:
@@ -254,22 +256,22 @@ async def _dispatch(
             raise engine_error(response.status, content)
         if stream:
             router.record_success(replica.id)
-            return replica, response
+            return lease, response
         try:
             answer = EngineAnswer(response.status, await response.read())
         except (*_BROKEN, TimeoutError) as exc:
-            router.release(replica.id)
+            lease.release()
             router.record_failure(replica.id)
             raise EngineFailed(f"The engine connection broke ({type(exc).__name__}).") from exc
         except BaseException:
-            router.release(replica.id)
+            lease.release()
             router.abandon(replica.id)
             response.close()
             raise
         finally:
             response.release()
         router.record_success(replica.id)
-        return replica, answer
+        return lease, answer
     if last_error is None:
         raise EngineUnavailable("No replica of this model is ready. Try again shortly.")
     raise EngineUnavailable(f"No replica of this model could be reached ({type(last_error).__name__}).")
@@ -283,10 +285,10 @@ async def open_stream(
     *,
     first_byte_by: float | None = None,
 ) -> EngineStream:
-    """The replica stays acquired until the caller releases it (after closing the stream).
+    """The replica stays held until the stream is closed (``aclose`` releases its lease).
     ``first_byte_by``: as ``dispatch``'s (a stream's first-token deadline)."""
-    replica, response = await dispatch(router, replicas, path, payload, stream=True, first_byte_by=first_byte_by)
-    return EngineStream(router, replica, response)
+    lease, response = await dispatch(router, replicas, path, payload, stream=True, first_byte_by=first_byte_by)
+    return EngineStream(router, lease, response)
 
 
 def parse_json(router: Router, replica: ReplicaRoute, content: bytes) -> dict[str, Any]:

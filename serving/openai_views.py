@@ -18,6 +18,7 @@ from accounts.grants import KeyGrant
 from billing import ledger
 from serving.auth import authenticate
 from serving.errors import APIError, ModelNotAllowed, RateLimited
+from serving.openai_wire import rate_limit_headers
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
 from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
@@ -42,7 +43,7 @@ def _require(request: ApiRequest, method: str) -> None:
 async def _current_limits(grant: KeyGrant) -> dict[str, str]:
     """x-ratelimit-* headers for an answer that charged nothing (best effort)."""
     try:
-        return (await ledger.peek(grant)).values
+        return rate_limit_headers(await ledger.peek(grant))
     except RedisError:
         return {}
 
@@ -110,9 +111,9 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     except RateLimited:
         raise  # carries its own headers
     except APIError as exc:
-        exc.headers.update(call.rate_limits.values if call.rate_limits else await _current_limits(grant))
+        exc.headers.update(rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(grant))
         raise
-    for name, value in rate_limits.values.items():
+    for name, value in rate_limit_headers(rate_limits).items():
         response[name] = value
     response["x-model-version"] = call.version.version  # the version that served it, pinned or chosen
     if endpoint is not COMPLETIONS:

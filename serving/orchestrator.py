@@ -13,8 +13,8 @@ settled exactly once, by ``close``, whatever ends it:
   ``close`` waits for an admission in flight, then settles it as 499 with what was used;
 - Redis is unreachable when settling: the ledger keeps retrying until it is back.
 
-The router's in-flight counts change only through ``router.acquire``/``release`` (the
-engine client acquires; ``close`` releases), so no path leaves a replica counted busy.
+The router's in-flight counts change only through a replica's lease (``routing.Lease``: the
+engine client takes it; ``close`` releases it, once), so no path leaves a replica counted busy.
 
 A model with a shadow policy has a share of its requests copied to a candidate version as
 they are dispatched (``serving.shadow``): the copy is never admitted, settled or metered.
@@ -41,7 +41,7 @@ from django.conf import settings
 
 from accounts.grants import KeyGrant
 from billing import ledger
-from billing.ledger import RateLimitHeaders, UsageEvent
+from billing.ledger import Headroom, UsageEvent
 from billing.pricing import PriceQuote
 from serving import engine, metrics
 from serving.errors import (
@@ -53,7 +53,8 @@ from serving.errors import (
     ModelNotAllowed,
     RateLimited,
 )
-from serving.routing import ReplicaRoute, VersionRoute, find_model, router
+from serving.openai_wire import finish_reason_of, note_finish_reasons, rate_limit_headers
+from serving.routing import Lease, ReplicaRoute, VersionRoute, find_model, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
 from serving.semcache.lookup import (
     MISS,
@@ -129,7 +130,7 @@ class InferenceCall:
         self.endpoint = endpoint
         self.grant = grant
         self.request_id = request_id
-        self.rate_limits: RateLimitHeaders | None = None
+        self.rate_limits: Headroom | None = None
         self.status: int | None = None  # set when settled
         self.failed = False  # a stream ended with an error event
         self.prompt_tokens = 0
@@ -141,7 +142,7 @@ class InferenceCall:
         self._reserved = 0
         self._reserved_spend = Decimal(0)
         self.price: PriceQuote | None = None
-        self._admission: asyncio.Task[RateLimitHeaders] | None = None
+        self._admission: asyncio.Task[Headroom] | None = None
         self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
         self._admitted = False
         self._pinned = False  # X-Model-Version: a fallback never changes the version
@@ -149,7 +150,7 @@ class InferenceCall:
         self._ran = False  # an engine accepted the request (answered 2xx): its prompt was processed
         self.error_code = ""  # set when it fails: what the record says of why
         self._closing: asyncio.Task[None] | None = None
-        self._replica: ReplicaRoute | None = None
+        self._lease: Lease | None = None  # the replica answering it, held until it ends
         self._upstream: engine.EngineStream | ReplayStream | None = None
         self._first: Any = None
         self.cache_probe: CacheProbe | None = None
@@ -245,7 +246,7 @@ class InferenceCall:
         # for the whole request, whatever happens later.
         price = version.price_at(self._admitted_at.timestamp())
         if price is not None:
-            self._reserved_spend = price.cost(input_tokens=prompt_bound, output_tokens=reserved - prompt_bound)
+            self._reserved_spend = price.reservation(prompt_tokens=prompt_bound, output_tokens=reserved - prompt_bound)
 
         payload = engine_payload(data)
         payload["model"] = model.name
@@ -341,9 +342,10 @@ class InferenceCall:
         if self.cache_hit is not None:
             tokens = self._hit_prompt_tokens + self.cache_hit.completion_tokens
             self._reserved = tokens
-            self._reserved_spend = self.price.cost(input_tokens=0, output_tokens=0, cached_tokens=tokens) if (
-                self.price is not None
-            ) else Decimal(0)  # fmt: skip
+            self._reserved_spend = self.price.charge(
+                prompt=self._hit_prompt_tokens, completion=self.cache_hit.completion_tokens,
+                cached=self._hit_prompt_tokens, cache_hit=True,
+            ) if self.price is not None else Decimal(0)  # fmt: skip
 
     @property
     def _hit_prompt_tokens(self) -> int:
@@ -388,7 +390,7 @@ class InferenceCall:
 
     # --- admission ------------------------------------------------------------------------
 
-    async def admit(self) -> RateLimitHeaders:
+    async def admit(self) -> Headroom:
         """Charge the limits and register the request in flight, in one atomic step.
 
         Runs as a task of its own: a caller cancelled while it is in flight (a client that
@@ -398,7 +400,7 @@ class InferenceCall:
         self._admission = asyncio.ensure_future(self._admit())
         return await asyncio.shield(self._admission)
 
-    async def _admit(self) -> RateLimitHeaders:
+    async def _admit(self) -> Headroom:
         replicas = sum(len(router.routable(v)) for v in self.model.versions)
         if self.grant.tier == "paid":
             per_replica = settings.BACKPRESSURE_PAID_PER_REPLICA
@@ -446,11 +448,11 @@ class InferenceCall:
                     # past it the engine is judged (504 and a failure on its circuit, so a slow
                     # replica stops being chosen); the second after it covers reading the body.
                     async with asyncio.timeout_at(deadline + 1.0):
-                        self._replica, response = await engine.dispatch(
+                        self._lease, response = await engine.dispatch(
                             router, replicas, self.endpoint.path, self.payload, stream=False, first_byte_by=deadline
                         )
                     self._ran = True
-                    data = engine.parse_json(router, self._replica, response.content)
+                    data = engine.parse_json(router, self._lease.replica, response.content)
                     break
                 except TimeoutError:
                     raise EngineTimeout("The engine did not answer in time.") from None
@@ -460,7 +462,7 @@ class InferenceCall:
                         raise
                     replicas = fallback
             self._record_usage(data.get("usage"))
-            ledger.note_finish_reasons(self._finish_reasons, data.get("choices"))
+            note_finish_reasons(self._finish_reasons, data.get("choices"))
             if self.endpoint is not EMBEDDINGS:
                 data["id"] = self.public_id
             data["model"] = self.model.name
@@ -486,8 +488,8 @@ class InferenceCall:
         never billed, so the canaries and circuits see it while the client sees one answer.
         """
         failed = set(exc.replicas_tried)
-        if self._replica is not None:
-            failed.add(self._replica.id)
+        if self._lease is not None:
+            failed.add(self._lease.replica.id)
         await self._let_go()
         if attempt > 1 or not settings.ENGINE_FALLBACK:
             return None
@@ -524,9 +526,9 @@ class InferenceCall:
         if upstream is not None:
             with contextlib.suppress(Exception):
                 await upstream.aclose()
-        if self._replica is not None:
-            router.release(self._replica.id)
-            self._replica = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         self._ran = False
         self._first = None
 
@@ -594,7 +596,7 @@ class InferenceCall:
         first-token timeout too, not a wait for the whole request's limit."""
         first_by = asyncio.get_running_loop().time() + settings.ENGINE_FIRST_TOKEN_TIMEOUT
         upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload, first_byte_by=first_by)
-        self._upstream, self._replica, self._ran = upstream, upstream.replica, True
+        self._upstream, self._lease, self._ran = upstream, upstream.lease, True
         try:
             async with asyncio.timeout_at(first_by):
                 self._first = await anext(upstream)
@@ -696,7 +698,7 @@ class InferenceCall:
                 self.ttft_ms = int((time.perf_counter() - self._started) * 1000)
         event["id"] = self.public_id
         event["model"] = self.model.name
-        ledger.note_finish_reasons(self._finish_reasons, event.get("choices"))
+        note_finish_reasons(self._finish_reasons, event.get("choices"))
         if self._may_store and self.cache_hit is None and event.get("choices"):
             content = (event["choices"][0].get("delta") or {}).get("content")
             if isinstance(content, str):
@@ -730,9 +732,9 @@ class InferenceCall:
 
     @property
     def finish_reason(self) -> str:
-        """Why generation stopped, as the usage record keeps it (``ledger.finish_reason_of``:
+        """Why generation stopped, as the usage record keeps it (``openai_wire.finish_reason_of``:
         with several choices, "length" if any was cut, else the first's; "" when unknown)."""
-        return ledger.finish_reason_of(self._finish_reasons)
+        return finish_reason_of(self._finish_reasons)
 
     # --- the end ---------------------------------------------------------------------------
 
@@ -755,14 +757,12 @@ class InferenceCall:
         gateway died after admission: the counted prompt, nothing generated."""
         prompt = self.prompt_tokens if draft and self.prompt_exact else self.prompt_tokens_metered
         cost = Decimal(0)
-        if self.price is not None and self.cache_hit is not None:
-            # A hit is priced whole at the cached input price: nothing was generated for it.
-            cost = self.price.cost(input_tokens=0, output_tokens=0, cached_tokens=prompt + self.completion_tokens)
-        elif self.price is not None:
-            cost = self.price.cost(
-                input_tokens=max(0, prompt - self.cached_tokens),
-                output_tokens=self.completion_tokens,
-                cached_tokens=min(prompt, self.cached_tokens),
+        if self.price is not None:
+            cost = self.price.charge(
+                prompt=prompt,
+                completion=self.completion_tokens,
+                cached=self.cached_tokens,
+                cache_hit=self.cache_hit is not None,
             )
         return UsageEvent(
             request_id=self.request_id,
@@ -805,8 +805,8 @@ class InferenceCall:
                 await upstream.aclose()  # closing the connection makes vLLM abort the sequence
             except Exception:
                 logger.debug("closing the engine stream failed", exc_info=True)
-        if self._replica is not None:
-            router.release(self._replica.id)
+        if self._lease is not None:
+            self._lease.release()
         if not self._maybe_admitted:
             return
         event = self._event(status)
@@ -826,8 +826,9 @@ class InferenceCall:
         if self.cache_hit is not None and status == 200:
             metrics.CACHE_TOKENS_SAVED.labels(event.model).inc(event.total_tokens)
             if self.price is not None:
-                full = self.price.cost(input_tokens=event.prompt_tokens, output_tokens=event.completion_tokens)
-                saved = full - event.cost
+                saved = self.price.saved(
+                    prompt=event.prompt_tokens, completion=event.completion_tokens, charged=event.cost
+                )
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
 
 
@@ -836,7 +837,7 @@ def _rate_limited(refusal: ledger.Refusal) -> RateLimited:
         refusal.message,
         code=refusal.code,
         type="insufficient_quota" if refusal.code == "insufficient_quota" else "rate_limit_exceeded",
-        headers={**refusal.headers.values, "Retry-After": str(refusal.retry_after)},
+        headers={**rate_limit_headers(refusal.headroom), "Retry-After": str(refusal.retry_after)},
     )
 
 

@@ -273,6 +273,33 @@ class CircuitBreaker:
         self._failures.pop(replica_id, None)
 
 
+class Lease:
+    """A replica held for one request (``Router.lease``): the one way in-flight counts change.
+
+    ``release`` is idempotent, so every owner of a lease (the engine client on a failed
+    send, a stream when it closes, the request when it ends) may release it without
+    counting twice; ``async with lease:`` releases it at the end of the block.
+    """
+
+    __slots__ = ("_released", "_router", "replica")
+
+    def __init__(self, router: Router, replica: ReplicaRoute) -> None:
+        self._router = router
+        self.replica = replica
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._router._release(self.replica.id)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
 def _rendezvous_score(model: str, key: str, salt: str, weight: int) -> float:
     """Weighted rendezvous (highest random weight): -weight / ln(u), u a uniform draw in (0, 1)
     fixed by (model, key, salt). The option with the highest score wins; each option's chance
@@ -287,8 +314,9 @@ def _rendezvous_score(model: str, key: str, salt: str, weight: int) -> float:
 class Router:
     """Holds the snapshot, the in-flight counts and the circuits of this process.
 
-    Counts and circuits change only through ``acquire``/``release``, ``allow``/``abandon``
-    and ``record_success``/``record_failure``, so every path keeps them balanced.
+    In-flight counts change only through leases (``lease``: a replica held for one request,
+    released once), circuits only through ``allow``/``abandon`` and
+    ``record_success``/``record_failure``, so every path keeps them balanced.
     """
 
     table: RoutingTable | None = None
@@ -302,12 +330,16 @@ class Router:
     def in_flight(self, replica_id: int) -> int:
         return self._in_flight.get(replica_id, 0)
 
-    def acquire(self, replica_id: int) -> None:
-        """A request of this process is now running on the replica."""
+    def lease(self, replica: ReplicaRoute) -> Lease:
+        """Hold ``replica`` for one request of this process (counted in flight until released)."""
+        self._acquire(replica.id)
+        return Lease(self, replica)
+
+    def _acquire(self, replica_id: int) -> None:
         self._in_flight[replica_id] += 1
         metrics.REPLICA_IN_FLIGHT.labels(str(replica_id)).inc()
 
-    def release(self, replica_id: int) -> None:
+    def _release(self, replica_id: int) -> None:
         remaining = self._in_flight[replica_id] - 1
         if remaining <= 0:
             self._in_flight.pop(replica_id, None)

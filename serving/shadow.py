@@ -30,11 +30,11 @@ import orjson
 from django.conf import settings
 from django.db import DatabaseError
 
-from billing.ledger import finish_reason_of, note_finish_reasons
 from core.db import run_db
 from serving import engine, metrics
 from serving.errors import APIError, EngineFailed
 from serving.models import ShadowRecord
+from serving.openai_wire import finish_reason_of, note_finish_reasons
 from serving.routing import ModelRoute, ReplicaRoute, VersionRoute, router
 
 logger = logging.getLogger(__name__)
@@ -148,11 +148,9 @@ class Shadows:
     async def _json(
         self, record: ShadowRecord, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]
     ) -> None:
-        replica, response = await engine.dispatch(router, replicas, path, payload, stream=False)
-        try:
-            data = engine.parse_json(router, replica, response.content)
-        finally:
-            router.release(replica.id)
+        lease, response = await engine.dispatch(router, replicas, path, payload, stream=False)
+        async with lease:
+            data = engine.parse_json(router, lease.replica, response.content)
         _take_usage(record, data.get("usage"))
         reasons: dict[int, str] = {}
         note_finish_reasons(reasons, data.get("choices"))
@@ -177,10 +175,7 @@ class Shadows:
                 raise EngineFailed("The engine closed the stream before it finished.")
         finally:
             record.finish_reason = finish_reason_of(reasons)
-            try:
-                await upstream.aclose()
-            finally:
-                router.release(upstream.replica.id)
+            await upstream.aclose()  # releases its replica
 
     # --- records -------------------------------------------------------------------------
 

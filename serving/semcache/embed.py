@@ -21,13 +21,11 @@ async def embed_texts(texts: list[str]) -> list[list[float]]:
     if version is None:
         raise EngineUnavailable(f"No replica of `{model.name}` is ready to embed for the cache.")
     payload = {"model": model.name, "input": texts, "encoding_format": "float"}
-    replica, response = await engine.dispatch(
+    lease, response = await engine.dispatch(
         router, router.replica_order(version), "/v1/embeddings", payload, stream=False
     )
-    try:
-        data = engine.parse_json(router, replica, response.content)
-    finally:
-        router.release(replica.id)
+    async with lease:
+        data = engine.parse_json(router, lease.replica, response.content)
     rows = sorted(data.get("data") or [], key=lambda row: int(row.get("index", 0)))
     if len(rows) != len(texts):
         raise ValueError(f"asked for {len(texts)} embeddings, got {len(rows)}")

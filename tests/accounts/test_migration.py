@@ -20,7 +20,7 @@ def migrate(targets: list[tuple[str, str | None]]) -> MigrationExecutor:
     return MigrationExecutor(connection)  # a fresh loader sees what is applied now
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db  # one transaction, rolled back: a flush would wipe what other tests committed
 def test_a_database_from_before_the_move_keeps_its_data():
     latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
     try:

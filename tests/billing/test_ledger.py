@@ -43,8 +43,10 @@ def _events_for(request_id: uuid.UUID) -> list[dict[bytes, bytes]]:
     return [f for _, f in entries if f[b"request_id"] == str(request_id).encode()]
 
 
-def _remaining(headers: ledger.RateLimitHeaders) -> tuple[int, int]:
-    return int(headers.values["x-ratelimit-remaining-requests"]), int(headers.values["x-ratelimit-remaining-tokens"])
+def _remaining(headroom: ledger.Headroom) -> tuple[int, int]:
+    assert headroom.requests is not None
+    assert headroom.tokens is not None
+    return headroom.requests.left, headroom.tokens.left
 
 
 class TestAdmission:
