@@ -47,6 +47,7 @@ from redis.exceptions import RedisError
 from accounts.grants import KeyGrant, ScopeLimits
 from billing.pricing import micros_up, to_micros
 from core import keys
+from core.lifecycle import OncePerProcess, Worker
 from core.redis import async_redis, is_transient, sync_redis
 
 logger = logging.getLogger(__name__)
@@ -451,7 +452,7 @@ class Settlements:
     def __init__(self) -> None:
         self._pending: deque[UsageEvent] = deque()
         self._unknown: set[uuid.UUID] = set()
-        self._worker: asyncio.Task[None] | None = None
+        self._worker = Worker(self._drain, name="settlements")
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -466,8 +467,7 @@ class Settlements:
                 return
             self._unknown.add(event.request_id)
         self._pending.append(event)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._drain())
+        self._worker.ensure()
 
     async def _drain(self) -> None:
         delay = 0.2
@@ -542,9 +542,10 @@ class Presence:
         self.gateway_id = gateway_id
         self._interval = interval
         self._ttl = ttl
-        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._started = OncePerProcess(
+            lambda: threading.Thread(target=self._run, name="gateway-heartbeat", daemon=True).start()
+        )
 
     @property
     def interval(self) -> float:
@@ -555,12 +556,7 @@ class Presence:
         return self._ttl if self._ttl is not None else settings.GATEWAY_LOST_AFTER
 
     def ensure_started(self) -> None:
-        if self._thread is not None:
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="gateway-heartbeat", daemon=True)
-                self._thread.start()
+        self._started.ensure()
 
     def stop(self) -> None:
         self._stop.set()

@@ -18,9 +18,7 @@ connections report that write the same way.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -29,7 +27,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from redis.asyncio.connection import AbstractConnection, parse_url
 
-_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
+from core.lifecycle import PerLoop
 
 
 class _LostOnClosedTransport(AbstractConnection):
@@ -61,24 +59,26 @@ _CONNECTION_CLASSES: dict[type[AbstractConnection], type[AbstractConnection]] = 
 }
 
 
+def _async_client() -> aioredis.Redis:
+    options = parse_url(settings.REDIS_URL)
+    url_class = options.get("connection_class", aioredis.Connection)
+    options["connection_class"] = _CONNECTION_CLASSES.get(url_class, url_class)
+    pool = aioredis.ConnectionPool(
+        max_connections=512,
+        socket_connect_timeout=2,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
+        health_check_interval=30,
+        **options,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+_async_clients = PerLoop(_async_client)
+
+
 def async_redis() -> aioredis.Redis:
     """The async client for the running loop (a client cannot cross event loops)."""
-    loop = asyncio.get_running_loop()
-    client = _async_clients.get(loop)
-    if client is None:
-        options = parse_url(settings.REDIS_URL)
-        url_class = options.get("connection_class", aioredis.Connection)
-        options["connection_class"] = _CONNECTION_CLASSES.get(url_class, url_class)
-        pool = aioredis.ConnectionPool(
-            max_connections=512,
-            socket_connect_timeout=2,
-            socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
-            health_check_interval=30,
-            **options,
-        )
-        client = aioredis.Redis.from_pool(pool)
-        _async_clients[loop] = client
-    return client
+    return _async_clients.get()
 
 
 @lru_cache(maxsize=1)

@@ -23,6 +23,7 @@ from accounts.selectors import api_key_by_hash
 from accounts.services import api_keys_touch
 from core import keys
 from core.db import run_db
+from core.lifecycle import Background, Worker, unobserved
 from core.redis import async_redis
 from serving.errors import AuthenticationFailed, EngineUnavailable
 
@@ -59,33 +60,24 @@ class KeyCache:
     def __init__(self) -> None:
         self._entries: dict[str, tuple[float, KeyGrant | None]] = {}
         self._loading: dict[str, asyncio.Future[KeyGrant | None]] = {}
-        self._listening: asyncio.AbstractEventLoop | None = None
-        self._listener: asyncio.Task[None] | None = None
+        self._listener = Worker(self._listen_forever, name="key-invalidations")
 
-    def _listen(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._listening is loop:
-            return
-        self._listening = loop
-
-        async def listen_forever() -> None:
-            while True:
-                try:
-                    pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(keys.key_invalidation_channel())
-                    # Whatever changed while we were not listening is forgotten too.
-                    self._entries.clear()
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            self._entries.pop(message["data"].decode(), None)
-                except Exception:
-                    logger.warning("key invalidation subscription lost; reconnecting", exc_info=True)
-                    await asyncio.sleep(1)
-
-        self._listener = loop.create_task(listen_forever())
+    async def _listen_forever(self) -> None:
+        while True:
+            try:
+                pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(keys.key_invalidation_channel())
+                # Whatever changed while we were not listening is forgotten too.
+                self._entries.clear()
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        self._entries.pop(message["data"].decode(), None)
+            except Exception:
+                logger.warning("key invalidation subscription lost; reconnecting", exc_info=True)
+                await asyncio.sleep(1)
 
     async def grant(self, key_hash: str) -> KeyGrant | None:
-        self._listen()
+        self._listener.ensure()
         entry = self._entries.get(key_hash)
         if entry is not None:
             age = time.monotonic() - entry[0]
@@ -111,9 +103,8 @@ class KeyCache:
             finally:
                 self._loading.pop(key_hash, None)
 
-        future = asyncio.ensure_future(load())
         # A failed refresh-ahead nobody awaits must not warn; the next request retries.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        future = unobserved(asyncio.ensure_future(load()))
         self._loading[key_hash] = future
         return future
 
@@ -153,7 +144,7 @@ async def authenticate(authorization: str | None) -> KeyGrant:
 
 
 _last_written: dict[int, float] = {}
-_touch_tasks: set[asyncio.Task[None]] = set()
+_touches = Background()
 
 
 def _note_use(key_id: int, now: datetime) -> None:
@@ -162,15 +153,7 @@ def _note_use(key_id: int, now: datetime) -> None:
         return
     _last_written[key_id] = monotonic
 
-    async def write() -> None:
-        try:
-            await run_db(api_keys_touch, last_used={key_id: now})
-        except DatabaseError:
-            logger.warning("could not record last use of key %s", key_id)
-
-    task = asyncio.get_running_loop().create_task(write())
-    _touch_tasks.add(task)
-    task.add_done_callback(_touch_tasks.discard)
+    _touches.spawn(run_db(api_keys_touch, last_used={key_id: now}), what=f"record the last use of key {key_id}")
 
 
 def _redact(secret: str) -> str:

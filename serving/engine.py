@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +18,12 @@ import aiohttp
 import orjson
 from django.conf import settings
 
+from core.lifecycle import PerLoop
 from registry.replica_keys import replica_api_key
 from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
 from serving.routing import Lease, ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)
-
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
 
 DONE = object()  # the stream's `data: [DONE]`
 
@@ -35,27 +33,29 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _BROKEN = (aiohttp.ClientError, asyncio.IncompleteReadError)
 
 
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300),
+        timeout=aiohttp.ClientTimeout(
+            total=None,
+            connect=settings.ENGINE_CONNECT_TIMEOUT,
+            sock_connect=settings.ENGINE_CONNECT_TIMEOUT,
+            sock_read=settings.ENGINE_REQUEST_TIMEOUT,
+        ),
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        auto_decompress=False,
+        json_serialize=lambda obj: orjson.dumps(obj).decode(),
+    )
+
+
+_sessions = PerLoop(_session, usable=lambda session: not session.closed)
+
+
 def engine_session() -> aiohttp.ClientSession:
     """This loop's pooled client (aiohttp: measured ~3x less CPU per request than httpx,
     docs/performance.md). ``connect`` bounds the wait for a pooled connection plus the
     connect; ``sock_read`` the silence between two reads of an answer."""
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=settings.ENGINE_CONNECT_TIMEOUT,
-                sock_connect=settings.ENGINE_CONNECT_TIMEOUT,
-                sock_read=settings.ENGINE_REQUEST_TIMEOUT,
-            ),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            auto_decompress=False,
-            json_serialize=lambda obj: orjson.dumps(obj).decode(),
-        )
-        _sessions[loop] = session
-    return session
+    return _sessions.get()
 
 
 @dataclass

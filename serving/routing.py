@@ -34,6 +34,7 @@ from billing.pricing import PriceQuote, price_in_effect
 from billing.selectors import prices_in_effect_or_later
 from core import keys
 from core.db import run_db
+from core.lifecycle import Worker, unobserved
 from core.redis import async_redis
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
@@ -323,9 +324,12 @@ class Router:
     _in_flight: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     circuits: CircuitBreaker = field(default_factory=CircuitBreaker)
     _loading: asyncio.Future[RoutingTable] | None = None
-    _refresher_loop: asyncio.AbstractEventLoop | None = None
-    _refresher: asyncio.Task[None] | None = None
-    _listener: asyncio.Task[None] | None = None
+    _refresher: Worker = field(init=False)
+    _listener: Worker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._refresher = Worker(self._refresh_forever, name="routing-refresh")
+        self._listener = Worker(self._reload_when_told, name="routing-invalidations")
 
     def in_flight(self, replica_id: int) -> int:
         return self._in_flight.get(replica_id, 0)
@@ -392,35 +396,30 @@ class Router:
                 return table
 
     def _ensure_refresher(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._refresher_loop is loop:
-            return
-        self._refresher_loop = loop
+        self._refresher.ensure()
+        self._listener.ensure()
 
-        async def refresh_forever() -> None:
-            while True:
-                await asyncio.sleep(settings.ROUTING_REFRESH_SECONDS)
-                metrics.GATEWAY_TASKS.set(len(asyncio.all_tasks(loop)))
-                try:
-                    await self._reload()
-                except Exception:
-                    logger.warning("routing table reload failed", exc_info=True)
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(settings.ROUTING_REFRESH_SECONDS)
+            metrics.GATEWAY_TASKS.set(len(asyncio.all_tasks()))
+            try:
+                await self._reload()
+            except Exception:
+                logger.warning("routing table reload failed", exc_info=True)
 
-        async def reload_when_told() -> None:
-            # A published change (prices, weights) is applied at once, not at the next refresh.
-            while True:
-                try:
-                    pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(keys.routing_invalidation_channel())
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            await self.fresh_snapshot()
-                except Exception:
-                    logger.warning("routing invalidation subscription lost; reconnecting", exc_info=True)
-                    await asyncio.sleep(1)
-
-        self._refresher = loop.create_task(refresh_forever())
-        self._listener = loop.create_task(reload_when_told())
+    async def _reload_when_told(self) -> None:
+        # A published change (prices, weights) is applied at once, not at the next refresh.
+        while True:
+            try:
+                pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(keys.routing_invalidation_channel())
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        await self.fresh_snapshot()
+            except Exception:
+                logger.warning("routing invalidation subscription lost; reconnecting", exc_info=True)
+                await asyncio.sleep(1)
 
     def _reload(self) -> asyncio.Future[RoutingTable]:
         if self._loading is not None and not self._loading.done():
@@ -435,8 +434,7 @@ class Router:
             self.table = table
             return table
 
-        future = asyncio.ensure_future(load())
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        future = unobserved(asyncio.ensure_future(load()))
         self._loading = future
         return future
 

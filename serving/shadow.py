@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from core.db import run_db
+from core.lifecycle import Background, Worker
 from serving import engine, metrics
 from serving.errors import APIError, EngineFailed
 from serving.models import ShadowRecord
@@ -58,9 +59,9 @@ class Shadows:
     """This process's copies in flight and the records waiting to be written."""
 
     def __init__(self) -> None:
-        self._running: set[asyncio.Task[None]] = set()
+        self._running = Background()
         self._buffer: list[ShadowRecord] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writer = Worker(self._write, name="shadow-records")
 
     def mirror(
         self,
@@ -117,9 +118,7 @@ class Shadows:
             latency_ms=0,
             created_at=datetime.now(UTC),
         )
-        task = asyncio.get_running_loop().create_task(self._run(copy, replicas, path, dict(payload)))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._running.spawn(self._run(copy, replicas, path, dict(payload)), what=f"mirror {request_id}")
 
     async def _run(
         self, record: ShadowRecord, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]
@@ -185,9 +184,7 @@ class Shadows:
                            len(self._buffer))  # fmt: skip
             return
         self._buffer.append(record)
-        loop = asyncio.get_running_loop()
-        if self._writer is None or self._writer.done() or self._writer.get_loop() is not loop:
-            self._writer = loop.create_task(self._write())
+        self._writer.ensure()
 
     async def _write(self) -> None:
         await asyncio.sleep(FLUSH_SECONDS)  # let a batch gather

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import keys
+from core.lifecycle import Background
 from core.redis import async_redis
 from serving import metrics
 from serving.semcache import store
@@ -68,7 +69,7 @@ class CacheProbe:
     embedding: list[float] | None = None
 
 
-_background: set[asyncio.Task[None]] = set()
+_background = Background()
 
 
 def _normalised(text: str) -> str:
@@ -111,7 +112,7 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
                 continue
             outcome = SEMANTIC_HIT
         metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
-        _in_background(store.record_hit(entry_id=candidate.entry_id), "record a cache hit")
+        _background.spawn(store.record_hit(entry_id=candidate.entry_id), what="record a cache hit")
         return CacheHit(
             outcome=outcome,
             similarity=candidate.similarity,
@@ -152,19 +153,7 @@ def remember(
         )
         metrics.CACHE_STORED.labels(probe.model).inc()
 
-    _in_background(write(), "store an answer in the semantic cache")
-
-
-def _in_background(work: Any, what: str) -> None:
-    async def run() -> None:
-        try:
-            await work
-        except Exception:
-            logger.warning("could not %s", what, exc_info=True)
-
-    task = asyncio.get_running_loop().create_task(run())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    _background.spawn(write(), what="store an answer in the semantic cache")
 
 
 # --- The embeddings exact-match cache (Redis) ------------------------------------------------
@@ -202,4 +191,4 @@ def embeddings_put(key: str, answer: dict[str, Any], *, ttl_seconds: int) -> Non
     raw = orjson.dumps(answer)
     if len(raw) > EMBEDDINGS_CACHE_MAX_BYTES:
         return
-    _in_background(async_redis().set(key, raw, ex=ttl_seconds), "store an embeddings answer")
+    _background.spawn(async_redis().set(key, raw, ex=ttl_seconds), what="store an embeddings answer")

@@ -187,8 +187,8 @@ class TestSettlements:
         monkeypatch.setattr(ledger, "settle", flaky)
         pending = ledger.Settlements()
         pending.add(replace(draft, status_code=200, completion_tokens=5))
-        assert pending._worker is not None
-        await asyncio.wait_for(pending._worker, 10)  # it ends once nothing waits
+        assert pending._worker.task is not None
+        await asyncio.wait_for(pending._worker.task, 10)  # it ends once nothing waits
         assert len(pending) == 0
         assert len(tries) == 2
         assert _entry(draft.request_id) is None
@@ -207,12 +207,12 @@ class TestSettlements:
         assert (len(pending), pending.dropped) == (2, 1)
         pending.add(replace(_draft(grant), status_code=200))  # admitted: never dropped
         assert len(pending) == 3
-        assert pending._worker is not None
-        await asyncio.wait_for(pending._worker, 10)  # none was in flight: each settles to nothing
+        assert pending._worker.task is not None
+        await asyncio.wait_for(pending._worker.task, 10)  # none was in flight: each settles to nothing
         assert len(pending) == 0
         pending.add(replace(_draft(grant), status_code=503), admitted=False)  # room again
         assert len(pending) == 1
-        await asyncio.wait_for(pending._worker, 10)
+        await asyncio.wait_for(pending._worker.task, 10)
 
 
 async def test_a_write_on_a_closed_transport_is_a_lost_connection(monkeypatch):
