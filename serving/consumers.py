@@ -205,10 +205,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
             grant = await self._authenticate()
             call = InferenceCall(CHAT, grant, uuid.uuid4())
             pinned, param = pin or (None, "x-model-version")
-            await call.prepare(orjson.dumps(body), pinned_version=pinned, pin_param=param)
-            await call.consult_cache(cache_control=None)
-            await call.admit()
-            await call.start_stream()
+            await call.run(orjson.dumps(body), pinned_version=pinned, pin_param=param)
             async for chunk in call.chunks():
                 if "error" in chunk:
                     status = call.status or 502

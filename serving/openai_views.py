@@ -6,7 +6,6 @@ answer says which version served it in ``x-model-version``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -91,29 +90,20 @@ async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
 
 async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     _require(request, "POST")
-    started = time.perf_counter()
     grant = await authenticate(request.header("authorization"))
     call = InferenceCall(endpoint, grant, request.request_id)
     request.on_close(call.close)  # settles the call however the request ends
     try:
-        await call.prepare(request.body, pinned_version=_pinned_version(request))
-        prepared_at = time.perf_counter()
-        await call.consult_cache(cache_control=request.header("cache-control"))
-        looked_up_at = time.perf_counter()
-        rate_limits = await call.admit()
-        admitted_at = time.perf_counter()
-        response: HttpResponseBase
-        if call.stream:
-            await call.start_stream()
-            response = EventStreamResponse(_sse(call))
-        else:
-            response = _json(await call.complete())
+        answer = await call.run(
+            request.body, pinned_version=_pinned_version(request), cache_control=request.header("cache-control")
+        )
+        response: HttpResponseBase = EventStreamResponse(_sse(call)) if answer is None else _json(answer)
     except RateLimited:
         raise  # carries its own headers
     except APIError as exc:
         exc.headers.update(rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(grant))
         raise
-    for name, value in rate_limit_headers(rate_limits).items():
+    for name, value in rate_limit_headers(call.rate_limits).items() if call.rate_limits else ():
         response[name] = value
     response["x-model-version"] = call.version.version  # the version that served it, pinned or chosen
     if endpoint is not COMPLETIONS:
@@ -121,11 +111,7 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
         if call.cache_hit is not None:
             response["x-cache-similarity"] = f"{call.cache_hit.similarity:.4f}"
     # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
-    response["Server-Timing"] = (
-        f"prepare;dur={(prepared_at - started) * 1000:.2f}, cache;dur={(looked_up_at - prepared_at) * 1000:.2f}, "
-        f"admit;dur={(admitted_at - looked_up_at) * 1000:.2f}, "
-        f"engine;dur={(time.perf_counter() - admitted_at) * 1000:.2f}"
-    )
+    response["Server-Timing"] = ", ".join(f"{stage};dur={ms:.2f}" for stage, ms in call.stage_ms.items())
     return response
 
 

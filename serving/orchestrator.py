@@ -1,7 +1,7 @@
-"""One inference request from body to usage event: prepare → admit → run → settle.
+"""One inference request from body to usage event: prepare → cache → admit → run → settle.
 
-The REST/SSE views and the WebSocket consumer drive the same ``InferenceCall``, so a fix
-to the request's life lands once. ``prepare`` does everything that can refuse a request
+The REST/SSE views and the WebSocket consumer drive the same ``InferenceCall`` through the
+same script (``run``), so a fix to the request's life lands once. ``prepare`` does everything that can refuse a request
 before it is admitted (nothing is dispatched or metered for a refused request); ``admit``
 charges the limits through the ledger (``billing.ledger``). From then on the request is
 settled exactly once, by ``close``, whatever ends it:
@@ -162,6 +162,41 @@ class InferenceCall:
         self._final_usage_chunk: dict[str, Any] | None = None
         self._started = time.perf_counter()
         self._admitted_at = datetime.now(UTC)
+        self.stage_ms: dict[str, float] = {}
+
+    # --- the script ------------------------------------------------------------------------
+
+    async def run(
+        self,
+        raw_body: bytes,
+        *,
+        pinned_version: str | None = None,
+        pin_param: str = "x-model-version",
+        cache_control: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The request's script, the same for every transport (REST, SSE, WebSocket): prepare,
+        consult the cache, admit, then open the answer. Returns a JSON answer (complete and
+        settled), or None for a stream, whose chunks follow (``chunks``). ``stage_ms``: how
+        long each stage took before the answer began (a response's Server-Timing)."""
+        started = time.perf_counter()
+        await self.prepare(raw_body, pinned_version=pinned_version, pin_param=pin_param)
+        prepared = time.perf_counter()
+        await self.consult_cache(cache_control=cache_control)
+        looked_up = time.perf_counter()
+        await self.admit()
+        admitted = time.perf_counter()
+        self.stage_ms.update(
+            prepare=(prepared - started) * 1000,
+            cache=(looked_up - prepared) * 1000,
+            admit=(admitted - looked_up) * 1000,
+        )
+        try:
+            if self.stream:
+                await self.start_stream()
+                return None
+            return await self.complete()
+        finally:
+            self.stage_ms["engine"] = (time.perf_counter() - admitted) * 1000
 
     # --- before admission ---------------------------------------------------------------
 
