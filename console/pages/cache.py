@@ -22,7 +22,7 @@ from accounts.models import Organization
 from accounts.selectors import organizations_visible_to
 from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_savings
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from core.errors import InvalidInput
 from registry.models import Model
@@ -294,7 +294,7 @@ def cache_policy_edit(request: HttpRequest, name: str) -> HttpResponse:
                              max_temperature=data["max_temperature"], max_prompt_tokens=data["max_prompt_tokens"],
                              ttl_seconds=data["ttl_seconds"], shared_scope=data["shared_scope"])  # fmt: skip
         except InvalidInput as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            refuse(form, exc)
         else:
             messages.success(request, f"Saved the cache policy of {model.name}; gateways apply it at once.")
             return redirect(f"{reverse('console:cache-policies')}?{urlencode({'q': model.name})}")

@@ -24,9 +24,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from plotly.subplots import make_subplots
 
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of
+from console.pages.lists import page_of, refuse
 from console.pages.nav import CONSOLE, NavItem
-from console.pages.rollout_forms import CanaryStartForm, ShadowForm, refuse
+from console.pages.rollout_forms import CanaryStartForm, ShadowForm
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
 from registry.models import Model

@@ -20,7 +20,6 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.models import Organization
 from billing import invoicing
-from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
 from billing.reconciliation import reconcile_month
 from billing.selectors import invoice_get, invoices_listed, prices_listed, reconciliations_latest
@@ -34,6 +33,7 @@ from billing.services import (
     invoice_void,
     price_set,
 )
+from console.pages import org_scoped
 from console.pages.access import platform_admin_required
 from console.pages.customer_forms import (
     InvoiceFilterForm,
@@ -44,9 +44,8 @@ from console.pages.customer_forms import (
     ReissueForm,
     VoidForm,
 )
-from console.pages.lists import attachment, page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
-from console.pages.rollout_forms import refuse
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
 from registry.selectors import model_list_with_versions, model_named, model_version_named
@@ -241,18 +240,8 @@ def invoice_reissue_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
 
 @platform_admin_required
 @require_GET
-def invoice_pdf_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
-    invoice = _invoice_or_404(invoice_id)
-    return attachment(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
-
-
-@platform_admin_required
-@require_GET
-def invoice_csv_download(request: HttpRequest, invoice_id: int) -> HttpResponse:
-    invoice = _invoice_or_404(invoice_id)
-    return attachment(
-        invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
-    )
+def invoice_download(request: HttpRequest, invoice_id: int, kind: str) -> HttpResponse:
+    return org_scoped.invoice_document(_invoice_or_404(invoice_id), kind)
 
 
 # --- Prices ----------------------------------------------------------------------------
@@ -350,8 +339,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{INVOICE}pay/", invoice_pay_view, name="invoice-pay"),
     path(f"{INVOICE}void/", invoice_void_view, name="invoice-void"),
     path(f"{INVOICE}reissue/", invoice_reissue_view, name="invoice-reissue"),
-    path(f"{INVOICE}pdf/", invoice_pdf_download, name="invoice-pdf"),
-    path(f"{INVOICE}csv/", invoice_csv_download, name="invoice-csv"),
+    path(f"{INVOICE}pdf/", invoice_download, {"kind": "pdf"}, name="invoice-pdf"),
+    path(f"{INVOICE}csv/", invoice_download, {"kind": "csv"}, name="invoice-csv"),
     path("console/prices/", prices, name="prices"),
     path("console/reconciliation/", reconciliation, name="reconciliation"),
 ]

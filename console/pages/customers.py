@@ -24,10 +24,7 @@ from accounts.models import ApiKey, Organization, Role
 from accounts.selectors import api_keys_of, membership_of, memberships_of, organizations_listed, user_named
 from accounts.services import (
     KEY_DEFAULTS,
-    IssuedApiKey,
     api_key_create,
-    api_key_revoke,
-    api_key_rotate,
     api_key_update,
     membership_remove,
     membership_set,
@@ -36,7 +33,7 @@ from accounts.services import (
 )
 from billing import invoicing
 from billing.usage_selectors import cost_by_organization
-from console.pages import customer_billing
+from console.pages import customer_billing, org_scoped
 from console.pages.access import platform_admin_required
 from console.pages.customer_forms import (
     ApiKeyForm,
@@ -45,12 +42,10 @@ from console.pages.customer_forms import (
     OrganizationFilterForm,
     OrganizationForm,
 )
-from console.pages.lists import never_stored, page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.portal import key_state
-from console.pages.portal_forms import ApiKeyRotateForm
 from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
-from console.pages.rollout_forms import refuse
 from core.errors import InvalidInput
 
 ORGANIZATIONS_PER_PAGE = 25
@@ -250,14 +245,6 @@ def _key_of(organization: Organization, key_id: int) -> ApiKey:
     return get_object_or_404(api_keys_of(organization_id=organization.pk), pk=key_id)
 
 
-def _secret_shown_once(
-    request: HttpRequest, organization: Organization, issued: IssuedApiKey, *, title: str
-) -> HttpResponse:
-    """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
-    context = {"organization": organization, "issued": issued, "title": title, "currency": _currency()}
-    return never_stored(render(request, "console/customers/key_secret.html", context))
-
-
 @platform_admin_required
 @require_http_methods(["GET", "POST"])
 def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
@@ -272,7 +259,9 @@ def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
             refuse(form, exc)
         else:
             messages.success(request, f"API key {issued.api_key.name!r} created.")
-            return _secret_shown_once(request, organization, issued, title="New API key")
+            return org_scoped.secret_shown_once(
+                request, org_scoped.CONSOLE, organization, issued, title="New API key", currency=_currency()
+            )
     context = {"organization": organization, "form": form, "title": "Create an API key", "button": "Create key"}
     return render(request, "console/customers/key_form.html", context)
 
@@ -310,42 +299,18 @@ def key_edit(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
 @platform_admin_required
 @require_http_methods(["GET", "POST"])
 def key_revoke(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
-    """GET: are you sure? POST: revoke (refused by every gateway within a second)."""
     organization = _organization_or_404(org_id)
-    api_key = _key_of(organization, key_id)
-    if request.method == "POST":
-        if api_key.is_active:
-            api_key_revoke(api_key=api_key, actor=request.user)
-            messages.success(request, f"API key {api_key.name!r} ({api_key.prefix}…) revoked.")
-        else:
-            messages.info(request, f"API key {api_key.name!r} was revoked already.")
-        return _back_to(organization, "keys")
-    return render(request, "console/customers/key_revoke.html", {"organization": organization, "api_key": api_key})
+    return org_scoped.key_revoke(request, org_scoped.CONSOLE, organization, _key_of(organization, key_id))
 
 
 @platform_admin_required
 @require_http_methods(["GET", "POST"])
 def key_rotate(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
-    """GET: how long the old key keeps working. POST: a new key with the same grants, its
-    secret shown once."""
     organization = _organization_or_404(org_id)
-    api_key = _key_of(organization, key_id)
-    form = ApiKeyRotateForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            issued = api_key_rotate(
-                api_key=api_key, grace=timedelta(seconds=form.cleaned_data["grace_seconds"]), actor=request.user
-            )
-        except InvalidInput as exc:
-            refuse(form, exc)
-        except ValueError as exc:  # revoked, expired or rotated already
-            messages.error(request, f"API key {api_key.name!r} cannot be rotated: {exc}.")
-            return _back_to(organization, "keys")
-        else:
-            messages.success(request, f"API key {api_key.name!r} rotated.")
-            return _secret_shown_once(request, organization, issued, title="Rotated API key")
-    context = {"organization": organization, "api_key": api_key, "form": form}
-    return render(request, "console/customers/key_rotate.html", context)
+    return org_scoped.key_rotate(
+        request, org_scoped.CONSOLE, organization, _key_of(organization, key_id),
+        title="Rotated API key", currency=_currency(),
+    )  # fmt: skip
 
 
 C = "console/customers/<int:org_id>/"

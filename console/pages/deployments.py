@@ -21,9 +21,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.pages import canaries
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of
+from console.pages.lists import page_of, refuse
 from console.pages.nav import CONSOLE, NavItem
-from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm, refuse
+from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (

@@ -1,13 +1,18 @@
 """What every page of the console and the portal shares: paging a list, pager links that keep
-the filters, file downloads, and answers that must never be stored (a key's secret)."""
+the filters, file downloads, answers that must never be stored (a key's secret), and a
+service's refusal shown on the form field it names."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from django import forms
 from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
+
+from core.errors import InvalidInput
 
 
 def page_of(request: HttpRequest, items: Any, per_page: int, param: str = "page") -> Page[Any]:
@@ -33,3 +38,11 @@ def never_stored(response: HttpResponse) -> HttpResponse:
     add_never_cache_headers(response)
     response["Cache-Control"] += ", no-store"
     return response
+
+
+def refuse(form: forms.Form, exc: InvalidInput, rename: Mapping[str, str] | None = None) -> None:
+    """Show a service's ``InvalidInput`` on the field it names (after ``rename``; a dotted name
+    ``parent.key`` on ``key``), else above the form."""
+    field = (rename or {}).get(exc.field, exc.field)
+    key = field.rpartition(".")[2]
+    form.add_error(key if key in form.fields else None, exc.message)

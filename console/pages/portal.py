@@ -15,24 +15,23 @@ from django.conf import settings
 from django.contrib import messages
 from django.db.models import Q, QuerySet
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
-from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
+from accounts.services import api_key_create
 from billing import invoicing
-from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
+from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
-from console.pages.lists import attachment, never_stored, page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
     ApiKeyCreateForm,
     ApiKeyFilterForm,
-    ApiKeyRotateForm,
     InvoiceFilterForm,
     UsageWindowForm,
 )
@@ -117,12 +116,6 @@ def keys(request: OrgRequest, org_id: int) -> HttpResponse:
     return render(request, "console/portal/keys.html", context)
 
 
-def _secret_shown_once(request: OrgRequest, issued: IssuedApiKey, *, title: str) -> HttpResponse:
-    """The one answer that carries the secret: rendered here, kept nowhere, never cached."""
-    context = {"organization": request.organization, "issued": issued, "title": title}
-    return never_stored(render(request, "console/portal/key_secret.html", context))
-
-
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
 def key_create(request: OrgRequest, org_id: int) -> HttpResponse:
@@ -138,10 +131,12 @@ def key_create(request: OrgRequest, org_id: int) -> HttpResponse:
                 organization=organization, name=form.cleaned_data["name"], actor=request.user, **form.limits()
             )
         except InvalidInput as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            refuse(form, exc)
         else:
             messages.success(request, f"API key {issued.api_key.name!r} created.")
-            return _secret_shown_once(request, issued, title="Your new API key")
+            return org_scoped.secret_shown_once(
+                request, org_scoped.PORTAL, organization, issued, title="Your new API key"
+            )
     return render(request, "console/portal/key_form.html", {"organization": organization, "form": form})
 
 
@@ -153,41 +148,15 @@ def _key_of(request: OrgRequest, key_id: int) -> ApiKey:
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
 def key_revoke(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
-    """GET: are you sure? POST: revoke (refused by every gateway within a second)."""
-    api_key = _key_of(request, key_id)
-    if request.method == "POST":
-        if api_key.is_active:
-            api_key_revoke(api_key=api_key, actor=request.user)
-            messages.success(request, f"API key {api_key.name!r} ({api_key.prefix}…) revoked.")
-        else:
-            messages.info(request, f"API key {api_key.name!r} was revoked already.")
-        return redirect("console:portal-keys", org_id=org_id)
-    context = {"organization": request.organization, "api_key": api_key}
-    return render(request, "console/portal/key_revoke.html", context)
+    return org_scoped.key_revoke(request, org_scoped.PORTAL, request.organization, _key_of(request, key_id))
 
 
 @org_member_required(admin=True)
 @require_http_methods(["GET", "POST"])
 def key_rotate(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
-    """GET: choose how long the old key keeps working. POST: a new key with the same grants,
-    its secret shown once."""
-    api_key = _key_of(request, key_id)
-    form = ApiKeyRotateForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            issued = api_key_rotate(
-                api_key=api_key, grace=timedelta(seconds=form.cleaned_data["grace_seconds"]), actor=request.user
-            )
-        except InvalidInput as exc:
-            form.add_error("grace_seconds" if exc.field == "grace_seconds" else None, exc.message)
-        except ValueError as exc:  # revoked, expired or rotated already
-            messages.error(request, f"API key {api_key.name!r} cannot be rotated: {exc}.")
-            return redirect("console:portal-keys", org_id=org_id)
-        else:
-            messages.success(request, f"API key {api_key.name!r} rotated.")
-            return _secret_shown_once(request, issued, title="Your rotated API key")
-    context = {"organization": request.organization, "api_key": api_key, "form": form}
-    return render(request, "console/portal/key_rotate.html", context)
+    return org_scoped.key_rotate(
+        request, org_scoped.PORTAL, request.organization, _key_of(request, key_id), title="Your rotated API key"
+    )
 
 
 # --- Invoices --------------------------------------------------------------------------
@@ -231,17 +200,8 @@ def invoice_detail(request: OrgRequest, org_id: int, invoice_id: int) -> HttpRes
 
 
 @org_member_required(admin=True)
-def invoice_pdf_download(request: OrgRequest, org_id: int, invoice_id: int) -> HttpResponse:
-    invoice = _invoice_of(request, invoice_id)
-    return attachment(invoice_pdf(invoice), content_type="application/pdf", filename=invoice_filename(invoice, "pdf"))
-
-
-@org_member_required(admin=True)
-def invoice_csv_download(request: OrgRequest, org_id: int, invoice_id: int) -> HttpResponse:
-    invoice = _invoice_of(request, invoice_id)
-    return attachment(
-        invoice_csv(invoice), content_type="text/csv; charset=utf-8", filename=invoice_filename(invoice, "csv")
-    )
+def invoice_download(request: OrgRequest, org_id: int, invoice_id: int, kind: str) -> HttpResponse:
+    return org_scoped.invoice_document(_invoice_of(request, invoice_id), kind)
 
 
 P = "portal/<int:org_id>/"
@@ -253,8 +213,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{P}keys/<int:key_id>/rotate/", key_rotate, name="portal-key-rotate"),
     path(f"{P}invoices/", invoices, name="portal-invoices"),
     path(f"{P}invoices/<int:invoice_id>/", invoice_detail, name="portal-invoice"),
-    path(f"{P}invoices/<int:invoice_id>/pdf/", invoice_pdf_download, name="portal-invoice-pdf"),
-    path(f"{P}invoices/<int:invoice_id>/csv/", invoice_csv_download, name="portal-invoice-csv"),
+    path(f"{P}invoices/<int:invoice_id>/pdf/", invoice_download, {"kind": "pdf"}, name="portal-invoice-pdf"),
+    path(f"{P}invoices/<int:invoice_id>/csv/", invoice_download, {"kind": "csv"}, name="portal-invoice-csv"),
 ]
 NAV: list[NavItem] = [
     NavItem("Usage", "portal-usage", PORTAL),

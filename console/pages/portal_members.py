@@ -32,7 +32,7 @@ from accounts.services import (
     membership_set,
 )
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
-from console.pages.lists import page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import PORTAL, NavItem
 from core.errors import InvalidInput
 
@@ -116,7 +116,7 @@ def member_invite(request: OrgRequest, org_id: int) -> HttpResponse:
                 actor=request.user,
             )
         except InvalidInput as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            refuse(form, exc)
         except PermissionDenied as exc:  # a platform admin's membership: only they change it
             form.add_error("username", str(exc))
         else:

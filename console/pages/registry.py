@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
@@ -177,7 +177,7 @@ def model_version_register(request: HttpRequest) -> HttpResponse:
                 task=data["task"] or None,
             )
         except InvalidInput as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            refuse(form, exc)
         except VersionConflict as exc:
             form.add_error("version", str(exc))
         else:
@@ -341,7 +341,7 @@ def _upload_protected(request: HttpRequest, handler: _LimitedUpload | None) -> H
                 source=source, config=data["config"], task=data["task"] or None,
             )  # fmt: skip
     except InvalidInput as exc:
-        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        refuse(form, exc)
         return _upload_refused(request, form)
     except VersionConflict as exc:
         form.add_error("version", str(exc))

@@ -7,19 +7,10 @@ from typing import Any
 
 from django import forms
 
-from core.errors import InvalidInput
 from rollout.autoscaler import AutoscalePolicy
 from rollout.canary import DEFAULT_MIN_SAMPLES, DEFAULT_STEPS, MAX_INTERVAL_SECONDS
 
 SMALLINT = 32767
-
-
-def refuse(form: forms.Form, exc: InvalidInput, rename: Mapping[str, str] | None = None) -> None:
-    """Show a service's ``InvalidInput`` on the field it names (after ``rename``; a dotted name
-    ``parent.key`` on ``key``), else above the form."""
-    field = (rename or {}).get(exc.field, exc.field)
-    key = field.rpartition(".")[2]
-    form.add_error(key if key in form.fields else None, exc.message)
 
 
 def _choices(values: Iterable[str]) -> list[tuple[str, str]]:
