@@ -29,11 +29,10 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.models import ApiKey, Invitation, Membership, Organization, Role
+from accounts.models import LIMIT_FIELDS, ApiKey, Invitation, Membership, Organization, Role
 from accounts.permissions import is_platform_admin
 from accounts.selectors import invitations_pending_for, organizations_visible_to, role_in
 from accounts.services import (
-    LIMIT_FIELDS,
     api_key_create,
     api_key_revoke,
     api_key_rotate,

@@ -34,6 +34,13 @@ class Tier(models.TextChoices):
     PAID = "paid", "Paid"
 
 
+# The limits' fields, spelled once: counts; every cap (the counts and the spend cap: what a
+# key may have, each capped by its plan); everything a caller may set (and the alert).
+COUNT_LIMIT_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota")
+CAP_FIELDS = (*COUNT_LIMIT_FIELDS, "monthly_spend_cap")
+LIMIT_FIELDS = (*CAP_FIELDS, "budget_alert_percent")
+
+
 class Limits(models.Model):
     """Rate limits and monthly budgets, shared by organisations and keys.
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db.models import Count, Q, QuerySet
 
-from accounts.models import ApiKey, Invitation, Membership, Organization, Plan, Role, Tier
+from accounts.models import CAP_FIELDS, ApiKey, Invitation, Membership, Organization, Plan, Role, Tier
 from accounts.permissions import is_platform_admin
 
 
@@ -32,7 +32,7 @@ def role_in(user: Any, organization: Organization) -> str | None:
 
 
 # Limits a key may have, each capped by its organisation's plan (money is Decimal).
-KEY_CEILING_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota", "monthly_spend_cap")
+KEY_CEILING_FIELDS = CAP_FIELDS
 
 
 # Tiers in order: a key's tier is at most its organisation's.

@@ -28,6 +28,8 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.models import (
+    COUNT_LIMIT_FIELDS,
+    LIMIT_FIELDS,
     LIMIT_MAX,
     SPEND_CAP_DECIMAL_PLACES,
     SPEND_CAP_MAX_DIGITS,
@@ -49,16 +51,6 @@ KEY_PREFIX = "sk-"
 # 32 random bytes: 256 bits of entropy, url-safe, 43 characters after the prefix.
 _SECRET_BYTES = 32
 DISPLAY_PREFIX_LENGTH = 10
-# Fields of Limits that callers may set on an organisation or a key.
-LIMIT_FIELDS = (
-    "rate_limit_rpm",
-    "rate_limit_tpm",
-    "max_concurrent",
-    "monthly_token_quota",
-    "monthly_spend_cap",
-    "budget_alert_percent",
-)
-_COUNT_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota")
 # What a key gets for a limit its creator leaves out (clamped to the plan for org admins).
 KEY_DEFAULTS: Mapping[str, int | Decimal | None] = {
     "rate_limit_rpm": 60,
@@ -148,7 +140,7 @@ def _validate_spend_cap(value: Any) -> None:
 
 def _validate_limits(values: Mapping[str, Any]) -> None:
     """Every limit within what the database and the limiter hold exactly."""
-    for field in _COUNT_FIELDS:
+    for field in COUNT_LIMIT_FIELDS:
         _validate_count(field, values.get(field))
     _validate_spend_cap(values.get("monthly_spend_cap"))
     if "budget_alert_percent" in values:

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from plotly.subplots import make_subplots
 
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of, refuse
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm
 from core.errors import InvalidInput
@@ -198,7 +198,13 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     elif status in Canary.Status.values:
         rows = [(m, c) for m, c in rows if c is not None and c.status == status]
     page = page_of(request, rows, CANARIES_PER_PAGE)
-    context = {"page": page, "q": q, "status": status, "statuses": Canary.Status.choices}
+    context = {
+        "page": page,
+        "q": q,
+        "status": status,
+        "statuses": Canary.Status.choices,
+        "query": query_without_page(request),
+    }
     return render(request, "console/deployments/canary_list.html", context)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from django import forms
 
 from accounts.models import (
+    CAP_FIELDS,
+    LIMIT_FIELDS,
     LIMIT_MAX,
     SPEND_CAP_DECIMAL_PLACES,
     SPEND_CAP_MAX_DIGITS,
@@ -90,14 +92,7 @@ class OrganizationForm(forms.Form):
         label="Budget alert at (%)", min_value=1, max_value=100, initial=80, help_text="Also alerted at 50, 80, 100 %."
     )
 
-    LIMITS = (
-        "rate_limit_rpm",
-        "rate_limit_tpm",
-        "max_concurrent",
-        "monthly_token_quota",
-        "monthly_spend_cap",
-        "budget_alert_percent",
-    )
+    LIMITS = LIMIT_FIELDS
 
     def __init__(self, *args: Any, currency: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -147,7 +142,7 @@ class ApiKeyForm(forms.Form):
     monthly_token_quota = _count("Tokens per month")
     monthly_spend_cap = _spend_cap("Spend per month")
 
-    LIMITS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota", "monthly_spend_cap")
+    LIMITS = CAP_FIELDS
 
     def __init__(self, *args: Any, currency: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

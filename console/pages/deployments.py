@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.pages import canaries
 from console.pages.access import platform_admin_required
-from console.pages.lists import page_of, refuse
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm
 from core.errors import InvalidInput
@@ -150,7 +150,10 @@ def _board(request: HttpRequest, refused: Refused | None = None) -> HttpResponse
         grouped[deployment.version.model_id].append(deployment)
     load = replica_load_seconds(replica_ids=[r.pk for ds in grouped.values() for d in ds for r in d.replica_set.all()])
     panels = [_panel(model, grouped[model.pk], load, refused or {}) for model in models]
-    context = {"page": page, "panels": panels, "q": q, "include_stopped": include_stopped, "phases": SWAP_PHASES}
+    context = {
+        "page": page, "panels": panels, "q": q, "include_stopped": include_stopped, "phases": SWAP_PHASES,
+        "query": query_without_page(request),
+    }  # fmt: skip
     return render(request, "console/deployments/board.html", context)
 
 
@@ -382,7 +385,8 @@ def scaling(request: HttpRequest) -> HttpResponse:
     entries = scale_decisions(model=model) if model is not None or not q else scale_decisions(deployment_ids=[])
     page = page_of(request, entries, DECISIONS_PER_PAGE)
     rows = [_scale_row(entry) for entry in page.object_list]
-    return render(request, "console/deployments/scaling.html", {"page": page, "rows": rows, "q": q})
+    context = {"page": page, "rows": rows, "q": q, "query": query_without_page(request)}
+    return render(request, "console/deployments/scaling.html", context)
 
 
 urlpatterns: list[URLPattern | URLResolver] = [

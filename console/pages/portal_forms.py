@@ -12,7 +12,7 @@ from typing import Any
 
 from django import forms
 
-from accounts.models import LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPEND_CAP_MAX_DIGITS, SPEND_CAP_MIN
+from accounts.models import CAP_FIELDS, LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPEND_CAP_MAX_DIGITS, SPEND_CAP_MIN
 from accounts.services import NAME_MAX_LENGTH
 from billing.models import Invoice
 
@@ -73,7 +73,7 @@ class ApiKeyCreateForm(forms.Form):
         min_value=SPEND_CAP_MIN,
     )
 
-    LIMITS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota", "monthly_spend_cap")
+    LIMITS = CAP_FIELDS
 
     def __init__(self, *args: Any, ceilings: dict[str, int | Decimal | None], currency: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
