@@ -71,7 +71,7 @@ def bundled_models(
 def engines(bundled_models, django_db_blocker, tmp_path_factory):
     """Real vLLM replicas of both bundled models, once per session (tests/serving/conftest.py).
     Defined here, once: never import it into a test module (that would start a second set)."""
-    from tests.serving.conftest import run_engines
+    from tests.support.gateway import run_engines
 
     yield from run_engines(bundled_models, django_db_blocker, tmp_path_factory)
 

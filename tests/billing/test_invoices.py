@@ -388,7 +388,7 @@ class TestNumbering:
     def test_concurrent_drafting_leaves_no_gaps_and_no_duplicates(self, django_db_blocker):
         # Real transactions on connections of their own (committed), not a flushing
         # transactional test: a flush would also empty the seeded plans for later tests.
-        from tests.serving.conftest import committed
+        from tests.support.gateway import committed
 
         orgs = committed(
             django_db_blocker,

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import PASSWORD, log_in, screenshot, serve_canary_requests, tick_until_decided
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, persisted
+from tests.support.browser import PASSWORD, log_in, screenshot, serve_canary_requests, tick_until_decided
+from tests.support.gateway import committed, persisted
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import PASSWORD, log_in, outside_the_event_loop, screenshot
 from tests.processes import Gateway, start_gateway
+from tests.support.browser import PASSWORD, log_in, outside_the_event_loop, screenshot
 
 pytestmark = pytest.mark.browser
 

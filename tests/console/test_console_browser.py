@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import log_in, screenshot
+from tests.support.browser import log_in, screenshot
 
 # No `db` fixture: playwright's sync API runs an event loop in this thread, where Django
 # refuses ORM calls; data is committed in fixtures, or from a worker thread.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import log_in, outside_the_event_loop, screenshot
+from tests.support.browser import log_in, outside_the_event_loop, screenshot
 
 pytestmark = pytest.mark.browser
 

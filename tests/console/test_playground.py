@@ -22,8 +22,8 @@ from accounts.services import (
     playground_key_get_or_create,
     playground_key_hash,
 )
-from tests.console.conftest import PASSWORD
-from tests.serving.conftest import committed, register_fake_replica
+from tests.support.browser import PASSWORD
+from tests.support.gateway import committed, register_fake_replica
 
 CHAT = "smollm2-135m-instruct"
 

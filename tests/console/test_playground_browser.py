@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import log_in, screenshot
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, fake_model, persisted  # noqa: F401 - fake_model is a fixture
+from tests.serving.conftest import fake_model  # noqa: F401 - a fixture of the data-plane tests, used here too
+from tests.support.browser import log_in, screenshot
+from tests.support.gateway import committed, persisted
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.console.conftest import log_in, screenshot
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.browser import log_in, screenshot
+from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.browser
 

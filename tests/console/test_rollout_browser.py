@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.console.conftest import log_in, screenshot, serve_canary_requests, tick_until_decided
+from tests.support.browser import log_in, screenshot, serve_canary_requests, tick_until_decided
 
 pytestmark = pytest.mark.browser
 

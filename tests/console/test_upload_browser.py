@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.console.conftest import log_in, screenshot
+from tests.support.browser import log_in, screenshot
 
 # No `db` fixture: playwright's sync API runs an event loop in this thread, where Django
 # refuses ORM calls; data is read and removed from a worker thread.

@@ -9,54 +9,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
-
-ENGINE_READY_TIMEOUT = 600
-
-
-@dataclass
-class ApiKeyFixture:
-    secret: str
-    key_id: int
-    organization_id: int
-
-
-def committed(django_db_blocker: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a connection of its own and commit, so other processes see its writes.
-
-    Inside a ``django_db`` test the test's connection is in a transaction that is rolled
-    back, which a gateway process would never see. One transaction: a gateway reloading its
-    routing table meanwhile sees all of ``fn``'s writes or none (a model whose replica row
-    was not yet written answered 503).
-    """
-    from django.db import connection, transaction
-
-    def run() -> Any:
-        try:
-            with transaction.atomic():
-                return fn()
-        finally:
-            connection.close()
-
-    with django_db_blocker.unblock(), ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result()
+from tests.processes import Gateway, start_gateway
+from tests.support.gateway import (
+    ApiKeyFixture,
+    FakeModel,
+    committed,
+    register_fake_replica,
+    start_fake_engine,
+)
 
 
 @pytest.fixture
@@ -88,102 +54,6 @@ def make_api_key(django_db_setup, django_db_blocker) -> Callable[..., ApiKeyFixt
     return make
 
 
-@dataclass
-class Engines:
-    process: subprocess.Popen[bytes]
-    log_dir: Path
-    replica_ids: dict[str, int]
-
-    def endpoint(self, model: str, django_db_blocker: Any) -> str:
-        from registry.models import Replica
-
-        return committed(django_db_blocker, lambda: Replica.objects.get(pk=self.replica_ids[model]).endpoint)
-
-    def key(self, model: str) -> str:
-        """The replica's own API key (engines refuse /v1 without it)."""
-        from registry.replica_keys import replica_api_key
-
-        return replica_api_key(self.replica_ids[model])
-
-    def direct(self, model: str, django_db_blocker: Any) -> openai.OpenAI:
-        """An SDK client talking to the replica itself, bypassing the gateway."""
-        return openai.OpenAI(
-            base_url=f"{self.endpoint(model, django_db_blocker)}/v1",
-            api_key=self.key(model),
-            max_retries=0,
-            timeout=120,
-        )
-
-
-def wait_for_ready_replicas(django_db_blocker: Any, deployment_ids: list[int], timeout: float) -> dict[int, int]:
-    from registry.models import Replica
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = committed(
-            django_db_blocker,
-            lambda: dict(
-                Replica.objects.filter(deployment_id__in=deployment_ids, state="ready").values_list(
-                    "deployment_id", "id"
-                )
-            ),
-        )
-        if len(ready) == len(deployment_ids):
-            return ready
-        time.sleep(1)
-    raise TimeoutError(f"replicas not ready within {timeout} s")
-
-
-def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator[Engines]:
-    """The session's real engines (the ``engines`` fixture, defined in tests/conftest.py so that
-    every directory shares one: a second instance would be a second supervisor of the same host,
-    and the two would release each other's replicas)."""
-    from registry.models import Deployment
-    from registry.services import deployment_create
-
-    versions = bundled_models["versions"]
-
-    def deployments() -> dict[str, int]:
-        out = {}
-        for name, version in versions.items():
-            existing = Deployment.objects.filter(version=version).first()
-            out[name] = (existing or deployment_create(version=version)).pk
-        return out
-
-    deployment_ids = committed(django_db_blocker, deployments)
-    log_dir = tmp_path_factory.mktemp("engines")
-    with open(log_dir / "runworkers.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "runworkers"],
-            cwd=BASE_DIR,
-            env=child_env(WORKER_HOST="test-engines", WORKER_LOG_DIR=str(log_dir), WORKER_SLOTS="0,1"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        ready = wait_for_ready_replicas(django_db_blocker, list(deployment_ids.values()), ENGINE_READY_TIMEOUT)
-    except TimeoutError:
-        process.terminate()
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
-        pytest.fail(f"engines did not start:\n{logs}")
-    yield Engines(process, log_dir, {name: ready[dep] for name, dep in deployment_ids.items()})
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(90)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    # Never leave an engine behind, even if runworkers died without draining.
-    from registry.models import Replica
-
-    pids = committed(
-        django_db_blocker, lambda: list(Replica.objects.filter(host="test-engines").values_list("pid", flat=True))
-    )
-    for pid in pids:
-        if pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="session")
 def gateway(engines, tmp_path_factory) -> Iterator[Gateway]:
     gw = start_gateway(tmp_path_factory.mktemp("gateway"))
@@ -204,82 +74,6 @@ def spawn_gateway(tmp_path) -> Iterator[Callable[..., Gateway]]:
     yield spawn
     for gateway in started:
         gateway.stop()
-
-
-@dataclass
-class FakeModel:
-    name: str
-    endpoint: str
-    process: subprocess.Popen[bytes]
-    replica_id: int
-
-    def control(self, **state: Any) -> None:
-        httpx.post(f"{self.endpoint}/_control", json=state, timeout=5).raise_for_status()
-
-    def requests(self) -> int:
-        return int(httpx.get(f"{self.endpoint}/_stats", timeout=5).json()["requests"])
-
-
-def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=dict(os.environ)
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{endpoint}/health", timeout=1).status_code == 200:
-                return process, endpoint
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("fake engine did not start")
-
-
-def register_fake_replica(
-    name: str,
-    endpoint: str,
-    *,
-    task: str = "chat",
-    max_seq_len: int = 1024,
-    version: str = "1",
-    artifact_uri: str | None = None,
-    weight: int = 100,
-) -> int:
-    """A committed model → version → running deployment → ready replica at ``endpoint``.
-
-    ``artifact_uri``: a real artifact (e.g. the bundled SmolLM2's) gives the gateway its
-    tokenizer, so prompts are counted exactly; a second call with another ``version``
-    adds a version to the same model.
-    """
-    from django.utils import timezone
-
-    from registry.models import Deployment, Model, ModelVersion, Replica
-
-    model, _ = Model.objects.get_or_create(name=name, defaults={"task": task})
-    model_version = ModelVersion.objects.create(
-        model=model, version=version, framework="fake", artifact_uri=artifact_uri or f"local://fake/{name}",
-        artifact_sha256="0" * 64, artifact_size=0, config={"max_seq_len": max_seq_len}, status="active",
-    )  # fmt: skip
-    deployment = Deployment.objects.create(version=model_version, status="running", traffic_weight=weight)
-    replica = Replica.objects.create(
-        deployment=deployment, host="fake", endpoint=endpoint, state="ready", last_heartbeat=timezone.now()
-    )
-    return replica.pk
-
-
-def price_model(name: str, *, input_per_million: str, output_per_million: str, **more: Any) -> Any:
-    """Price a registered model from now on (call through ``committed`` so gateways see it)."""
-    from billing.services import price_set
-    from registry.models import Model
-
-    return price_set(
-        model=Model.objects.get(name=name),
-        input_per_million=input_per_million,
-        output_per_million=output_per_million,
-        **more,
-    )
 
 
 @pytest.fixture
@@ -304,29 +98,3 @@ def fault_gateway(django_db_setup, tmp_path_factory) -> Iterator[Gateway]:
     )
     yield gw
     gw.stop()
-
-
-def persisted(request_ids: list[str]) -> dict[str, Any]:
-    """Flush the usage stream into the database; the records of these requests by id."""
-    from billing.models import UsageRecord
-    from billing.usage import persist_usage_stream
-
-    deadline = time.monotonic() + 10
-    records: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        persist_usage_stream()
-        records = {str(r.request_id): r for r in UsageRecord.objects.filter(request_id__in=request_ids)}
-        if len(records) == len(set(request_ids)):
-            break
-        time.sleep(0.2)
-    return records
-
-
-def request_id_of(chunk_id: str) -> str:
-    """Our chunk ids are ``<prefix>-<request uuid hex>``."""
-    return str(uuid.UUID(chunk_id.rsplit("-", 1)[1]))
-
-
-def engine_counter(endpoint: str, metric: str) -> float:
-    text = httpx.get(f"{endpoint}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric))

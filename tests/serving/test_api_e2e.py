@@ -10,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.serving.conftest import committed, engine_counter, persisted, request_id_of
+from tests.support.gateway import committed, engine_counter, persisted, request_id_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

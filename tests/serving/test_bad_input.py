@@ -20,7 +20,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import ApiKeyFixture, committed, register_fake_replica, start_fake_engine
+from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from registry.models import Model
 from rollout.canary import canary_create, canary_tick
 from rollout.models import Canary
 from rollout.served_requests import served_requests
-from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
+from tests.support.gateway import committed, register_fake_replica, start_fake_engine
 
 # The marker makes pytest-django set up the test database; the writes go through committed().
 pytestmark = pytest.mark.django_db

@@ -53,7 +53,7 @@ from tests.serving.chaos import (
     summary,
     wait_for_records,
 )
-from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
+from tests.support.gateway import committed, register_fake_replica, start_fake_engine
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 
+from tests.support.gateway import chat
+
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-def chat(gateway, key, model):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO}, headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 def test_one_probe_after_the_rest_then_closed_or_resting_twice_as_long(spawn_gateway, api_key, fake_model):

@@ -7,19 +7,9 @@ import time
 import httpx
 import pytest
 
-from tests.serving.conftest import committed, persisted, register_fake_replica, start_fake_engine
+from tests.support.gateway import chat, committed, persisted, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-def chat(gateway, key, model, *, stream=False, **body):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO, "stream": stream, **body},
-        headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 def sse_events(response: httpx.Response) -> list[str]:

@@ -15,19 +15,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.serving.conftest import committed, persisted, register_fake_replica, start_fake_engine
+from tests.support.gateway import chat, committed, persisted, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-def chat(gateway, key, model, *, stream=False, **body):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO, "stream": stream, **body},
-        headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 def last_finish_reason(response: httpx.Response) -> str:

@@ -17,20 +17,10 @@ from websockets.sync.client import connect
 from core import keys
 from core.redis import sync_redis
 from tests import processes
-from tests.serving.conftest import persisted
+from tests.support.gateway import HELLO, chat, persisted
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
-
-
-def chat(gateway, key, model, *, stream=False, timeout=30, **body):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=timeout,
-        json={"model": model, "messages": HELLO, "stream": stream, **body},
-        headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 def in_flight_of(key_id: int) -> list[dict[str, str]]:

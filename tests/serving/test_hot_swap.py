@@ -41,7 +41,7 @@ from rollout.hotswap import (
 )
 from serving.supervisor import Supervisor, marked_engines
 from tests.processes import BASE_DIR, child_env
-from tests.serving.conftest import committed, persisted, request_id_of
+from tests.support.gateway import committed, persisted, request_id_of
 
 pytestmark = pytest.mark.django_db
 

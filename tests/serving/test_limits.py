@@ -13,11 +13,9 @@ import httpx
 import pytest
 
 from tests.processes import start_gateway
-from tests.serving.conftest import committed, persisted, price_model
+from tests.support.gateway import chat, committed, persisted, price_model
 
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +38,6 @@ def test_clock():
     clock = keys.limiter_test_clock()
     yield lambda when: sync_redis().set(clock, f"{when:.3f}")
     sync_redis().delete(clock)
-
-
-def chat(gateway, secret, model, **body):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO, **body}, headers={"Authorization": f"Bearer {secret}"},
-    )  # fmt: skip
 
 
 def get_models(gateway, secret):

@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from tests.serving.conftest import committed, engine_counter, persisted, request_id_of
+from tests.support.gateway import committed, engine_counter, persisted, request_id_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.processes import BASE_DIR
-from tests.serving.conftest import persisted
+from tests.support.gateway import persisted
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

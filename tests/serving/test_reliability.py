@@ -3,6 +3,7 @@ ran costs, a huge prompt that must not stall the others, a client that stops rea
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ import httpx
 import pytest
 
 from tests.processes import Gateway, free_port
-from tests.serving.conftest import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.gateway import chat as chat_hello
+from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
+chat = functools.partial(chat_hello, messages=QUESTION)
 
 
 @dataclass
@@ -53,14 +56,6 @@ def counted_model(bundled_models, django_db_blocker) -> Iterator[CountedModel]:
 @pytest.fixture
 def gateway(spawn_gateway) -> Gateway:
     return spawn_gateway(REPLICA_STALE_AFTER="86400", ROUTING_REFRESH_SECONDS="0.2", ENGINE_FIRST_TOKEN_TIMEOUT="2")
-
-
-def chat(gateway: Gateway, key: Any, model: str, **body: Any) -> httpx.Response:
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": QUESTION, **body},
-        headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 class TestARequestNoEngineRanCostsNothing:

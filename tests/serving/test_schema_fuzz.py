@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
+from tests.support.gateway import committed, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
 
@@ -337,7 +337,9 @@ class TestFailures:
 
         key = make_api_key(rate_limit_rpm=10_000)
         stored(world, key, "Who painted the Mona Lisa?")
-        moved = committed(django_db_blocker, lambda: Replica.objects.filter(endpoint=world.embed_endpoint).update(
+        # This world's replica only: a stale row of an earlier test may name the same (reused) port.
+        ours = Replica.objects.filter(deployment__version__model__name=world.embedder)
+        moved = committed(django_db_blocker, lambda: ours.filter(endpoint=world.embed_endpoint).update(
             endpoint="http://127.0.0.1:9"))  # fmt: skip
         assert moved == 1
         time.sleep(0.6)
@@ -345,7 +347,7 @@ class TestFailures:
             response = ask(world, key, "Who painted the Mona Lisa?")
             assert (response.status_code, response.headers["x-cache"]) == (200, "miss")
         finally:
-            committed(django_db_blocker, lambda: Replica.objects.filter(endpoint="http://127.0.0.1:9").update(
+            committed(django_db_blocker, lambda: ours.filter(endpoint="http://127.0.0.1:9").update(
                 endpoint=world.embed_endpoint))  # fmt: skip
             time.sleep(0.6)
 

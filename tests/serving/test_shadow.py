@@ -21,8 +21,10 @@ import orjson
 import pytest
 
 from tests.processes import Gateway
-from tests.serving.conftest import (
+from tests.support.gateway import (
+    HELLO,
     FakeModel,
+    chat,
     committed,
     persisted,
     price_model,
@@ -32,7 +34,6 @@ from tests.serving.conftest import (
 
 pytestmark = pytest.mark.django_db
 
-HELLO = [{"role": "user", "content": "hello"}]
 STABLE_TOKENS, CANDIDATE_TOKENS = 5, 9
 
 
@@ -83,14 +84,6 @@ def shadowed(django_db_setup, django_db_blocker) -> Iterator[Shadowed]:
     for process, _ in processes:
         process.kill()
         process.wait(5)
-
-
-def chat(gateway: Gateway, key, model: str, *, stream: bool = False, **body: Any) -> httpx.Response:
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO, "stream": stream, **body},
-        headers={"Authorization": f"Bearer {key.secret}"},
-    )  # fmt: skip
 
 
 def streamed_text(response: httpx.Response) -> str:

@@ -15,11 +15,9 @@ import httpx
 import pytest
 
 from tests.processes import start_gateway
-from tests.serving.conftest import committed, persisted, price_model
+from tests.support.gateway import chat, committed, persisted, price_model
 
 pytestmark = pytest.mark.django_db
-
-HELLO = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +28,6 @@ def gateways(django_db_setup, tmp_path_factory):
     yield pair
     for gateway in pair:
         gateway.stop()
-
-
-def chat(gateway, secret, model, **body):
-    return httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", timeout=30,
-        json={"model": model, "messages": HELLO, **body}, headers={"Authorization": f"Bearer {secret}"},
-    )  # fmt: skip
 
 
 def record_of(response):
@@ -69,7 +60,7 @@ class TestCharges:
         assert record.cost == exact(3, 7, "0.37", "1.13")  # 0.00000902: never rounded per request
 
     def test_an_embedding_is_charged_for_its_input(self, gateways, make_api_key, django_db_blocker):
-        from tests.serving.conftest import register_fake_replica, start_fake_engine
+        from tests.support.gateway import register_fake_replica, start_fake_engine
 
         process, endpoint = start_fake_engine()
         try:

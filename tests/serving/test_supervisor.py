@@ -29,7 +29,7 @@ from registry.services import deployment_create, deployment_transition, replica_
 from serving.supervisor import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, Supervisor, marked_engines
 from tests import processes
 from tests.processes import BASE_DIR, child_env, free_port
-from tests.serving.conftest import committed
+from tests.support.gateway import committed
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db

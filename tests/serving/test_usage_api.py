@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.processes import start_gateway
-from tests.serving.conftest import committed
+from tests.support.gateway import committed
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from serving.routing import ModelRoute, ReplicaRoute, VersionRoute
 from serving.semcache.policy import scope_of
 from serving.tokens import PromptCount
 from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import committed, register_fake_replica, start_fake_engine
+from tests.support.gateway import committed, register_fake_replica, start_fake_engine
 
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from websockets.sync.client import connect
 
-from tests.serving.conftest import persisted
+from tests.support.gateway import persisted
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 
