@@ -8,6 +8,7 @@ from smtplib import SMTPException
 
 from celery import shared_task
 from django.conf import settings
+from django.dispatch import receiver
 from django.utils import timezone
 
 from billing import invoicing
@@ -15,6 +16,7 @@ from billing.models import Invoice
 from billing.reconciliation import reconcile, reconcile_due_hours, reconcile_month
 from billing.rollups import HOUR, rollups_build
 from billing.services import budget_alerts_notify, invoice_email_send, invoices_draft_month
+from billing.signals import invoice_finalized
 from billing.usage import persist_budget_alerts, persist_failed_attempts, persist_usage_stream
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,12 @@ def invoice_email(invoice_id: int) -> bool:
     if invoice is None:
         return False
     return invoice_email_send(invoice=invoice)
+
+
+@receiver(invoice_finalized, dispatch_uid="billing.tasks.queue_invoice_email")
+def queue_invoice_email(sender: object, *, invoice_id: int, **kwargs: object) -> None:
+    """A finalized invoice is emailed by ``invoice_email`` on the slow queue."""
+    invoice_email.delay(invoice_id)
 
 
 def invoice_grace() -> timedelta:

@@ -25,6 +25,7 @@ from django.utils import timezone
 from accounts.models import Organization, Plan
 from billing import invoicing
 from billing.models import Invoice, InvoiceLine, InvoiceSequence, UsageRecord
+from billing.signals import invoice_finalized
 from core.errors import InvalidInput
 from core.transitions import transition
 
@@ -154,10 +155,10 @@ def invoice_finalize(*, invoice: Invoice) -> Invoice:
         )
         invoice_id = finalized.pk
 
-        def queue_email() -> None:  # a named function: a robust callback that fails is logged by name
-            _queue_invoice_email(invoice_id)
+        def announce() -> None:  # a named function: a robust callback that fails is logged by name
+            invoice_finalized.send(sender=Invoice, invoice_id=invoice_id)
 
-        transaction.on_commit(queue_email, robust=True)
+        transaction.on_commit(announce, robust=True)
     return finalized
 
 
@@ -248,12 +249,6 @@ def invoices_draft_month(
 
 
 # --- Email ------------------------------------------------------------------------------
-
-
-def _queue_invoice_email(invoice_id: int) -> None:
-    from billing.tasks import invoice_email  # the tasks module imports the services
-
-    invoice_email.delay(invoice_id)
 
 
 def invoice_email_send(*, invoice: Invoice) -> bool:
