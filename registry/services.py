@@ -217,22 +217,6 @@ def model_version_create_from_upload(
     return created
 
 
-def bundled_import_start(*, actor: Actor, force: bool = False) -> bool:
-    """Queue the import of the bundled models (``registry.tasks.bundled_models_import``, on
-    commit); False when a run is queued or running already. Audited."""
-    from registry.bundled_import import import_claim
-    from registry.tasks import bundled_models_import
-
-    user = actor if actor is not None and actor.is_authenticated else None
-    if not import_claim(started_by=user.get_username() if user is not None else ""):
-        return False
-    with transaction.atomic():
-        audit_record(actor=actor, action="bundled.import", target_type="model", target="bundled models", before=None,
-                     after={"force": force})  # fmt: skip
-        transaction.on_commit(lambda: bundled_models_import.delay(force=force))
-    return True
-
-
 def replica_heartbeats(*, replica_ids: list[int]) -> int:
     """Heart-beat every ready replica of ``replica_ids`` in one statement (a supervisor's whole host).
 

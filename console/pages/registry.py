@@ -28,7 +28,7 @@ from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
-from registry.bundled_import import bundled_models_status, import_state
+from registry.bundled_import import bundled_import_start, bundled_models_status, import_state
 from registry.models import AuditEntry, ModelVersion, Replica, Task
 from registry.selectors import (
     audit_actions,
@@ -39,12 +39,7 @@ from registry.selectors import (
     model_versions_listed,
     replica_load_seconds,
 )
-from registry.services import (
-    VersionConflict,
-    bundled_import_start,
-    model_version_create,
-    model_version_create_from_upload,
-)
+from registry.services import VersionConflict, model_version_create, model_version_create_from_upload
 from registry.uploads import is_archive, stage_files, unpack_archive
 
 VERSIONS_PER_PAGE = 25
