@@ -27,6 +27,7 @@ from accounts.services import EMAIL_MAX_LENGTH, NAME_MAX_LENGTH, USERNAME_MAX_LE
 from billing import invoicing
 from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Invoice
 from billing.services.invoices import VOID_REASON_MAX_LENGTH
+from console.pages.portal_forms import KeyForm
 
 TAX_PERCENT_PLACES = 2  # the organisation stores a fraction with 4 places: 20.25 % is 0.2025
 
@@ -130,7 +131,7 @@ class MemberRemoveForm(forms.Form):
     username = forms.CharField(max_length=USERNAME_MAX_LENGTH, widget=forms.HiddenInput)
 
 
-class ApiKeyForm(forms.Form):
+class ApiKeyForm(KeyForm):
     """A key's name, tier and limits, as a platform admin sets them (beyond the plan if need
     be). Requests and tokens per minute are required; the others empty mean no limit."""
 

@@ -24,7 +24,6 @@ from accounts.models import ApiKey, Organization, Role
 from accounts.selectors import api_keys_of, membership_of, memberships_of, organizations_listed, user_named
 from accounts.services import (
     KEY_DEFAULTS,
-    api_key_create,
     api_key_update,
     membership_remove,
     membership_set,
@@ -252,18 +251,10 @@ def key_create(request: HttpRequest, org_id: int) -> HttpResponse:
     organization = _organization_or_404(org_id)
     initial = {"tier": organization.tier, **{name: KEY_DEFAULTS[name] for name in ApiKeyForm.LIMITS}}
     form = ApiKeyForm(request.POST or None, initial=initial, currency=_currency())
-    if request.method == "POST" and form.is_valid():
-        try:
-            issued = api_key_create(organization=organization, actor=request.user, **form.values())
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            messages.success(request, f"API key {issued.api_key.name!r} created.")
-            return org_scoped.secret_shown_once(
-                request, org_scoped.CONSOLE, organization, issued, title="New API key", currency=_currency()
-            )
-    context = {"organization": organization, "form": form, "title": "Create an API key", "button": "Create key"}
-    return render(request, "console/customers/key_form.html", context)
+    return org_scoped.key_create(
+        request, org_scoped.CONSOLE, organization, form,
+        page={"title": "Create an API key", "button": "Create key"}, title="New API key", currency=_currency(),
+    )  # fmt: skip
 
 
 @platform_admin_required

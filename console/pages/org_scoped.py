@@ -18,11 +18,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from accounts.models import ApiKey, Organization
-from accounts.services import IssuedApiKey, api_key_revoke, api_key_rotate
+from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
 from console.pages.lists import attachment, never_stored, refuse
-from console.pages.portal_forms import ApiKeyRotateForm
+from console.pages.portal_forms import ApiKeyRotateForm, KeyForm
 from core.errors import InvalidInput
 
 
@@ -47,6 +47,30 @@ def secret_shown_once(
     """The one answer that carries a key's secret: rendered here, kept nowhere, never cached."""
     context = {"organization": organization, "issued": issued, **context}
     return never_stored(render(request, f"{scope.templates}/key_secret.html", context))
+
+
+def key_create(
+    request: HttpRequest,
+    scope: Scope,
+    organization: Organization,
+    form: KeyForm,
+    *,
+    page: dict[str, Any] | None = None,
+    **secret_context: Any,
+) -> HttpResponse:
+    """GET: the form. POST: create the key (``form.values()``: its name, tier and limits) and
+    show its secret once (``secret_context``); a refusal is shown on the field it names.
+    ``page``: what the form's template needs besides the organisation and the form."""
+    if request.method == "POST" and form.is_valid():
+        try:
+            issued = api_key_create(organization=organization, actor=request.user, **form.values())
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            messages.success(request, f"API key {issued.api_key.name!r} created.")
+            return secret_shown_once(request, scope, organization, issued, **secret_context)
+    context = {"organization": organization, "form": form, **(page or {})}
+    return render(request, f"{scope.templates}/key_form.html", context)
 
 
 def key_revoke(request: HttpRequest, scope: Scope, organization: Organization, api_key: ApiKey) -> HttpResponse:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib import messages
 from django.db.models import Q, QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -22,12 +21,11 @@ from django.views.decorators.http import require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
-from accounts.services import api_key_create
 from billing import invoicing
 from billing.models import Invoice
 from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
-from console.pages.lists import page_of, query_without_page, refuse
+from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
     ApiKeyCreateForm,
@@ -36,7 +34,6 @@ from console.pages.portal_forms import (
     UsageWindowForm,
 )
 from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, totals_of
-from core.errors import InvalidInput
 
 KEYS_PER_PAGE = 25
 INVOICES_PER_PAGE = 25
@@ -125,19 +122,7 @@ def key_create(request: OrgRequest, org_id: int) -> HttpResponse:
         ceilings=plan_key_ceilings(organization=organization),
         currency=str(settings.BILLING_CURRENCY),
     )
-    if request.method == "POST" and form.is_valid():
-        try:
-            issued = api_key_create(
-                organization=organization, name=form.cleaned_data["name"], actor=request.user, **form.limits()
-            )
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            messages.success(request, f"API key {issued.api_key.name!r} created.")
-            return org_scoped.secret_shown_once(
-                request, org_scoped.PORTAL, organization, issued, title="Your new API key"
-            )
-    return render(request, "console/portal/key_form.html", {"organization": organization, "form": form})
+    return org_scoped.key_create(request, org_scoped.PORTAL, organization, form, title="Your new API key")
 
 
 def _key_of(request: OrgRequest, key_id: int) -> ApiKey:

@@ -57,7 +57,15 @@ def _count(label: str, help_text: str) -> forms.IntegerField:
     return forms.IntegerField(label=label, required=False, min_value=1, max_value=LIMIT_MAX, help_text=help_text)
 
 
-class ApiKeyCreateForm(forms.Form):
+class KeyForm(forms.Form):
+    """A form that creates a key: the console's (any limits) or the portal's (within the plan)."""
+
+    def values(self) -> dict[str, Any]:
+        """The key's fields for ``accounts.services.api_key_create``."""
+        raise NotImplementedError
+
+
+class ApiKeyCreateForm(KeyForm):
     """A new key; a limit left empty gets the default, within the organisation's plan."""
 
     name = forms.CharField(label="Name", max_length=NAME_MAX_LENGTH)
@@ -83,9 +91,11 @@ class ApiKeyCreateForm(forms.Form):
             limit = f"your plan allows at most {ceiling}" if ceiling is not None else "no plan limit"
             self.fields[name].help_text = f"Optional: empty for the default; {limit}."
 
-    def limits(self) -> dict[str, Any]:
-        """The limits given (left-out ones are not passed, so the service applies its defaults)."""
-        return {name: self.cleaned_data[name] for name in self.LIMITS if self.cleaned_data.get(name) is not None}
+    def values(self) -> dict[str, Any]:
+        """The key's name and the limits given (left-out ones are not passed, so the service
+        applies its defaults)."""
+        given = {name: self.cleaned_data[name] for name in self.LIMITS if self.cleaned_data.get(name) is not None}
+        return {"name": self.cleaned_data["name"], **given}
 
 
 GRACE_CHOICES = [
