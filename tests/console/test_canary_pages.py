@@ -13,20 +13,14 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.models import Membership, Role
-from registry.models import AuditEntry, Deployment, Model, ModelVersion
+from registry.models import AuditEntry, Deployment, Model
 from rollout.canary import canary_create
 from rollout.canary_stats import RequestSample, judge
 from rollout.models import Canary, CanaryDecision
 from serving.models import ShadowPolicy
+from tests.support.registry import make_version
 
 pytestmark = pytest.mark.django_db
-
-
-def make_version(model: Model, version: str) -> ModelVersion:
-    return ModelVersion.objects.create(
-        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
-        artifact_sha256="0" * 64, artifact_size=1,
-    )  # fmt: skip
 
 
 @pytest.fixture

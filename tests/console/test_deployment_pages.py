@@ -13,15 +13,9 @@ from accounts.models import Membership, Role
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_scale, replica_record_load_time
 from rollout.hotswap import deployment_swap_version
+from tests.support.registry import make_version
 
 pytestmark = pytest.mark.django_db
-
-
-def make_version(model: Model, version: str) -> ModelVersion:
-    return ModelVersion.objects.create(
-        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
-        artifact_sha256="0" * 64, artifact_size=1,
-    )  # fmt: skip
 
 
 @pytest.fixture

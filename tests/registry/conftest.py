@@ -10,8 +10,9 @@ from rest_framework.test import APIClient
 
 from accounts.models import Role
 from accounts.services import membership_set, platform_organization
-from registry.models import Deployment, Model, ModelVersion
+from registry.models import Deployment, Model
 from tests.support.api import client_for
+from tests.support.registry import make_version
 
 
 @pytest.fixture
@@ -27,13 +28,6 @@ def people(alice_org) -> dict[str, Any]:
 @pytest.fixture
 def ml(people) -> APIClient:
     return client_for(people["ml"])
-
-
-def make_version(model: Model, version: str) -> ModelVersion:
-    return ModelVersion.objects.create(
-        model=model, version=version, framework="pytorch", artifact_uri=f"local://{model.name}/{version}",
-        artifact_sha256="0" * 64, artifact_size=1,
-    )  # fmt: skip
 
 
 @pytest.fixture
