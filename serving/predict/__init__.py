@@ -1,0 +1,1 @@
+"""Small models (issue 20): synchronous predictions behind a dynamic batcher."""
