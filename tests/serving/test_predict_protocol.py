@@ -1,0 +1,106 @@
+"""Open Inference Protocol tensors checked against a version's signature
+(serving.predict.protocol): what fits becomes arrays of the right type and shape; what does
+not is refused with a message naming the tensor, before anything reaches a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import InvalidInput
+from serving.predict.protocol import BadTensor, Signature, decode_inputs, encode_outputs
+
+DIGITS = Signature.from_json({
+    "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}],
+    "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]},
+                {"name": "label", "datatype": "INT64", "shape": [-1]}],
+})  # fmt: skip
+TEXT = Signature.from_json({
+    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]},
+               {"name": "lang", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]}],
+})  # fmt: skip
+
+
+def pixels(rows: int, **override: object) -> dict[str, object]:
+    return {"name": "pixels", "datatype": "FP32", "shape": [rows, 64], "data": [0.5] * (64 * rows), **override}
+
+
+def test_inputs_that_fit_become_typed_arrays_with_their_batch_size():
+    arrays, batch = decode_inputs(DIGITS, [pixels(3)])
+    assert batch == 3
+    assert arrays["pixels"].dtype == np.float32
+    assert arrays["pixels"].shape == (3, 64)
+    nested = pixels(2, data=[[0.25] * 64, [0.75] * 64])  # row-major nesting is allowed
+    assert decode_inputs(DIGITS, [nested])[0]["pixels"][1, 0] == pytest.approx(0.75)
+    texts, batch = decode_inputs(TEXT, [
+        {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["good", "bad"]},
+        {"name": "lang", "datatype": "BYTES", "shape": [2], "data": ["en", "en"]},
+    ])  # fmt: skip
+    assert batch == 2
+    assert texts["text"].tolist() == ["good", "bad"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "tensor", "says"),
+    [
+        ([pixels(1, name="pixel")], "pixel", "no such input"),
+        ([pixels(1, datatype="FP64")], "pixels", "the model takes FP32"),
+        ([pixels(1, shape=[1, 63], data=[0.0] * 63)], "pixels", "the model takes [-1, 64]"),
+        ([pixels(1, shape=[1, 8, 8])], "pixels", "the model takes [-1, 64]"),
+        ([pixels(2, data=[0.0] * 64)], "pixels", "64 values for shape [2, 64], which holds 128"),
+        ([pixels(1, data=["a"] * 64)], "pixels", "not FP32"),
+        ([pixels(1, data=[None] * 64)], "pixels", "not FP32"),
+        ([pixels(1, data="0.5")], "pixels", "data must be a list"),
+        ([pixels(0, data=[])], "pixels", "at least 1"),
+        ([pixels(1), pixels(1)], "pixels", "given twice"),
+        ([], "inputs", "non-empty list"),
+    ],
+)
+def test_an_input_that_does_not_fit_is_refused_by_name(inputs, tensor, says):
+    with pytest.raises(BadTensor) as refused:
+        decode_inputs(DIGITS, inputs)
+    assert refused.value.tensor == tensor
+    assert says in str(refused.value)
+
+
+def test_every_input_is_needed_and_they_share_a_batch_size():
+    text = {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}
+    with pytest.raises(BadTensor, match="'lang': missing"):
+        decode_inputs(TEXT, [text])
+    with pytest.raises(BadTensor, match="batch size is 1, another input's is 2"):
+        decode_inputs(TEXT, [text, {"name": "lang", "datatype": "BYTES", "shape": [1], "data": ["en"]}])
+    with pytest.raises(BadTensor, match="BYTES values are strings"):
+        decode_inputs(TEXT, [text, {"name": "lang", "datatype": "BYTES", "shape": [2], "data": [1, 2]}])
+
+
+def test_outputs_are_encoded_flat_in_signature_order():
+    out = encode_outputs(DIGITS, {
+        "label": np.array([3, 7]), "probabilities": np.full((2, 10), 0.1, dtype=np.float64),
+    })  # fmt: skip
+    assert [t["name"] for t in out] == ["probabilities", "label"]
+    assert out[0]["shape"] == [2, 10]
+    assert len(out[0]["data"]) == 20
+    assert out[1] == {"name": "label", "datatype": "INT64", "shape": [2], "data": [3, 7]}
+
+
+@pytest.mark.parametrize(
+    ("signature", "field"),
+    [
+        ("x", "signature"),
+        ({"inputs": [], "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]}, "signature.inputs"),
+        ({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [-1]}]}, "signature.inputs[0].datatype"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [0]}]}, "signature.inputs[0].shape"),
+        ({"inputs": [{"name": "", "datatype": "FP32", "shape": [-1]}]}, "signature.inputs[0].name"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}] * 2}, "signature.inputs[1].name"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}]}, "signature.outputs"),
+    ],
+)
+def test_a_bad_signature_names_its_entry(signature, field):
+    with pytest.raises(InvalidInput) as refused:
+        Signature.from_json(signature)
+    assert refused.value.field == field
+
+
+def test_the_signature_round_trips():
+    assert Signature.from_json(DIGITS.as_json()) == DIGITS
