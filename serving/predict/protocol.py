@@ -11,89 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.errors import InvalidInput
-
-# The protocol's datatypes and numpy's: BYTES carries strings (or raw bytes) as objects.
-DATATYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
-MAX_DIMENSIONS = 8
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # -1: any size; the first dimension is the batch
-
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True)
-class Signature:
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    @classmethod
-    def from_json(cls, value: object) -> Signature:
-        """Checked: a bad signature is an ``InvalidInput`` naming the entry."""
-        if not isinstance(value, Mapping):
-            raise InvalidInput("signature", "Must be an object with inputs and outputs.")
-        return cls(
-            inputs=_specs(value.get("inputs"), "signature.inputs"),
-            outputs=_specs(value.get("outputs"), "signature.outputs"),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        return {"inputs": [s.as_json() for s in self.inputs], "outputs": [s.as_json() for s in self.outputs]}
-
-    def input(self, name: str) -> TensorSpec | None:
-        return next((spec for spec in self.inputs if spec.name == name), None)
-
-
-def _specs(value: object, field: str) -> tuple[TensorSpec, ...]:
-    if not isinstance(value, list) or not value:
-        raise InvalidInput(field, "Must be a non-empty list of tensors.")
-    specs: list[TensorSpec] = []
-    for index, entry in enumerate(value):
-        where = f"{field}[{index}]"
-        if not isinstance(entry, Mapping):
-            raise InvalidInput(where, "Must be an object with name, datatype and shape.")
-        name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidInput(f"{where}.name", "Must be a non-empty string.")
-        if datatype not in DATATYPES:
-            raise InvalidInput(f"{where}.datatype", f"Must be one of {', '.join(DATATYPES)}.")
-        if (
-            not isinstance(shape, list)
-            or not 1 <= len(shape) <= MAX_DIMENSIONS
-            or any(isinstance(d, bool) or not isinstance(d, int) or (d < 1 and d != -1) for d in shape)
-        ):
-            raise InvalidInput(
-                f"{where}.shape", f"Must list 1 to {MAX_DIMENSIONS} dimensions, each a size or -1 (any)."
-            )
-        if name in {s.name for s in specs}:
-            raise InvalidInput(f"{where}.name", f"{name!r} is named twice.")
-        specs.append(TensorSpec(name=name, datatype=str(datatype), shape=tuple(shape)))
-    return tuple(specs)
+from registry.signatures import DATATYPES, Signature, TensorSpec
 
 
 class BadTensor(ValueError):
