@@ -1,0 +1,48 @@
+"""A model version's ONNX graph run on batches: the ``run_batch`` a ``DynamicBatcher`` calls.
+
+Each request of a batch brings arrays by input name with its own rows; the batch's arrays are
+concatenated along the first (batch) dimension, run once through ONNX Runtime, and every
+output is cut back into each request's rows, in order. ONNX Runtime releases the GIL while
+it runs, so several instances (threads) of one runner can share a replica's cores; its own
+thread pool is sized to the cores its slot was given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from registry.signatures import DATATYPES, Signature
+
+Arrays = Mapping[str, np.ndarray[Any, Any]]
+
+
+class OnnxRunner:
+    def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
+        import onnxruntime  # type: ignore[import-untyped]  # loaded by workers only
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = max(1, threads)
+        options.inter_op_num_threads = 1
+        self.signature = signature
+        self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._outputs = [spec.name for spec in signature.outputs]
+
+    def run_batch(self, payloads: list[Arrays]) -> list[dict[str, np.ndarray[Any, Any]]]:
+        """Run every request of the batch at once; one dict of outputs per request, in order."""
+        rows = [len(next(iter(payload.values()))) for payload in payloads]
+        feeds = {
+            spec.name: np.concatenate([payload[spec.name] for payload in payloads]).astype(
+                DATATYPES[spec.datatype], copy=False
+            )
+            for spec in self.signature.inputs
+        }
+        produced = self._session.run(self._outputs, feeds)
+        bounds = np.cumsum([0, *rows])
+        return [
+            {name: array[bounds[i] : bounds[i + 1]] for name, array in zip(self._outputs, produced, strict=True)}
+            for i in range(len(payloads))
+        ]
