@@ -42,19 +42,15 @@ def _split(features: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> tupl
 
 def _export(estimator: Any, input_name: str, width: int, out: Path) -> Path:
     from skl2onnx import to_onnx  # type: ignore[import-untyped]
+    from skl2onnx.common.data_types import FloatTensorType  # type: ignore[import-untyped]
 
     # zipmap off: probabilities come as one tensor, as the protocol carries them.
     onnx_model = to_onnx(
         estimator,
-        np.zeros((1, width), dtype=np.float32),
+        initial_types=[(input_name, FloatTensorType([None, width]))],
         options={id(estimator): {"zipmap": False}},
         target_opset=17,
-        final_types=None,
     )
-    graph_input = onnx_model.graph.input[0]
-    graph_input.name = input_name
-    for node in onnx_model.graph.node:
-        node.input[:] = [input_name if name == "X" else name for name in node.input]
     path = out / "model.onnx"
     path.write_bytes(onnx_model.SerializeToString())
     return path

@@ -23,7 +23,7 @@ from core.errors import InvalidInput
 from core.transitions import IllegalTransition
 from registry.api import Conflict, DeploymentSerializer, deployment_numbered, refused
 from registry.models import Deployment, Model, ModelVersion
-from registry.selectors import deployments_with_replicas, model_traffic_split
+from registry.selectors import deployments_with_replicas, model_named, model_traffic_split
 from rollout.autoscaler import AutoscalePolicy, deployment_autoscale_set
 from rollout.canary import (
     CanaryConflict,
@@ -108,7 +108,7 @@ class CanarySerializer(serializers.ModelSerializer[Canary]):
 
 
 def _model_named(name: str) -> Model:
-    found = Model.objects.filter(name=name).first()
+    found = model_named(name=name)
     if found is None:
         raise NotFound(f"No model named {name!r}.")
     return found

@@ -103,8 +103,9 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     except APIError as exc:
         exc.headers.update(rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(grant))
         raise
-    for name, value in rate_limit_headers(call.rate_limits).items() if call.rate_limits else ():
-        response[name] = value
+    if call.rate_limits is not None:  # admitted (a cache hit too)
+        for name, value in rate_limit_headers(call.rate_limits).items():
+            response[name] = value
     response["x-model-version"] = call.version.version  # the version that served it, pinned or chosen
     if endpoint is not COMPLETIONS:
         response["x-cache"] = call.cache_outcome

@@ -9,19 +9,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-MOVED = ("organization", "membership", "apikey", "invitation", "plan")
-
-
-def content_types_to(app_label: str, other: str):
-    """Keep the content types (and so permissions and admin history) of the moved models."""
-
-    def move(apps, schema_editor):
-        ContentType = apps.get_model("contenttypes", "ContentType")
-        for model in MOVED:
-            if not ContentType.objects.filter(app_label=app_label, model=model).exists():
-                ContentType.objects.filter(app_label=other, model=model).update(app_label=app_label)
-
-    return move
+from core.model_moves import move_content_types
 
 
 class Migration(migrations.Migration):
@@ -34,7 +22,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(content_types_to("accounts", "billing"), content_types_to("billing", "accounts")),
+        move_content_types(
+            ("organization", "membership", "apikey", "invitation", "plan"), source="billing", target="accounts"
+        ),
         migrations.SeparateDatabaseAndState(
             # The tables stay where they are (db_table): only Django's idea of which app
             # owns them moves.

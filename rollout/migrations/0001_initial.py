@@ -5,19 +5,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-MOVED = ("canary", "canarydecision")
-
-
-def content_types_to(app_label, other):
-    """Keep the content types (and so permissions and admin history) of the moved models."""
-
-    def move(apps, schema_editor):
-        ContentType = apps.get_model("contenttypes", "ContentType")
-        for model in MOVED:
-            if not ContentType.objects.filter(app_label=app_label, model=model).exists():
-                ContentType.objects.filter(app_label=other, model=model).update(app_label=app_label)
-
-    return move
+from core.model_moves import move_content_types
 
 
 class Migration(migrations.Migration):
@@ -30,7 +18,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(content_types_to("rollout", "registry"), content_types_to("registry", "rollout")),
+        move_content_types(("canary", "canarydecision"), source="registry", target="rollout"),
         migrations.SeparateDatabaseAndState(
             # The tables stay where they are (db_table): only Django's idea of which app
             # owns them moves.
