@@ -44,7 +44,8 @@ class PriceSerializer(serializers.ModelSerializer[Price]):
         model = Price
         fields = [
             "id", "model", "version", "input_per_million", "output_per_million", "cached_input_per_million",
-            "currency", "effective_from", "effective_to", "created_at",
+            "per_thousand_inferences", "cached_per_thousand_inferences", "currency", "effective_from", "effective_to",
+            "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -56,6 +57,11 @@ class PriceSetSerializer(serializers.Serializer[Any]):
     output_per_million = _amount("price of a million output tokens")
     cached_input_per_million = _amount("price of a million cached input tokens (default: the input price)",
                                        required=False)  # fmt: skip
+    per_thousand_inferences = _amount("price of a thousand inferences (small models; default 0)", required=False)
+    cached_per_thousand_inferences = _amount(
+        "price of a thousand inferences answered from the result cache (default: the inference price)",
+        required=False,
+    )
     effective_from = serializers.DateTimeField(required=False, help_text="default: now")
     currency = serializers.CharField(required=False, max_length=3)
 

@@ -27,7 +27,8 @@ CSV_COLUMNS = (
     "model",
     "token_kind",
     "quantity",
-    "unit_price_per_million",
+    "unit_price",
+    "price_per",  # units the unit price is for: 1000000 (tokens) or 1000 (inferences)
     "amount",
     "currency",
     "description",
@@ -65,6 +66,7 @@ def invoice_csv(invoice: Invoice) -> str:
                 line.token_kind,
                 line.quantity if line.kind != InvoiceLine.Kind.CREDIT else "",
                 f"{line.unit_price:f}" if line.kind != InvoiceLine.Kind.CREDIT else "",
+                invoicing.price_per(line.token_kind) if line.kind != InvoiceLine.Kind.CREDIT else "",
                 f"{line.amount:f}",
                 invoice.currency,
                 line.description,
@@ -78,7 +80,11 @@ def invoice_csv(invoice: Invoice) -> str:
     }
     for kind in CSV_TOTAL_KINDS:
         description = f"tax at {invoice.tax_rate * 100:.2f} %" if kind == "tax" else kind.replace("_", " ")
-        writer.writerow([number, period, kind, "", "", "", "", "", f"{totals[kind]:f}", invoice.currency, description])
+        row = dict.fromkeys(CSV_COLUMNS, "") | {
+            "invoice": number, "period": period, "kind": kind, "amount": f"{totals[kind]:f}",
+            "currency": invoice.currency, "description": description,
+        }  # fmt: skip
+        writer.writerow([row[column] for column in CSV_COLUMNS])
     return out.getvalue()
 
 
@@ -173,7 +179,8 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         pdf.cell(35, 6, _money(amount, currency), align=Align.R, new_x=XPos.LMARGIN, new_y=YPos.NEXT)
     pdf.ln(6)
     text_line(
-        "Amounts: tokens x price per million / 1,000,000, each line rounded once, half up, to cents; "
+        "Amounts: tokens x price per million / 1,000,000 (inferences x price per thousand / 1,000), "
+        "each line rounded once, half up, to cents; "
         "tax rounded the same way.",
         size=7,
         height=4,

@@ -46,10 +46,14 @@ PER_MILLION_EXPONENT = -6
 # is exact, so the only rounding is the one to cents.
 _EXACT = Context(prec=80)
 # Token kinds in the order their lines are listed, with the price field of each.
+PER_THOUSAND_EXPONENT = -3
+# Each line kind, the price field its unit price comes from, and the units that price is per.
 TOKEN_KIND_PRICE_FIELDS = (
-    (InvoiceLine.TokenKind.INPUT, "input_per_million"),
-    (InvoiceLine.TokenKind.OUTPUT, "output_per_million"),
-    (InvoiceLine.TokenKind.CACHED, "cached_input_per_million"),
+    (InvoiceLine.TokenKind.INPUT, "input_per_million", PER_MILLION_EXPONENT),
+    (InvoiceLine.TokenKind.OUTPUT, "output_per_million", PER_MILLION_EXPONENT),
+    (InvoiceLine.TokenKind.CACHED, "cached_input_per_million", PER_MILLION_EXPONENT),
+    (InvoiceLine.TokenKind.INFERENCES, "per_thousand_inferences", PER_THOUSAND_EXPONENT),
+    (InvoiceLine.TokenKind.CACHED_INFERENCES, "cached_per_thousand_inferences", PER_THOUSAND_EXPONENT),
 )
 BILLED_KINDS = (InvoiceLine.Kind.USAGE, InvoiceLine.Kind.ADJUSTMENT)
 
@@ -60,11 +64,18 @@ def round_cents(amount: Decimal) -> Decimal:
         return amount.quantize(CENT, rounding=ROUND_HALF_UP)
 
 
-def line_amount(*, quantity: int, unit_price: Decimal) -> Decimal:
-    """A line's amount: quantity * price per million / 10^6, exact, then rounded once to cents."""
+def line_amount(*, quantity: int, unit_price: Decimal, exponent: int = PER_MILLION_EXPONENT) -> Decimal:
+    """A line's amount: quantity * price per million / 10^6 (per thousand / 10^3 for
+    inferences: ``exponent``), exact, then rounded once to cents."""
     with localcontext(_EXACT):
-        exact = (Decimal(quantity) * unit_price).scaleb(PER_MILLION_EXPONENT)
+        exact = (Decimal(quantity) * unit_price).scaleb(exponent)
         return exact.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def price_per(token_kind: str) -> int:
+    """How many units a line's unit price is for: a million tokens, or a thousand inferences."""
+    exponent: int = next((e for kind, _, e in TOKEN_KIND_PRICE_FIELDS if kind == token_kind), PER_MILLION_EXPONENT)
+    return int(10**-exponent)
 
 
 # --- Months (UTC) ----------------------------------------------------------------------
@@ -190,8 +201,10 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
             InvoiceLine.TokenKind.INPUT: row["input"],
             InvoiceLine.TokenKind.OUTPUT: row["output"],
             InvoiceLine.TokenKind.CACHED: row["cached"],
+            InvoiceLine.TokenKind.INFERENCES: row["inferences"],
+            InvoiceLine.TokenKind.CACHED_INFERENCES: row["cached_inferences"],
         }
-        for token_kind, price_field in TOKEN_KIND_PRICE_FIELDS:
+        for token_kind, price_field, exponent in TOKEN_KIND_PRICE_FIELDS:
             quantity = int(quantities[token_kind] or 0)
             if quantity == 0:
                 continue
@@ -205,14 +218,14 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
                     price_id=price.pk if price is not None else None,
                     quantity=quantity,
                     unit_price=unit_price,
-                    amount=line_amount(quantity=quantity, unit_price=unit_price),
+                    amount=line_amount(quantity=quantity, unit_price=unit_price, exponent=exponent),
                     description=_description(
                         model=row["model"], token_kind=token_kind, period=usage_period, kind=kind, price=price
                     ),
                 )
             )
     kind_order = {InvoiceLine.Kind.USAGE: 0, InvoiceLine.Kind.ADJUSTMENT: 1}
-    token_order = {kind: i for i, (kind, _) in enumerate(TOKEN_KIND_PRICE_FIELDS)}
+    token_order = {kind: i for i, (kind, _, _) in enumerate(TOKEN_KIND_PRICE_FIELDS)}
     effective = {pk: price.effective_from for pk, price in prices.items()}
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
     lines.sort(

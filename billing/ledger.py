@@ -68,7 +68,7 @@ class UsageEvent:
 
     On the stream every field is a string (``to_fields``); ``ttft_ms`` is empty when no
     token was produced. ``from_fields`` is the persister's strict reader; fields added
-    later (``cache``, ``finish_reason``, ``error_code``, ``revision``) read as their defaults
+    later (``cache``, ``finish_reason``, ``error_code``, ``revision``, ``inferences``) read as their defaults
     from older entries.
     """
 
@@ -99,6 +99,9 @@ class UsageEvent:
     # 0 as first settled; 1 for a settlement that corrects one the sweeper made from the
     # admission draft (the gateway was judged lost, then finished the request after all).
     revision: int = 0
+    # The items a predict request carried (rows of its batch dimension): what a small model
+    # is metered and priced by. 0 for a token model's request.
+    inferences: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -162,6 +165,7 @@ class UsageEvent:
             finish_reason=_finish_reason(text.get("finish_reason") or ""),
             error_code=_error_code(text.get("error_code") or ""),
             revision=count("revision") if text.get("revision") else 0,
+            inferences=count("inferences") if text.get("inferences") else 0,
         )
 
 

@@ -64,6 +64,9 @@ class UsageRecord(models.Model):
     revision = models.PositiveSmallIntegerField(
         default=0, help_text="1 when the gateway's own settlement corrected the sweeper's (billing.ledger)"
     )
+    inferences = models.PositiveIntegerField(
+        default=0, help_text="items a predict request carried (its batch size); 0 for a token model's request"
+    )
     # What it cost: at the price in effect when it was admitted, exact (no rounding here;
     # invoices round once per line). Null price: the model had no price (cost 0).
     price = models.ForeignKey("Price", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records")
@@ -187,6 +190,20 @@ class Price(models.Model):
     cached_input_per_million = models.DecimalField(
         max_digits=PRICE_MAX_DIGITS, decimal_places=PRICE_DECIMAL_PLACES, validators=[MinValueValidator(Decimal(0))]
     )
+    # Small models are priced by the item (an image, a row, a sentence), not the token.
+    per_thousand_inferences = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS,
+        decimal_places=PRICE_DECIMAL_PLACES,
+        default=Decimal(0),
+        validators=[MinValueValidator(Decimal(0))],
+    )
+    cached_per_thousand_inferences = models.DecimalField(
+        max_digits=PRICE_MAX_DIGITS,
+        decimal_places=PRICE_DECIMAL_PLACES,
+        default=Decimal(0),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="for inferences answered from the exact result cache",
+    )
     currency = models.CharField(max_length=3, help_text="ISO 4217, the platform's billing currency")
     effective_from = models.DateTimeField()
     effective_to = models.DateTimeField(null=True, blank=True, help_text="empty: until further notice")
@@ -236,6 +253,7 @@ class UsageRollup(models.Model):
     input_tokens = models.PositiveBigIntegerField(default=0, help_text="prompt tokens not served from a cache")
     output_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)
+    inferences = models.PositiveBigIntegerField(default=0, help_text="items of predict requests (small models)")
     cost = models.DecimalField(max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES, default=Decimal(0))
     cache_hits = models.PositiveBigIntegerField(default=0, help_text="requests answered from the cache")
     saved = models.DecimalField(
@@ -375,11 +393,13 @@ class InvoiceLine(models.Model):
         INPUT = "input", "Input tokens"
         OUTPUT = "output", "Output tokens"
         CACHED = "cached", "Cached input tokens"
+        INFERENCES = "inferences", "Inferences"
+        CACHED_INFERENCES = "cached_inferences", "Cached inferences"
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.USAGE)
     model = models.CharField(max_length=255, blank=True)
-    token_kind = models.CharField(max_length=6, choices=TokenKind.choices, blank=True)
+    token_kind = models.CharField(max_length=20, choices=TokenKind.choices, blank=True)
     usage_period = models.DateField(null=True, blank=True, help_text="the month the usage belongs to")
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     quantity = models.PositiveBigIntegerField(default=0, help_text="tokens")

@@ -10,7 +10,9 @@ What a request is charged for is one rule, written here once (``ChargedTokens.of
 stated here in SQL for the rollups and invoices (``CHARGED_TOKENS_SQL``): input tokens are
 the prompt tokens not served from an engine's prefix cache, priced at the input price;
 those served from it at the cached input price; a request answered from the semantic cache
-is charged whole (prompt and answer) at the cached input price. ``PriceQuote`` answers
+is charged whole (prompt and answer) at the cached input price. A small model's request is
+charged by its inferences (the items it carried) at the price per thousand inferences, or
+at the cached price per thousand when the exact result cache answered it. ``PriceQuote`` answers
 every cost question the gateway asks (reservation, charge, savings).
 """
 
@@ -24,24 +26,28 @@ from billing.models import CacheOutcome, Price
 MICRO = Decimal("0.000001")
 SPEND_MICRO = 1_000_000
 PER_MILLION = Decimal(1_000_000)
+PER_THOUSAND = Decimal(1_000)
 
 
 @dataclass(frozen=True)
 class ChargedTokens:
-    """A request's tokens by the price each is charged at."""
+    """A request's tokens (and inferences) by the price each is charged at."""
 
     input: int
     output: int
     cached: int
+    inferences: int = 0
+    cached_inferences: int = 0
 
     @classmethod
-    def of(cls, *, prompt: int, completion: int, cached: int, cache_hit: bool) -> ChargedTokens:
+    def of(cls, *, prompt: int, completion: int, cached: int, cache_hit: bool, inferences: int = 0) -> ChargedTokens:
         """The rule. ``cached``: the prompt tokens an engine served from its prefix cache (a
-        semantic-cache hit reports its whole prompt so); never more than the prompt."""
+        semantic-cache hit reports its whole prompt so); never more than the prompt.
+        ``inferences``: a predict request's items, all at the cached price on a cache hit."""
         if cache_hit:
-            return cls(input=0, output=0, cached=prompt + completion)
+            return cls(input=0, output=0, cached=prompt + completion, cached_inferences=inferences)
         from_cache = min(prompt, max(0, cached))
-        return cls(input=prompt - from_cache, output=completion, cached=from_cache)
+        return cls(input=prompt - from_cache, output=completion, cached=from_cache, inferences=inferences)
 
 
 def charged_tokens_sql(records: str) -> dict[str, str]:
@@ -55,15 +61,18 @@ def charged_tokens_sql(records: str) -> dict[str, str]:
         "input": f"CASE WHEN {hit} THEN 0 ELSE {prompt} - {from_cache} END",
         "output": f"CASE WHEN {hit} THEN 0 ELSE {completion} END",
         "cached": f"CASE WHEN {hit} THEN {prompt} + {completion} ELSE {from_cache} END",
+        "inferences": f"CASE WHEN {hit} THEN 0 ELSE {records}.inferences END",
+        "cached_inferences": f"CASE WHEN {hit} THEN {records}.inferences ELSE 0 END",
     }
 
 
 def saved_sql(records: str, prices: str) -> str:
     """``PriceQuote.saved`` over usage records joined to their prices (aliases): what a
-    semantic-cache hit saved; 0 for a request an engine answered."""
+    cache hit saved; 0 for a request an engine answered."""
     return (
         f"CASE WHEN {records}.cache <> '{CacheOutcome.MISS.value}' THEN ({records}.prompt_tokens * "
         f"{prices}.input_per_million + {records}.completion_tokens * {prices}.output_per_million) / 1000000"
+        f" + {records}.inferences * {prices}.per_thousand_inferences / 1000"
         f" - {records}.cost ELSE 0 END"
     )
 
@@ -80,6 +89,8 @@ class PriceQuote:
     currency: str
     effective_from: float  # unix time
     effective_to: float | None
+    per_thousand_inferences: Decimal = Decimal(0)
+    cached_per_thousand_inferences: Decimal = Decimal(0)
 
     @classmethod
     def of(cls, price: Price) -> PriceQuote:
@@ -92,33 +103,55 @@ class PriceQuote:
             currency=price.currency,
             effective_from=price.effective_from.timestamp(),
             effective_to=price.effective_to.timestamp() if price.effective_to else None,
+            per_thousand_inferences=price.per_thousand_inferences,
+            cached_per_thousand_inferences=price.cached_per_thousand_inferences,
         )
 
     def in_effect(self, when: float) -> bool:
         return self.effective_from <= when and (self.effective_to is None or when < self.effective_to)
 
-    def reservation(self, *, prompt_tokens: int, output_tokens: int) -> Decimal:
+    def reservation(self, *, prompt_tokens: int, output_tokens: int, inferences: int = 0) -> Decimal:
         """The most a request may cost before it runs: every prompt token at the input price
-        (an engine's prefix cache can only lower it) and its output bound."""
-        return self.cost(input_tokens=prompt_tokens, output_tokens=output_tokens)
+        (an engine's prefix cache can only lower it), its output bound, and its inferences."""
+        return self.cost(input_tokens=prompt_tokens, output_tokens=output_tokens, inferences=inferences)
 
-    def charge(self, *, prompt: int, completion: int, cached: int, cache_hit: bool) -> Decimal:
+    def charge(self, *, prompt: int, completion: int, cached: int, cache_hit: bool, inferences: int = 0) -> Decimal:
         """What a request is charged (``ChargedTokens.of``, the one rule)."""
-        tokens = ChargedTokens.of(prompt=prompt, completion=completion, cached=cached, cache_hit=cache_hit)
-        return self.cost(input_tokens=tokens.input, output_tokens=tokens.output, cached_tokens=tokens.cached)
+        tokens = ChargedTokens.of(
+            prompt=prompt, completion=completion, cached=cached, cache_hit=cache_hit, inferences=inferences
+        )
+        return self.cost(
+            input_tokens=tokens.input,
+            output_tokens=tokens.output,
+            cached_tokens=tokens.cached,
+            inferences=tokens.inferences,
+            cached_inferences=tokens.cached_inferences,
+        )
 
-    def saved(self, *, prompt: int, completion: int, charged: Decimal) -> Decimal:
-        """What a semantic-cache hit saved: its tokens as an engine's answer, less its charge."""
-        return self.cost(input_tokens=prompt, output_tokens=completion) - charged
+    def saved(self, *, prompt: int, completion: int, charged: Decimal, inferences: int = 0) -> Decimal:
+        """What a cache hit saved: its tokens (or inferences) as an engine's answer, less its charge."""
+        return self.cost(input_tokens=prompt, output_tokens=completion, inferences=inferences) - charged
 
-    def cost(self, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> Decimal:
-        return request_cost(
-            input_per_million=self.input_per_million,
-            output_per_million=self.output_per_million,
-            cached_input_per_million=self.cached_input_per_million,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
+    def cost(
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        inferences: int = 0,
+        cached_inferences: int = 0,
+    ) -> Decimal:
+        return (
+            request_cost(
+                input_per_million=self.input_per_million,
+                output_per_million=self.output_per_million,
+                cached_input_per_million=self.cached_input_per_million,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cached_tokens=cached_tokens,
+            )
+            + (inferences * self.per_thousand_inferences + cached_inferences * self.cached_per_thousand_inferences)
+            / PER_THOUSAND
         )
 
 

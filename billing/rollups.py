@@ -58,7 +58,9 @@ _RECORDS = UsageRecord._meta.db_table
 _PRICES = Price._meta.db_table
 _ROLLUPS = UsageRollup._meta.db_table
 _BUCKET_CONSTRAINT = "uniq_rollup_bucket"
-_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost", "cache_hits", "saved")
+_SUMS = (
+    "requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "inferences", "cost", "cache_hits", "saved",
+)  # fmt: skip
 _PERCENTILES = (
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
 )  # fmt: skip
@@ -74,7 +76,7 @@ _CHARGED = charged_tokens_sql("u")
 _REBUILD_SQL = f"""
 WITH fresh AS (
     SELECT organization_id, api_key_id, model, model_version, price_id,
-           requests, errors, input_tokens, output_tokens, cached_tokens, cost, cache_hits, saved,
+           requests, errors, input_tokens, output_tokens, cached_tokens, inferences, cost, cache_hits, saved,
            latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
            ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms
     FROM (
@@ -84,6 +86,7 @@ WITH fresh AS (
                sum({_CHARGED["input"]}) AS input_tokens,
                sum(completion_tokens) AS output_tokens,
                sum(cached_tokens) AS cached_tokens,
+               sum(inferences) AS inferences,
                sum(cost) AS cost,
                count(*) FILTER (WHERE cache <> 'miss') AS cache_hits,
                coalesce(sum({saved_sql("u", "p")}), 0) AS saved,

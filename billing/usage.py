@@ -210,6 +210,7 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         finish_reason=event.finish_reason,
         error_code=event.error_code,
         revision=event.revision,
+        inferences=event.inferences,
     )
 
 

@@ -400,6 +400,16 @@ ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
 ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
 # The program a replica runs (its arguments follow). Empty: vLLM's OpenAI server.
 WORKER_ENGINE_LAUNCHER = os.environ.get("WORKER_ENGINE_LAUNCHER", "")
+# Small models (framework onnx) run in the platform's predict worker, not vLLM: each uses
+# this many ONNX Runtime threads, and up to WORKER_PREDICT_PER_SLOT of them share a slot
+# (with each other and with a vLLM engine): a small model rarely needs a core of its own.
+WORKER_PREDICT_THREADS = envint("WORKER_PREDICT_THREADS", 1)
+WORKER_PREDICT_PER_SLOT = envint("WORKER_PREDICT_PER_SLOT", 4)
+# A predict request's answer is due from its worker within this (the worker's own batcher
+# deadline, the version's batcher.timeout_s, usually ends it first).
+PREDICT_REQUEST_TIMEOUT = envfloat("PREDICT_REQUEST_TIMEOUT", 30.0)
+# How long the exact result cache keeps a deterministic small model's answer (0: off).
+PREDICT_RESULT_CACHE_TTL_SECONDS = envint("PREDICT_RESULT_CACHE_TTL_SECONDS", 3600)
 
 # --- Autoscaler (rollout.autoscaler; each deployment's policy is its ``autoscale`` JSON) ---
 # Each replica's /metrics must answer within this, or it counts as not observed.
@@ -448,9 +458,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
 }
+# The platform's version, as the management API's schema and the Open Inference Protocol's
+# server metadata (GET /v2) report it.
+PLATFORM_VERSION = "0.1.0"
 SPECTACULAR_SETTINGS = {
     "TITLE": "Inference platform management API",
-    "VERSION": "0.1.0",
+    "VERSION": PLATFORM_VERSION,
     "SERVE_INCLUDE_SCHEMA": False,
     # Served from our static files (drf-spectacular-sidecar): the docs work offline.
     "SWAGGER_UI_DIST": "SIDECAR",

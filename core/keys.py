@@ -94,6 +94,11 @@ def gateway_suspects() -> str:
 # --- Keys and caches --------------------------------------------------------------------
 
 
+def predict_result(organization_id: int, digest: str) -> str:
+    """A small model's answer, by its organisation and the hash of its version and inputs (TTL'd)."""
+    return namespaced("predcache", str(organization_id), digest)
+
+
 def embeddings_cache(digest: str) -> str:
     """An embeddings answer, by the SHA-256 of its model version, tenant and request (TTL'd)."""
     return namespaced("embcache", digest)

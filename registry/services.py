@@ -17,6 +17,7 @@ from core.events import publish_routing_change
 from core.transitions import transition
 from registry.artifacts import get_artifact_store
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+from registry.signatures import is_predict_framework, predict_config
 
 # The user acting: a platform admin through the API, or None for the operator (commands, bootstrap).
 Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
@@ -61,6 +62,8 @@ def model_version_register(
     gpu_count: int = 0,
 ) -> ModelVersion:
     """Register a version, or refresh the artifact fields of an existing registered one."""
+    if is_predict_framework(framework):
+        config = predict_config(framework, get_artifact_store().local_path(artifact_uri), config)
     obj, created = ModelVersion.objects.get_or_create(
         model=model,
         version=version,
@@ -134,6 +137,9 @@ def model_version_create(
     if task is not None and task not in Task.values:
         raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
     sha256, size = _artifact_digest(artifact_uri)
+    if is_predict_framework(framework):
+        # Loaded once here: a version whose signature does not load is never registered.
+        config = predict_config(framework, get_artifact_store().local_path(artifact_uri), config)
     values: dict[str, Any] = {
         "framework": framework,
         "artifact_uri": artifact_uri,

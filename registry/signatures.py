@@ -107,7 +107,7 @@ ONNX_TYPES = {
 def onnx_signature(path: Path) -> Signature:
     """The signature an ONNX model has, read by loading it once with ONNX Runtime (symbolic
     or unknown dimensions are -1). A file that does not load is an ``InvalidInput``."""
-    import onnxruntime  # type: ignore[import-untyped]  # loaded by registration and workers only
+    import onnxruntime  # loaded by registration and workers only
 
     try:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -147,3 +147,49 @@ def check_signature(declared: Signature, actual: Signature) -> None:
         missing = [name for name in have if name not in {s.name for s in getattr(declared, kind)}]
         if kind == "inputs" and missing:
             raise InvalidInput("signature.inputs", f"The model also takes {missing[0]!r}: declare every input.")
+
+
+# --- Versions that a predict worker serves ---------------------------------------------------
+
+# The frameworks whose versions run in the platform's own worker (serving.predict.worker)
+# behind the dynamic batcher, rather than in a vLLM engine.
+PREDICT_FRAMEWORKS = frozenset({"onnx"})
+
+
+def is_predict_framework(framework: str) -> bool:
+    return framework.strip().lower() in PREDICT_FRAMEWORKS
+
+
+def onnx_file(path: Path) -> Path:
+    """The ONNX graph of an artifact: the file itself, or ``model.onnx`` (else the only
+    ``.onnx`` file) of a folder."""
+    if path.is_file():
+        return path
+    if (path / "model.onnx").is_file():
+        return path / "model.onnx"
+    found = sorted(path.glob("*.onnx"))
+    if len(found) != 1:
+        raise InvalidInput("artifact", "An ONNX artifact is a .onnx file, or a folder with model.onnx in it.")
+    return found[0]
+
+
+def predict_config(framework: str, path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
+    """A predict version's config, checked by loading its artifact once: the declared
+    signature must be the artifact's (when none is declared, the artifact's is recorded), the
+    batcher's settings must hold, and ``labels`` (class names by index), when given, must be
+    a list of strings. Raises ``InvalidInput`` naming what is wrong."""
+    from registry.batching import BatcherConfig
+
+    if framework.strip().lower() != "onnx":
+        raise InvalidInput("framework", f"Must be one of {', '.join(sorted(PREDICT_FRAMEWORKS))}.")
+    actual = onnx_signature(onnx_file(path))
+    if config.get("signature") is not None:
+        declared = Signature.from_json(config["signature"])
+        check_signature(declared, actual)
+    else:
+        declared = actual
+    BatcherConfig.from_json(config.get("batcher"))
+    labels = config.get("labels")
+    if labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)):
+        raise InvalidInput("labels", "Must be a list of class names (strings), by class index.")
+    return {**config, "signature": declared.as_json()}

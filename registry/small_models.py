@@ -5,8 +5,8 @@ scikit-learn's official converter (skl2onnx).
 
 Each builder trains on a fixed split, writes ``model.onnx`` into a folder and returns the
 version's config: its signature (checked against the exported graph), the class labels,
-the batcher's settings and the accuracy on the held-out part of the split. Issue 20 wires
-them into ``make run`` once a worker serves ONNX; until then they are built by tests only.
+the batcher's settings and the accuracy on the held-out part of the split. They are bundled
+models (``registry.bundled``): imported, deployed and priced by ``make run`` like the LLMs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ import numpy as np
 
 from registry.signatures import Signature, check_signature, onnx_signature
 
+# The version the bundled small models are registered as; a new build of the same version
+# (other library versions) replaces its artifact, as for the other bundled models.
+VERSION = "1"
 SEED = 20261125
 HELD_OUT = 0.25
 
@@ -32,7 +35,7 @@ class SmallModel:
 
 
 def _split(features: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> tuple[Any, Any, Any, Any]:
-    from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
+    from sklearn.model_selection import train_test_split
 
     split: tuple[Any, Any, Any, Any] = train_test_split(
         features.astype(np.float32), target, test_size=HELD_OUT, random_state=SEED, stratify=target
@@ -41,8 +44,8 @@ def _split(features: np.ndarray[Any, Any], target: np.ndarray[Any, Any]) -> tupl
 
 
 def _export(estimator: Any, input_name: str, width: int, out: Path) -> Path:
-    from skl2onnx import to_onnx  # type: ignore[import-untyped]
-    from skl2onnx.common.data_types import FloatTensorType  # type: ignore[import-untyped]
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
 
     # zipmap off: probabilities come as one tensor, as the protocol carries them.
     onnx_model = to_onnx(
@@ -57,7 +60,7 @@ def _export(estimator: Any, input_name: str, width: int, out: Path) -> Path:
 
 
 def _config(path: Path, declared: dict[str, Any], labels: list[str], held_out: tuple[Any, Any]) -> dict[str, Any]:
-    import onnxruntime  # type: ignore[import-untyped]
+    import onnxruntime
 
     signature = Signature.from_json(declared)
     check_signature(signature, onnx_signature(path))
@@ -75,10 +78,10 @@ def _config(path: Path, declared: dict[str, Any], labels: list[str], held_out: t
 
 def build_digits(out: Path) -> dict[str, Any]:
     """8x8 grey digits (0-16 per pixel, flattened to 64) → the digit: a small neural net."""
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
-    from sklearn.neural_network import MLPClassifier  # type: ignore[import-untyped]
-    from sklearn.pipeline import make_pipeline  # type: ignore[import-untyped]
-    from sklearn.preprocessing import StandardScaler  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     digits = load_digits()
     train_x, test_x, train_y, test_y = _split(digits.data, digits.target)
@@ -99,7 +102,7 @@ def build_digits(out: Path) -> dict[str, Any]:
 def build_tabular(out: Path) -> dict[str, Any]:
     """30 measurements of a breast mass → benign or malignant: gradient-boosted trees."""
     from sklearn.datasets import load_breast_cancer
-    from sklearn.ensemble import GradientBoostingClassifier  # type: ignore[import-untyped]
+    from sklearn.ensemble import GradientBoostingClassifier
 
     data = load_breast_cancer()
     train_x, test_x, train_y, test_y = _split(data.data, data.target)

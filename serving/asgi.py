@@ -36,7 +36,7 @@ from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarg
 from serving.orchestrator import CLIENT_CLOSED
 from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
-from serving.urls import DATA_PLANE_PREFIXES
+from serving.urls import DATA_PLANE_MODEL_ACTIONS, DATA_PLANE_PREFIXES
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,13 @@ View = Callable[..., Awaitable[HttpResponseBase]]
 
 
 def is_data_plane(scope: Scope) -> bool:
-    return scope["type"] == "http" and str(scope["path"]).startswith(DATA_PLANE_PREFIXES)
+    if scope["type"] != "http":
+        return False
+    path = str(scope["path"])
+    if path.startswith(DATA_PLANE_PREFIXES):
+        return True
+    # /api/v1/models/<name>/predict is the data plane's; the rest of /api/v1/models/ is management.
+    return path.startswith("/api/v1/models/") and path.endswith(DATA_PLANE_MODEL_ACTIONS) and path.count("/") == 5
 
 
 class ClientGone(Exception):

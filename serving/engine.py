@@ -64,6 +64,16 @@ class EngineAnswer:
 
     status_code: int
     content: bytes
+    # The Open Inference Protocol's binary extension: the JSON part's length (predict workers).
+    inference_header: str | None = None
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A request body sent as it is (a predict worker's binary tensors), with its own headers."""
+
+    content: bytes
+    headers: dict[str, str]
 
 
 def engine_error(status: int, content: bytes) -> APIError:
@@ -164,12 +174,14 @@ class EngineStream:
             self.lease.release()
 
 
-async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
+async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any] | RawBody) -> aiohttp.ClientResponse:
+    authorization = f"Bearer {replica_api_key(replica.id)}"
+    if isinstance(payload, RawBody):
+        data, headers = payload.content, {**payload.headers, "authorization": authorization}
+    else:
+        data, headers = orjson.dumps(payload), {"content-type": "application/json", "authorization": authorization}
     return await engine_session().post(
-        replica.endpoint.rstrip("/") + path,
-        data=orjson.dumps(payload),
-        headers={"content-type": "application/json", "authorization": f"Bearer {replica_api_key(replica.id)}"},
-        allow_redirects=False,
+        replica.endpoint.rstrip("/") + path, data=data, headers=headers, allow_redirects=False
     )
 
 
@@ -177,7 +189,7 @@ async def dispatch(
     router: Router,
     replicas: list[ReplicaRoute],
     path: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | RawBody,
     *,
     stream: bool,
     first_byte_by: float | None = None,
@@ -205,7 +217,7 @@ async def _dispatch(
     router: Router,
     replicas: list[ReplicaRoute],
     path: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | RawBody,
     *,
     stream: bool,
     tried: list[int],
@@ -258,7 +270,9 @@ async def _dispatch(
             router.record_success(replica.id)
             return lease, response
         try:
-            answer = EngineAnswer(response.status, await response.read())
+            answer = EngineAnswer(
+                response.status, await response.read(), response.headers.get("inference-header-content-length")
+            )
         except (*_BROKEN, TimeoutError) as exc:
             lease.release()
             router.record_failure(replica.id)
@@ -281,7 +295,7 @@ async def open_stream(
     router: Router,
     replicas: list[ReplicaRoute],
     path: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | RawBody,
     *,
     first_byte_by: float | None = None,
 ) -> EngineStream:

@@ -33,6 +33,10 @@ LATENCY = Histogram(
 )
 TTFT = Histogram("inference_ttft_seconds", "Time to first token (streams).", ["model", "version"], buckets=TTFT_BUCKETS)
 TOKENS = Counter("inference_tokens", "Tokens metered.", ["model", "version", "kind"])
+INFERENCES = Counter(
+    "inference_predictions", "Items predicted by small models (rows of predict requests).",
+    ["model", "version", "cache"],
+)  # fmt: skip
 IN_FLIGHT = Gauge("inference_in_flight", "Requests being served.", ["model"], multiprocess_mode="livesum")
 REPLICA_IN_FLIGHT = Gauge(
     "inference_replica_in_flight", "Requests this gateway has running on a replica.", ["replica"],

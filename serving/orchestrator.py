@@ -326,9 +326,9 @@ class InferenceCall:
         try:
             await ledger.take_request(self.grant)
         except ledger.Refused as refused:
-            raise _rate_limited(refused.refusal) from None
+            raise rate_limited(refused.refusal) from None
         except ledger.LedgerUnavailable as exc:
-            raise _limiter_unavailable(exc) from exc
+            raise limiter_unavailable(exc) from exc
         self._rpm_paid = True
 
     # --- the cache ------------------------------------------------------------------------
@@ -453,11 +453,11 @@ class InferenceCall:
             )
         except ledger.Refused as refused:
             self._maybe_admitted = False
-            raise _rate_limited(refused.refusal) from None
+            raise rate_limited(refused.refusal) from None
         except ledger.LedgerUnavailable as exc:
             # The admission may have landed before the connection failed: close() settles it
             # (a no-op in the ledger when it did not), so nothing is left charged.
-            raise _limiter_unavailable(exc) from exc
+            raise limiter_unavailable(exc) from exc
         self._admitted = True
         metrics.IN_FLIGHT.labels(self.model.name).inc()
         self.rate_limits = headers
@@ -867,7 +867,7 @@ class InferenceCall:
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
 
 
-def _rate_limited(refusal: ledger.Refusal) -> RateLimited:
+def rate_limited(refusal: ledger.Refusal) -> RateLimited:
     return RateLimited(
         refusal.message,
         code=refusal.code,
@@ -876,7 +876,7 @@ def _rate_limited(refusal: ledger.Refusal) -> RateLimited:
     )
 
 
-def _limiter_unavailable(exc: Exception) -> EngineUnavailable:
+def limiter_unavailable(exc: Exception) -> EngineUnavailable:
     logger.error("ledger unavailable: %s", exc)
     return EngineUnavailable(
         "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -34,10 +35,12 @@ from billing.pricing import PriceQuote, price_in_effect
 from billing.selectors import prices_in_effect_or_later
 from core import keys
 from core.db import run_db
+from core.errors import InvalidInput
 from core.lifecycle import Worker, unobserved
 from core.redis import async_redis
 from registry.artifacts import get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments
+from registry.signatures import Signature, is_predict_framework
 from serving import metrics
 from serving.errors import EngineUnavailable, ModelNotFound
 from serving.models import CachePolicy, ShadowPolicy
@@ -69,6 +72,11 @@ class VersionRoute:
     tokenizer_dir: str | None = None  # where the gateway finds tokenizer.json, if local
     prices: tuple[PriceQuote, ...] = ()  # this version's and its model's, current and scheduled
     default_temperature: float = 1.0  # what the engine samples at when a request sets none
+    # A small model's (served by a predict worker): the tensors it takes and gives, and the
+    # class names of its label output by index. None for a model vLLM serves.
+    predict: bool = False
+    signature: Signature | None = None
+    labels: tuple[str, ...] = ()
 
     def price_at(self, when: float) -> PriceQuote | None:
         """The price a request admitted at ``when`` pays (None: the model is not priced)."""
@@ -143,6 +151,7 @@ def load_routing_table() -> RoutingTable:
                 tokenizer_dir=_tokenizer_dir(version.artifact_uri),
                 prices=tuple(q for q in prices_by_model[model.id] if q.version_id in (None, version.id)),
                 default_temperature=_default_temperature(_tokenizer_dir(version.artifact_uri)),
+                **_predict_fields(version.framework, version.config),
             )
         )
         policy = policies.get(model.id)
@@ -159,6 +168,19 @@ def load_routing_table() -> RoutingTable:
         models={name: replace(m, versions=tuple(versions_by_model[name])) for name, m in models.items()},
         loaded_at=time.monotonic(),
     )
+
+
+def _predict_fields(framework: str, config: dict[str, Any]) -> dict[str, Any]:
+    if not is_predict_framework(framework):
+        return {}
+    try:
+        signature = Signature.from_json(config.get("signature"))
+    except InvalidInput:
+        logger.error("a %s version has no usable signature in its config; it is not served", framework)
+        return {"predict": True}
+    labels = config.get("labels")
+    names = tuple(str(x) for x in labels) if isinstance(labels, list) else ()
+    return {"predict": True, "signature": signature, "labels": names}
 
 
 def _cache_rules(policy: CachePolicy | None) -> CacheRules:

@@ -29,6 +29,7 @@ running and pending state changes are applied once it is back.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -71,6 +72,7 @@ from registry.services import (
     replica_surplus,
     replica_transition,
 )
+from registry.signatures import is_predict_framework
 from rollout.hotswap import swap_step
 from serving.metrics import REPLICA_LOAD_SECONDS
 from serving.routing import served_context_length
@@ -115,6 +117,13 @@ DATABASE_RETRY_MAX = 5.0
 SWAP_STEP_SECONDS = 1.0
 
 
+# The metrics whose sum says an engine is busy: vLLM's, and the predict worker's.
+BUSY_METRICS = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "predict:num_requests_running", "predict:num_requests_waiting",
+)  # fmt: skip
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -129,6 +138,7 @@ class EngineProcess:
     deployment_id: int
     slot: str
     model: str = ""  # the public name and version, for logs and metrics
+    predict: bool = False  # a predict worker (serving.predict.worker), not a vLLM engine
     version: str = ""
     port: int = 0
     popen: subprocess.Popen[bytes] | None = None
@@ -168,10 +178,26 @@ class EngineProcess:
         return self.popen is not None and self.popen.poll() is None
 
 
+def is_predict(deployment: Deployment) -> bool:
+    """Served by the platform's own predict worker (a small model), not by vLLM."""
+    return is_predict_framework(deployment.version.framework)
+
+
 def engine_command(deployment: Deployment, port: int) -> list[str]:
     version = deployment.version
     model = version.model
     path = get_artifact_store().local_path(version.artifact_uri)
+    if is_predict(deployment):
+        return [
+            sys.executable, "-m", "serving.predict.worker",
+            "--name", model.name,
+            "--version", version.version,
+            "--artifact", str(path),
+            "--config", json.dumps(version.config),
+            "--host", settings.WORKER_ENGINE_HOST,
+            "--port", str(port),
+            "--threads", str(settings.WORKER_PREDICT_THREADS),
+        ]  # fmt: skip
     launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
         sys.executable,
         "-m",
@@ -211,7 +237,7 @@ def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
     # vLLM reads its --api-key from here: in the environment it is readable only by this
     # user, where the command line is world-readable (ps).
-    env["VLLM_API_KEY"] = replica_api_key(replica_id)
+    env["VLLM_API_KEY"] = env["WORKER_API_KEY"] = replica_api_key(replica_id)
     if settings.WORKER_DEVICE == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.VLLM_CPU_KVCACHE_SPACE)
         env["VLLM_CPU_OMP_THREADS_BIND"] = slot
@@ -574,9 +600,17 @@ class Supervisor:
                 continue
             self._spawn(engine, deployment)
 
-    def _free_slots(self) -> list[str]:
-        used = {engine.slot for engine in self.engines.values()}
-        return [slot for slot in self.slots if slot not in used]
+    def _free_slots(self, *, predict: bool = False) -> list[str]:
+        """Slots a new engine may take: a vLLM engine needs one no other vLLM engine holds;
+        a predict worker shares a slot with up to WORKER_PREDICT_PER_SLOT - 1 others (and
+        with a vLLM engine), least shared first."""
+        engines = list(self.engines.values())
+        if not predict:
+            used = {e.slot for e in engines if not e.predict}
+            return [slot for slot in self.slots if slot not in used]
+        sharing = {slot: sum(1 for e in engines if e.predict and e.slot == slot) for slot in self.slots}
+        open_slots = [slot for slot in self.slots if sharing[slot] < settings.WORKER_PREDICT_PER_SLOT]
+        return sorted(open_slots, key=lambda slot: sharing[slot])
 
     def _claim_wanted(self) -> None:
         deployments = [d for d in serving_deployments() if self.models is None or d.version.model.name in self.models]
@@ -594,7 +628,8 @@ class Supervisor:
                 if mine and replica_surplus(deployment=deployment) > 0:
                     self._begin_drain(max(mine, key=lambda e: e.replica_id))
                     continue
-                free = self._free_slots()
+                predict = is_predict(deployment)
+                free = self._free_slots(predict=predict)
                 if not free:
                     continue
                 replica = replica_claim(deployment=deployment, host=self.host)
@@ -607,6 +642,7 @@ class Supervisor:
                     slot=free[0],
                     model=deployment.version.model.name,
                     version=deployment.version.version,
+                    predict=predict,
                 )
                 self.engines[replica.id] = engine
                 self._spawn(engine, deployment)
@@ -734,7 +770,7 @@ class Supervisor:
             return True
         busy = 0.0
         for line in text.splitlines():
-            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            if line.startswith(BUSY_METRICS):
                 with contextlib.suppress(ValueError):
                     busy += float(line.rsplit(" ", 1)[-1])
         return busy == 0

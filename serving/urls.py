@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import key_usage_views, openai_views
+from serving import key_usage_views, openai_views, predict_views
 
 app_name = "dataplane"
 
@@ -19,7 +19,24 @@ urlpatterns = [
     path("api/v1/completions", openai_views.completions, name="api-completions"),
     path("api/v1/embeddings", openai_views.embeddings, name="api-embeddings"),
     path("api/v1/usage", key_usage_views.usage, name="api-usage"),
+    # Small models: the Open Inference Protocol (v2) and the seeds' predict shapes.
+    path("v2", predict_views.server_metadata, name="v2-server"),
+    path("v2/health/live", predict_views.server_live, name="v2-live"),
+    path("v2/health/ready", predict_views.server_ready, name="v2-ready"),
+    path("v2/models/<str:model>", predict_views.model_metadata, name="v2-model"),
+    path("v2/models/<str:model>/ready", predict_views.model_ready, name="v2-model-ready"),
+    path("v2/models/<str:model>/infer", predict_views.model_infer, name="v2-infer"),
+    path("v2/models/<str:model>/versions/<str:version>", predict_views.model_metadata, name="v2-version"),
+    path("v2/models/<str:model>/versions/<str:version>/ready", predict_views.model_ready, name="v2-version-ready"),
+    path("v2/models/<str:model>/versions/<str:version>/infer", predict_views.model_infer, name="v2-version-infer"),
+    path("api/v1/predict", predict_views.predict, name="api-predict"),
+    path("api/v1/models/<str:model>/predict", predict_views.model_predict, name="api-model-predict"),
 ]
 
-# Paths the data plane's ASGI entry serves itself (serving.asgi, answered in OpenAI's error shape).
-DATA_PLANE_PREFIXES = ("/v1/", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage")
+# Paths the data plane's ASGI entry serves itself (serving.asgi, answered in OpenAI's error
+# shape, or the protocol's for /v2); and, under the management API's /api/v1/models/, the
+# paths that end in one of DATA_PLANE_MODEL_ACTIONS.
+DATA_PLANE_PREFIXES = (
+    "/v1/", "/v2", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage", "/api/v1/predict",
+)  # fmt: skip
+DATA_PLANE_MODEL_ACTIONS = ("/predict",)

@@ -39,6 +39,8 @@ def price_set(
     input_per_million: Decimal | str,
     output_per_million: Decimal | str,
     cached_input_per_million: Decimal | str | None = None,
+    per_thousand_inferences: Decimal | str = Decimal(0),
+    cached_per_thousand_inferences: Decimal | str | None = None,
     version: ModelVersion | None = None,
     effective_from: datetime | None = None,
     currency: str | None = None,
@@ -48,7 +50,9 @@ def price_set(
     The price in effect at that moment ends there, so periods never overlap; a price
     scheduled to start later must be changed first (refused). Requests admitted from then
     on are charged the new price on every gateway (each reloads its prices at once).
-    Cached input tokens cost ``cached_input_per_million`` (default: the input price).
+    Cached input tokens cost ``cached_input_per_million`` (default: the input price). A small
+    model's requests cost ``per_thousand_inferences`` per thousand items, those answered from
+    the result cache ``cached_per_thousand_inferences`` (default: the same).
     """
     if version is not None and version.model_id != model.pk:
         raise InvalidInput("version", f"{version} is not a version of {model}")
@@ -64,6 +68,11 @@ def price_set(
         "cached_input_per_million": _price_value(
             "cached_input_per_million",
             input_per_million if cached_input_per_million is None else cached_input_per_million,
+        ),
+        "per_thousand_inferences": _price_value("per_thousand_inferences", per_thousand_inferences),
+        "cached_per_thousand_inferences": _price_value(
+            "cached_per_thousand_inferences",
+            per_thousand_inferences if cached_per_thousand_inferences is None else cached_per_thousand_inferences,
         ),
     }
     with transaction.atomic():

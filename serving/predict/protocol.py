@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from registry.signatures import DATATYPES, Signature, TensorSpec
 
@@ -57,16 +58,23 @@ def decode_inputs(signature: Signature, inputs: object) -> tuple[dict[str, np.nd
     return arrays, batch
 
 
-def _decode(spec: TensorSpec, tensor: Mapping[str, Any]) -> np.ndarray[Any, Any]:
+def _decode(spec: TensorSpec, tensor: Mapping[str, Any], *, check_shape: bool = True) -> np.ndarray[Any, Any]:
     if tensor.get("datatype") != spec.datatype:
         raise BadTensor(spec.name, f"datatype {tensor.get('datatype')!r}; the model takes {spec.datatype}.")
     shape = tensor.get("shape")
     if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
         raise BadTensor(spec.name, "shape must be a list of sizes.")
-    if len(shape) != len(spec.shape) or any(want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)):
-        raise BadTensor(spec.name, f"shape {shape}; the model takes {list(spec.shape)} (-1: any size).")
-    if shape[0] < 1:
-        raise BadTensor(spec.name, "the batch dimension must be at least 1.")
+    if check_shape:
+        if len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
+        ):
+            raise BadTensor(spec.name, f"shape {shape}; the model takes {list(spec.shape)} (-1: any size).")
+        if shape[0] < 1:
+            raise BadTensor(spec.name, "the batch dimension must be at least 1.")
+    if RAW in tensor:
+        if "data" in tensor:
+            raise BadTensor(spec.name, "both data and binary_data_size given.")
+        return _from_raw(spec.name, spec.datatype, shape, tensor[RAW])
     data = _flat(tensor.get("data"))
     if data is None:
         raise BadTensor(spec.name, "data must be a list of values.")
@@ -119,3 +127,252 @@ def encode_outputs(signature: Signature, outputs: Mapping[str, np.ndarray[Any, A
             data = array.astype(DATATYPES[spec.datatype], copy=False).reshape(-1).tolist()
         encoded.append({"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape), "data": data})
     return encoded
+
+
+# --- The binary tensor extension ---------------------------------------------------------
+#
+# Triton's extension, which ``tritonclient`` uses by default: the body is the JSON request
+# (its length in the ``Inference-Header-Content-Length`` header) followed by each binary
+# tensor's bytes, in the order of the tensors that say ``parameters.binary_data_size``.
+# Numbers are little-endian, row-major; a BYTES element is its 4-byte length, then its bytes.
+
+HEADER_LENGTH = "inference-header-content-length"
+RAW = "_raw"  # where a binary tensor's bytes are put beside its JSON description
+
+
+class BadRequest(ValueError):
+    """A request body that is not an inference request at all (not a tensor's fault)."""
+
+
+def read_body(body: bytes, header_length: str | None) -> dict[str, Any]:
+    """The request (or response) JSON, with each binary tensor's bytes under ``RAW``."""
+    if header_length is None:
+        json_part, rest = body, b""
+    else:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise BadRequest("Inference-Header-Content-Length is not a number.") from None
+        if not 0 < size <= len(body):
+            raise BadRequest(f"Inference-Header-Content-Length is {size}; the body has {len(body)} bytes.")
+        json_part, rest = body[:size], body[size:]
+    try:
+        header = orjson.loads(json_part)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The body is not JSON ({exc}).") from None
+    if not isinstance(header, dict):
+        raise BadRequest("The body must be a JSON object.")
+    offset = 0
+    for key in ("inputs", "outputs"):
+        tensors = header.get(key)
+        if not isinstance(tensors, list):
+            continue
+        for tensor in tensors:
+            parameters = tensor.get("parameters") if isinstance(tensor, dict) else None
+            announced = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+            if announced is None:
+                continue
+            name = tensor.get("name") if isinstance(tensor.get("name"), str) else key
+            size = announced
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise BadTensor(name, "parameters.binary_data_size must be a number of bytes.")
+            if offset + size > len(rest):
+                raise BadTensor(name, f"{size} binary bytes announced, {len(rest) - offset} left in the body.")
+            tensor[RAW] = rest[offset : offset + size]
+            offset += size
+    if offset != len(rest):
+        raise BadRequest(f"{len(rest) - offset} bytes after the tensors that no tensor announced.")
+    return header
+
+
+def _from_raw(spec_name: str, datatype: str, shape: list[int], raw: bytes) -> np.ndarray[Any, Any]:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        items: list[bytes] = []
+        offset = 0
+        while offset < len(raw):
+            if offset + 4 > len(raw):
+                raise BadTensor(spec_name, "a BYTES element's length is cut short.")
+            length = int.from_bytes(raw[offset : offset + 4], "little")
+            offset += 4
+            if offset + length > len(raw):
+                raise BadTensor(spec_name, "a BYTES element is cut short.")
+            items.append(raw[offset : offset + length])
+            offset += length
+        if len(items) != count:
+            raise BadTensor(spec_name, f"{len(items)} values for shape {shape}, which holds {count}.")
+        array = np.empty(count, dtype=np.object_)
+        array[:] = items
+        return array.reshape(shape)
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise BadTensor(spec_name, f"{len(raw)} binary bytes for shape {shape} of {datatype}, "
+                        f"which takes {count * dtype.itemsize}.")  # fmt: skip
+    return np.frombuffer(raw, dtype=dtype).astype(DATATYPES[datatype], copy=False).reshape(shape)
+
+
+def _to_raw(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts: list[bytes] = []
+        for value in array.reshape(-1).tolist():
+            item = value if isinstance(value, bytes) else str(value).encode()
+            parts.append(len(item).to_bytes(4, "little") + item)
+        return b"".join(parts)
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+def encode_request(arrays: Mapping[str, np.ndarray[Any, Any]], signature: Signature) -> tuple[bytes, int]:
+    """A binary request for these inputs asking every output in binary (the gateway → worker
+    wire): (body, JSON header length)."""
+    tensors = []
+    blobs = []
+    for spec in signature.inputs:
+        raw = _to_raw(arrays[spec.name], spec.datatype)
+        blobs.append(raw)
+        tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(arrays[spec.name].shape),
+                        "parameters": {"binary_data_size": len(raw)}})  # fmt: skip
+    header = orjson.dumps({"inputs": tensors, "parameters": {"binary_data_output": True}})
+    return header + b"".join(blobs), len(header)
+
+
+def requested_outputs(signature: Signature, header: Mapping[str, Any]) -> dict[str, bool]:
+    """The outputs a request asks for, each with whether it wants it in binary (all outputs,
+    in JSON unless ``parameters.binary_data_output``, when it names none)."""
+    parameters = header.get("parameters")
+    all_binary = isinstance(parameters, Mapping) and parameters.get("binary_data_output") is True
+    asked = header.get("outputs")
+    if asked is None:
+        return {spec.name: all_binary for spec in signature.outputs}
+    if not isinstance(asked, list):
+        raise BadTensor("outputs", "must be a list of tensors by name.")
+    known = {spec.name for spec in signature.outputs}
+    wanted: dict[str, bool] = {}
+    for entry in asked:
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or name not in known:
+            raise BadTensor(str(name), f"the model has no such output (its outputs: {', '.join(sorted(known))}).")
+        own = entry.get("parameters")
+        wanted[name] = bool(own.get("binary_data")) if isinstance(own, Mapping) and "binary_data" in own else all_binary
+    return wanted
+
+
+def encode_response(
+    signature: Signature,
+    outputs: Mapping[str, np.ndarray[Any, Any]],
+    wanted: Mapping[str, bool],
+    *,
+    model_name: str,
+    model_version: str,
+    request_id: str | None = None,
+) -> tuple[bytes, int | None]:
+    """The inference response: (body, JSON header length, None when there is no binary part)."""
+    tensors: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for spec in signature.outputs:
+        if spec.name not in wanted:
+            continue
+        array = np.asarray(outputs[spec.name])
+        if wanted[spec.name]:
+            raw = _to_raw(array, spec.datatype)
+            blobs.append(raw)
+            tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape),
+                            "parameters": {"binary_data_size": len(raw)}})  # fmt: skip
+        else:
+            tensors.extend(encode_outputs(Signature(inputs=signature.inputs, outputs=(spec,)), {spec.name: array}))
+    answer: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": tensors}
+    if request_id:
+        answer["id"] = request_id
+    header = orjson.dumps(answer)
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def decode_outputs(signature: Signature, answer: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """A worker's response (``read_body``) back into arrays by name."""
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    specs = {spec.name: spec for spec in signature.outputs}
+    for tensor in answer.get("outputs") or []:
+        spec = specs.get(tensor.get("name"))
+        if spec is None:
+            continue
+        if RAW in tensor:
+            arrays[spec.name] = _from_raw(spec.name, spec.datatype, list(tensor["shape"]), tensor[RAW])
+        else:
+            arrays[spec.name] = _decode(spec, tensor, check_shape=False)
+    missing = [name for name in specs if name not in arrays]
+    if missing:
+        raise BadRequest(f"The model's answer lacks output {missing[0]!r}.")
+    return arrays
+
+
+# --- The seeds' instance shape -----------------------------------------------------------
+
+
+def instances_to_tensors(signature: Signature, instances: object) -> list[dict[str, Any]]:
+    """``[{"<input>": row, ...}, ...]`` (or bare rows, for a model with one input) as the
+    protocol's tensors, one row per instance; ``decode_inputs`` then checks them."""
+    if not isinstance(instances, list) or not instances:
+        raise BadTensor("inputs", "send a non-empty list of instances.")
+    names = [spec.name for spec in signature.inputs]
+    rows: dict[str, list[Any]] = {name: [] for name in names}
+    for index, instance in enumerate(instances):
+        if not isinstance(instance, Mapping):
+            if len(names) != 1:
+                raise BadTensor("inputs", f"instance {index} must be an object by input name ({', '.join(names)}).")
+            instance = {names[0]: instance}
+        unknown = sorted(set(instance) - set(names))
+        if unknown:
+            raise BadTensor(unknown[0], f"the model has no such input (its inputs: {', '.join(names)}).")
+        for name in names:
+            if name not in instance:
+                raise BadTensor(name, f"missing from instance {index}.")
+            rows[name].append(instance[name])
+    tensors = []
+    for spec in signature.inputs:
+        values = rows[spec.name]
+        shape = [len(values), *_row_shape(spec.name, values[0])]
+        tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": shape, "data": values})
+    return tensors
+
+
+def _row_shape(name: str, row: object) -> list[int]:
+    shape: list[int] = []
+    while isinstance(row, list):
+        if not row:
+            raise BadTensor(name, "an empty list in an instance.")
+        shape.append(len(row))
+        row = row[0]
+    return shape
+
+
+def predictions(outputs: Mapping[str, np.ndarray[Any, Any]], labels: Sequence[str], rows: int) -> list[dict[str, Any]]:
+    """Each row's answer in the seeds' terms: ``prediction`` (the class name, where the model
+    has a ``label`` output and names for its classes), ``confidence`` (that class's
+    probability, where it has ``probabilities``) and every output's value for the row."""
+    answers: list[dict[str, Any]] = []
+    for row in range(rows):
+        values = {name: _plain(array[row]) for name, array in outputs.items()}
+        answer: dict[str, Any] = {}
+        label = values.get("label")
+        if isinstance(label, int):
+            answer["prediction"] = labels[label] if 0 <= label < len(labels) else label
+            probabilities = values.get("probabilities")
+            if isinstance(probabilities, list) and 0 <= label < len(probabilities):
+                answer["confidence"] = round(float(probabilities[label]), 6)
+        elif label is not None:
+            answer["prediction"] = label
+        answer["outputs"] = values
+        answers.append(answer)
+    return answers
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value] if value.dtype == np.object_ else value.tolist()
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -22,7 +22,7 @@ Arrays = Mapping[str, np.ndarray[Any, Any]]
 
 class OnnxRunner:
     def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
-        import onnxruntime  # type: ignore[import-untyped]  # loaded by workers only
+        import onnxruntime  # loaded by workers only
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, threads)

@@ -143,7 +143,8 @@ class TestCsv:
             assert row["description"] == line.description
             if line.kind != "credit":
                 assert int(row["quantity"]) == line.quantity
-                assert Decimal(row["unit_price_per_million"]) == line.unit_price
+                assert Decimal(row["unit_price"]) == line.unit_price
+                assert row["price_per"] == "1000000"
 
     def test_its_sums_equal_the_invoice(self, invoice):
         rows = self.rows(invoice)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from registry.artifacts import directory_digest, get_artifact_store
-from registry.bundled import MINILM, SMOLLM2, import_bundled_models
+from registry.bundled import BUNDLED_MODELS, MINILM, SMOLLM2, import_bundled_models
 from registry.models import ModelVersion
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +32,10 @@ class TestImport:
         embed = ModelVersion.objects.get(model__name=MINILM)
         assert embed.model.task == "embedding"
         assert embed.config["embedding_dim"] == 384
+        digits = ModelVersion.objects.get(model__name="digits-mlp")
+        assert (digits.model.task, digits.framework) == ("classification", "onnx")
+        assert digits.config["signature"]["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}]
+        assert digits.config["heldout_accuracy"] > 0.9
 
     def test_a_second_import_changes_nothing(self, bundled_models):
         before = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
@@ -39,7 +43,7 @@ class TestImport:
         import_bundled_models(progress=messages.append)
         after = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
         assert after == before
-        assert sum("up to date" in m for m in messages) == 2
+        assert sum("up to date" in m for m in messages) == len(BUNDLED_MODELS) == 4
         assert not any("building" in m for m in messages)
 
     def test_a_corrupted_artifact_is_rebuilt(self, bundled_models):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime  # type: ignore[import-untyped]
+import onnxruntime
 import pytest
 
 from core.errors import InvalidInput
@@ -35,7 +35,7 @@ def test_each_model_is_built_offline_and_right_on_its_held_out_rows(built):
 
 
 def test_the_digits_model_answers_a_batch_through_onnx_runtime(built):
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits
 
     path, config = built["digits-mlp"]
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -30,7 +30,7 @@ PIXELS = Signature.from_json({
 
 def requests_of(sizes: list[int]) -> list[dict[str, np.ndarray]]:
     """Requests of these many digits each, decoded as the protocol decodes them."""
-    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+    from sklearn.datasets import load_digits
 
     rows = load_digits().data.astype(np.float32)
     bounds = np.cumsum([0, *sizes])

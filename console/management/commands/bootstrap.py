@@ -40,6 +40,11 @@ DEMO_PRICES = {
     "smollm2-135m-instruct": ("0.10", "0.30", "0.05"),
     "all-minilm-l6-v2": ("0.02", "0", "0.01"),
 }
+# The small models' demo prices per thousand inferences (and per thousand from the result cache).
+DEMO_INFERENCE_PRICES = {
+    "digits-mlp": ("0.05", "0.01"),
+    "breast-cancer-gbt": ("0.08", "0.02"),
+}
 DEMO_ORG = "Demo"
 DEMO_KEY_NAME = "demo"
 
@@ -109,6 +114,18 @@ class Command(BaseCommand):
                 cached_input_per_million=cached_price,
             )
             self.stdout.write(f"  price set: {name} {input_price} in / {output_price} out per 1M tokens")
+        for name, (per_thousand, cached_per_thousand) in DEMO_INFERENCE_PRICES.items():
+            model = Model.objects.filter(name=name).first()
+            if model is None or Price.objects.filter(model=model).exists():
+                continue
+            price_set(
+                model=model,
+                input_per_million="0",
+                output_per_million="0",
+                per_thousand_inferences=per_thousand,
+                cached_per_thousand_inferences=cached_per_thousand,
+            )
+            self.stdout.write(f"  price set: {name} {per_thousand} per 1K inferences")
 
     def _ensure_admin(self, username: str, credentials: dict[str, str]) -> str | None:
         user_model = get_user_model()

@@ -1,0 +1,379 @@
+"""One predict request from tensors to usage event: route → check → cache → admit → run → settle.
+
+The small-model twin of ``serving.orchestrator.InferenceCall``, with the same guarantees
+through the same parts: the key's grant, the router (A/B weights, canaries, pinned
+versions, fallback to the base version), the ledger (RPM, concurrency, spend caps and
+budgets; settled exactly once by ``close``, whatever ends the request), replica leases and
+circuits, and one usage event per admitted request, metered in inferences (the rows of its
+batch dimension) and priced per thousand of them.
+
+Every front end drives it the same way: the Open Inference Protocol over REST
+(``serving.predict_views``) and gRPC (``serving.predict.grpc_server``), and the seeds'
+``/api/v1/predict`` shapes. A tensor that does not fit the version's signature is refused
+(400, naming it) before admission, so nothing is charged and the model never sees it. A
+deterministic version's answers are kept in the exact result cache (per organisation, by
+version and inputs, ``PREDICT_RESULT_CACHE_TTL_SECONDS``) and a hit is billed as cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from accounts.grants import KeyGrant
+from billing import ledger
+from billing.ledger import Headroom, UsageEvent
+from billing.pricing import PriceQuote
+from core import keys
+from core.lifecycle import Background
+from core.redis import async_redis
+from serving import engine, metrics
+from serving.engine import RawBody
+from serving.errors import (
+    APIError,
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelNotAllowed,
+    RateLimited,
+)
+from serving.orchestrator import error_code_of, limiter_unavailable, rate_limited, status_of
+from serving.predict.protocol import (
+    HEADER_LENGTH,
+    BadRequest,
+    BadTensor,
+    decode_inputs,
+    decode_outputs,
+    encode_request,
+    read_body,
+)
+from serving.predict.result_cache import result_key
+from serving.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, find_model, router
+
+logger = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+HIT, MISS = "hit", "miss"
+
+
+def is_predict_model(model: ModelRoute) -> bool:
+    return any(v.predict for v in model.versions)
+
+
+class PredictCall:
+    """Drive it as ``prepare`` → ``take_inputs`` → ``run``; always ``close(status)`` in a
+    ``finally`` (idempotent; a no-op once settled)."""
+
+    def __init__(self, grant: KeyGrant, request_id: uuid.UUID, *, endpoint: str = "predict") -> None:
+        self.grant = grant
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.rate_limits: Headroom | None = None
+        self.cache = MISS
+        self.rows = 0
+        self.arrays: Arrays = {}
+        self.price: PriceQuote | None = None
+        self.error_code = ""
+        self.status: int | None = None
+        self._pinned = False
+        self._admission: asyncio.Task[Headroom] | None = None
+        self._maybe_admitted = False
+        self._admitted = False
+        self._ran = False
+        self._lease: Lease | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self._started = time.perf_counter()
+        self._admitted_at = datetime.now(UTC)
+        self.stage_ms: dict[str, float] = {}
+
+    # --- before admission ---------------------------------------------------------------
+
+    async def prepare(self, model_name: str, *, version: str | None = None, pin_param: str = "version") -> None:
+        """Find the model and choose the version that answers (``version`` pins it)."""
+        model = await find_model(model_name)
+        if not self.grant.may_use(model_name):
+            raise ModelNotAllowed(model_name)
+        if not is_predict_model(model):
+            raise InvalidRequest(
+                f"The model `{model.name}` is a {model.task} model served by an LLM engine; predict serves "
+                "small models (ONNX). Use /v1/chat/completions, /v1/completions or /v1/embeddings.",
+                param="model",
+                code="model_not_supported",
+            )
+        if version is not None and not any(v.version == version for v in model.versions):
+            raise InvalidRequest(
+                f"The model `{model.name}` has no version `{version}` being served.",
+                param=pin_param,
+                code="model_version_not_found",
+            )
+        self._pinned = version is not None
+        chosen = router.choose_version(model, f"key:{self.grant.key_id}", version=version)
+        if chosen is None:
+            which = f"`{model.name}` version `{version}`" if version is not None else f"`{model.name}`"
+            raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
+        if chosen.signature is None:
+            raise EngineUnavailable(f"`{model.name}` version `{chosen.version}` has no usable signature.")
+        self.model = model
+        self.version = chosen
+        self.price = chosen.price_at(self._admitted_at.timestamp())
+
+    @property
+    def signature(self) -> Any:
+        assert self.version.signature is not None
+        return self.version.signature
+
+    def take_inputs(self, inputs: object) -> None:
+        """The request's tensors (the protocol's ``inputs``, with binary parts read), checked
+        against the chosen version's signature: a 400 naming the tensor when one does not fit."""
+        try:
+            self.arrays, self.rows = decode_inputs(self.signature, inputs)
+        except BadTensor as exc:
+            raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+
+    def take_arrays(self, arrays: Arrays, rows: int) -> None:
+        """Inputs already decoded (and checked by ``decode_inputs``) by another front end."""
+        self.arrays, self.rows = arrays, rows
+
+    # --- the script ------------------------------------------------------------------------
+
+    async def run(self) -> Arrays:
+        """Cache, admit, run on a replica (or answer from the cache), settle; the outputs."""
+        started = time.perf_counter()
+        key = self._cache_key()
+        cached = await self._cached(key) if key is not None else None
+        looked_up = time.perf_counter()
+        await self.admit()
+        admitted = time.perf_counter()
+        self.stage_ms.update(cache=(looked_up - started) * 1000, admit=(admitted - looked_up) * 1000)
+        try:
+            if cached is not None:
+                self.cache = HIT
+                outputs = cached
+            else:
+                content, header = await self._dispatch()
+                outputs = self._outputs(content, header)
+                if key is not None:
+                    self._remember(key, content, header)
+        except BaseException as exc:
+            await self.close(self._failed(exc))
+            raise
+        finally:
+            self.stage_ms["engine"] = (time.perf_counter() - admitted) * 1000
+        await self.close(200)
+        return outputs
+
+    # --- the exact result cache ---------------------------------------------------------
+
+    def _cache_key(self) -> str | None:
+        if settings.PREDICT_RESULT_CACHE_TTL_SECONDS <= 0 or not self.model.cache_rules.enabled:
+            return None
+        return keys.predict_result(
+            self.grant.organization_id, result_key(version_id=self.version.id, inputs=self.arrays)
+        )
+
+    async def _cached(self, key: str) -> Arrays | None:
+        try:
+            stored = await async_redis().get(key)
+        except RedisError as exc:  # the cache is an optimisation: a miss
+            logger.warning("result cache unavailable: %s", exc)
+            return None
+        if not stored:
+            return None
+        raw = stored if isinstance(stored, bytes) else str(stored).encode("latin1")
+        length, _, content = raw.partition(b":")
+        try:
+            return self._outputs(content, length.decode() or None)
+        except (BadRequest, BadTensor, ValueError):
+            return None
+
+    def _remember(self, key: str, content: bytes, header: str | None) -> None:
+        value = (header or "").encode() + b":" + content
+        _writes.spawn(
+            async_redis().set(key, value, ex=settings.PREDICT_RESULT_CACHE_TTL_SECONDS), what="store a predict result"
+        )
+
+    # --- admission ------------------------------------------------------------------------
+
+    async def admit(self) -> Headroom:
+        """Charge the limits and register the request in flight (a task of its own: a caller
+        cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
+        self._admission = asyncio.ensure_future(self._admit())
+        return await asyncio.shield(self._admission)
+
+    async def _admit(self) -> Headroom:
+        replicas = sum(len(router.routable(v)) for v in self.model.versions)
+        per_replica = (
+            settings.BACKPRESSURE_PAID_PER_REPLICA
+            if self.grant.tier == "paid"
+            else settings.BACKPRESSURE_FREE_PER_REPLICA
+        )
+        spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
+        self._maybe_admitted = True
+        try:
+            headroom = await ledger.admit(
+                grant=self.grant,
+                draft=self._event(0, draft=True),
+                tokens=0,
+                spend=Decimal(spend),
+                model_limit=max(1, replicas) * per_replica,
+            )
+        except ledger.Refused as refused:
+            self._maybe_admitted = False
+            raise rate_limited(refused.refusal) from None
+        except ledger.LedgerUnavailable as exc:
+            raise limiter_unavailable(exc) from exc
+        self._admitted = True
+        metrics.IN_FLIGHT.labels(self.model.name).inc()
+        self.rate_limits = headroom
+        return headroom
+
+    # --- running ---------------------------------------------------------------------------
+
+    async def _dispatch(self) -> tuple[bytes, str | None]:
+        body, length = encode_request(self.arrays, self.signature)
+        payload = RawBody(body, {"content-type": "application/octet-stream", HEADER_LENGTH: str(length)})
+        replicas = router.replica_order(self.version)
+        deadline = asyncio.get_running_loop().time() + settings.PREDICT_REQUEST_TIMEOUT
+        for attempt in (1, 2):
+            try:
+                async with asyncio.timeout_at(deadline + 1.0):
+                    self._lease, answer = await engine.dispatch(
+                        router, replicas, self._path(), payload, stream=False, first_byte_by=deadline
+                    )
+                self._ran = True
+                return answer.content, answer.inference_header
+            except TimeoutError:
+                raise EngineTimeout("The model did not answer in time.") from None
+            except RateLimited:
+                raise
+            except APIError as exc:
+                if exc.status == 429:  # the worker's queue is full: back-pressure, not a fault
+                    raise RateLimited(exc.message, code="model_queue_full") from None
+                if not isinstance(exc, EngineFailed | EngineUnavailable):
+                    raise
+                fallback = await self._fall_back(exc, attempt)
+                if fallback is None:
+                    raise
+                replicas = fallback
+        raise AssertionError("unreachable")
+
+    def _path(self) -> str:
+        return f"/v2/models/{self.model.name}/versions/{self.version.version}/infer"
+
+    async def _fall_back(self, exc: APIError, attempt: int) -> list[ReplicaRoute] | None:
+        """After an attempt failed before an answer: another replica of the version, else
+        (unless pinned) the model's base version, once. A prediction has no side effect, so
+        it is safe to run again; the failed attempt is recorded against its version."""
+        failed = set(exc.replicas_tried)
+        if self._lease is not None:
+            failed.add(self._lease.replica.id)
+            self._lease.release()
+            self._lease = None
+        if attempt > 1 or not settings.ENGINE_FALLBACK:
+            return None
+        version: VersionRoute | None = self.version
+        replicas = [r for r in router.replica_order(self.version) if r.id not in failed]
+        if not replicas:
+            version = None if self._pinned else router.fallback_version(self.model, self.version)
+            if version is not None and version.signature != self.version.signature:
+                version = None  # a base version that takes other tensors cannot answer these
+            replicas = [r for r in router.replica_order(version) if r.id not in failed] if version else []
+        if version is None or not replicas:
+            return None
+        await ledger.note_failed_attempt(self._event(exc.status, error=exc))
+        metrics.FALLBACKS.labels(self.model.name, self.version.version, version.version, exc.code or "").inc()
+        if version is not self.version:
+            self.version = version
+            self.price = version.price_at(self._admitted_at.timestamp())
+        return replicas
+
+    def _outputs(self, content: bytes, header: str | None) -> Arrays:
+        try:
+            return decode_outputs(self.signature, read_body(content, header))
+        except (BadRequest, BadTensor) as exc:
+            if self._lease is not None:
+                router.record_failure(self._lease.replica.id)
+            raise EngineFailed(f"The model's answer could not be read: {exc}") from None
+
+    # --- the end ---------------------------------------------------------------------------
+
+    def _failed(self, exc: BaseException) -> int:
+        status = status_of(exc)
+        if not self.error_code:
+            self.error_code = error_code_of(status, exc)
+        return status
+
+    def _event(self, status: int, *, draft: bool = False, error: APIError | None = None) -> UsageEvent:
+        # A request no worker ran (refused, failed before an answer) is not charged.
+        inferences = self.rows if (draft or self._ran or self.cache == HIT) and error is None else 0
+        cost = Decimal(0)
+        if self.price is not None and inferences:
+            cost = self.price.charge(
+                prompt=0, completion=0, cached=0, cache_hit=self.cache == HIT, inferences=inferences
+            )
+        return UsageEvent(
+            request_id=self.request_id,
+            api_key_id=self.grant.key_id,
+            organization_id=self.grant.organization_id,
+            model=self.model.name,
+            model_version=self.version.version,
+            endpoint=self.endpoint,
+            prompt_tokens=0,
+            completion_tokens=0,
+            cached_tokens=0,
+            latency_ms=int((time.perf_counter() - self._started) * 1000),
+            ttft_ms=None,
+            status_code=status,
+            created_at=self._admitted_at,
+            price_id=self.price.price_id if self.price is not None else None,
+            cost=cost,
+            cache=self.cache,
+            error_code=self._error_code(status, draft=draft, error=error),
+            inferences=inferences,
+        )
+
+    def _error_code(self, status: int, *, draft: bool, error: APIError | None) -> str:
+        if error is not None:
+            return error_code_of(status, error)
+        return "" if draft else (self.error_code or error_code_of(status))
+
+    async def close(self, status: int) -> None:
+        """Release the replica and settle the request, once (shielded; later calls wait)."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._finish(status))
+        await asyncio.shield(self._closing)
+
+    async def _finish(self, status: int) -> None:
+        if self._admission is not None and not self._admission.done():
+            with contextlib.suppress(Exception):
+                await self._admission
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        if not self._maybe_admitted:
+            return
+        event = self._event(status)
+        self.status = status
+        written = await ledger.settle_or_defer(event, admitted=self._admitted)
+        metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
+        if not self._admitted:
+            return
+        labels = (event.model, event.model_version)
+        metrics.IN_FLIGHT.labels(event.model).dec()
+        metrics.REQUESTS.labels(*labels, self.endpoint, str(status)).inc()
+        metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
+        metrics.INFERENCES.labels(*labels, self.cache).inc(event.inferences)
+
+
+_writes = Background()

@@ -1,0 +1,262 @@
+"""The predict worker: one replica of a small model, run with ONNX Runtime behind the dynamic
+batcher, answering the Open Inference Protocol over HTTP.
+
+The supervisor (``manage.py runworkers``) starts it like a vLLM engine: one process per
+replica, on a slot, with the replica's key in its environment (``WORKER_API_KEY``), and
+watches it the same way (``/health`` for readiness and heartbeats, ``/metrics`` for drain).
+It needs no database, no Redis and no Django: the version's config (signature, batcher,
+labels) comes on its command line.
+
+Routes (all but ``/health`` require ``Authorization: Bearer <replica key>``):
+
+- ``GET /health``: 200 once the model is loaded and the batcher runs;
+- ``POST /v2/models/{name}[/versions/{v}]/infer``: JSON or Triton's binary tensors in and
+  out (``serving.predict.protocol``); a bad tensor is a 400 naming it, a full queue a 429,
+  a request that waited past its deadline a 504, a failed batch a 500 (its requests only);
+- ``GET /v2/models/{name}``: the signature; ``GET /stats``: what the batcher formed (batch
+  sizes, why each went, queue depth, refusals) for the console; ``GET /metrics``: Prometheus
+  text (``predict:num_requests_running`` and ``…_waiting``, which the supervisor's drain reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from registry.batching import BatcherConfig
+from registry.signatures import Signature, onnx_file
+from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
+from serving.predict.protocol import (
+    HEADER_LENGTH,
+    BadRequest,
+    BadTensor,
+    decode_inputs,
+    encode_response,
+    read_body,
+    requested_outputs,
+)
+from serving.predict.runner import OnnxRunner
+
+logger = logging.getLogger("serving.predict.worker")
+
+KEY_ENV = "WORKER_API_KEY"
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Worker:
+    def __init__(self, *, name: str, version: str, artifact: Path, config: dict[str, Any], threads: int) -> None:
+        self.name = name
+        self.version = version
+        self.signature = Signature.from_json(config["signature"])
+        self.batcher_config = BatcherConfig.from_json(config.get("batcher"))
+        # Each instance runs its batches on the slot's threads; instances share them.
+        self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads)
+        self.batcher = DynamicBatcher(self.runner.run_batch, self.batcher_config)
+        self.key = os.environ.get(KEY_ENV, "")
+        self.running = 0
+        self.requests = 0
+        self.failed = 0
+        self.ready = False
+
+    # --- ASGI ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path == "/health":
+            await _respond(send, 200 if self.ready else 503, b"{}")
+            return
+        headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope["headers"]}
+        if not self._authorized(headers.get("authorization")):
+            await _error(send, 401, "The replica's API key is required.", "invalid_api_key")
+            return
+        body = await _read(receive)
+        if method == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
+            await self._infer(send, body, headers.get(HEADER_LENGTH))
+        elif method == "GET" and path.startswith("/v2/models/"):
+            await _respond(send, 200, orjson.dumps(self.metadata()))
+        elif method == "GET" and path == "/stats":
+            await _respond(send, 200, orjson.dumps(self.stats()))
+        elif method == "GET" and path == "/metrics":
+            await _respond(send, 200, self.metrics().encode(), content_type=b"text/plain; version=0.0.4")
+        else:
+            await _error(send, 404, f"No route {method} {path}.", "unknown_url")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.batcher.start()
+                self.ready = True
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.ready = False
+                await self.batcher.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorized(self, authorization: str | None) -> bool:
+        if not self.key:
+            return True  # started by hand without a key (a benchmark's direct run)
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(given.encode(), self.key.encode())
+
+    # --- inference -----------------------------------------------------------------------
+
+    async def _infer(self, send: Send, body: bytes, header_length: str | None) -> None:
+        self.requests += 1
+        try:
+            request = read_body(body, header_length)
+            arrays, rows = decode_inputs(self.signature, request.get("inputs"))
+            wanted = requested_outputs(self.signature, request)
+        except (BadTensor, BadRequest) as exc:
+            await _error(send, 400, str(exc), "invalid_tensor", param=getattr(exc, "tensor", None))
+            return
+        self.running += 1
+        try:
+            outputs = await self.batcher.submit(arrays, rows)
+        except QueueFull as exc:
+            await _error(send, 429, str(exc), "model_queue_full")
+            return
+        except BatchTooLarge as exc:
+            await _error(send, 400, str(exc), "batch_too_large")
+            return
+        except RequestTimedOut as exc:
+            await _error(send, 504, str(exc), "model_timeout")
+            return
+        except Exception as exc:
+            self.failed += 1
+            logger.exception("batch failed")
+            await _error(send, 500, f"The model failed: {exc}", "model_error")
+            return
+        finally:
+            self.running -= 1
+        answer, length = encode_response(
+            self.signature, outputs, wanted, model_name=self.name, model_version=self.version,
+            request_id=request.get("id") if isinstance(request.get("id"), str) else None,
+        )  # fmt: skip
+        extra = [(HEADER_LENGTH.encode(), str(length).encode())] if length is not None else []
+        content_type = b"application/octet-stream" if length is not None else b"application/json"
+        await _respond(send, 200, answer, content_type=content_type, extra=extra)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": "onnxruntime_onnx",
+            "inputs": [s.as_json() for s in self.signature.inputs],
+            "outputs": [s.as_json() for s in self.signature.outputs],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.batcher.stats
+        return {
+            "batcher": self.batcher_config.as_json(),
+            "batch_sizes": {str(size): count for size, count in sorted(stats.batch_sizes.items())},
+            "reasons": dict(stats.reasons),
+            "queue_rows": self.batcher.queue_rows,
+            "running": self.running,
+            "requests": self.requests,
+            "refused": stats.refused,
+            "timed_out": stats.timed_out,
+            "failed": self.failed,
+        }
+
+    def metrics(self) -> str:
+        stats = self.batcher.stats
+        lines = [
+            f"predict:num_requests_running {self.running}",
+            f"predict:num_requests_waiting {self.batcher.queue_rows}",
+            f"predict:requests_total {self.requests}",
+            f"predict:refused_total {stats.refused}",
+            f"predict:timed_out_total {stats.timed_out}",
+        ]
+        lines += [
+            f'predict:batches_total{{size="{size}"}} {count}' for size, count in sorted(stats.batch_sizes.items())
+        ]
+        return "\n".join(lines) + "\n"
+
+
+async def _read(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    *,
+    content_type: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Send, status: int, message: str, code: str, *, param: str | None = None) -> None:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    await _respond(send, status, orjson.dumps(body))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="the model's public name")
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--artifact", required=True, type=Path, help="the .onnx file, or a folder with model.onnx")
+    parser.add_argument("--config", required=True, help="the version's config, JSON (signature, batcher, labels)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime's threads (the slot's cores)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    worker = Worker(
+        name=args.name, version=args.version, artifact=args.artifact, config=orjson.loads(args.config),
+        threads=args.threads,
+    )  # fmt: skip
+    config = uvicorn.Config(
+        worker, host=args.host, port=args.port, loop="uvloop", http="httptools", lifespan="on",
+        log_level="warning", access_log=False,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    logger.info("serving %s:%s on %s:%s", args.name, args.version, args.host, args.port)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        await server.serve()
+
+    import uvloop
+
+    uvloop.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Small models over HTTP: the Open Inference Protocol (v2) that KServe, Triton and MLServer
+speak, so the unmodified ``tritonclient`` works against the gateway, and the seeds' shapes.
+
+- ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: the server (no key needed);
+- ``GET /v2/models/{name}[/versions/{v}]`` and ``…/ready``: a model's signature and readiness;
+- ``POST /v2/models/{name}[/versions/{v}]/infer``: JSON tensors or Triton's binary extension,
+  in and out as the client asks; errors in the protocol's shape ``{"error": "…"}``;
+- ``POST /api/v1/models/{name}/predict`` ``{"inputs": [instance, …], "params": {"version"}}``
+  → ``{"model", "model_version", "predictions": [{"prediction", "confidence", "outputs"}],
+  "latency_ms"}``, and ``POST /api/v1/predict`` ``{"model", "input": instance}`` →
+  ``{"prediction", "confidence", "latency_ms", …}`` (errors in OpenAI's shape, like /api/v1).
+
+Every inference goes through ``serving.predict.call.PredictCall``: the key, its limits, the
+router, the result cache and metering. The version that answered is in ``x-model-version``,
+the cache's outcome in ``x-cache``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
+
+import orjson
+from django.conf import settings
+from django.http import HttpResponse
+
+from serving.auth import authenticate
+from serving.errors import APIError, InvalidRequest, ModelNotAllowed, RateLimited
+from serving.openai_wire import rate_limit_headers
+from serving.predict.call import PredictCall, is_predict_model
+from serving.predict.protocol import (
+    HEADER_LENGTH,
+    BadRequest,
+    BadTensor,
+    encode_response,
+    instances_to_tensors,
+    predictions,
+    read_body,
+    requested_outputs,
+)
+from serving.requests import ApiRequest
+from serving.routing import ModelRoute, VersionRoute, find_model, router, routing_table
+
+SERVER_NAME = "inference-platform"
+EXTENSIONS = ["binary_tensor_data"]
+
+View = TypeVar("View", bound=Callable[..., Coroutine[Any, Any, HttpResponse]])
+
+
+def _json(data: Any, *, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
+
+
+def protocol_errors(view: View) -> View:
+    """Errors as the protocol has them: ``{"error": "<message>"}`` with the status (and any
+    headers, e.g. Retry-After) the error carries."""
+
+    @functools.wraps(view)
+    async def wrapped(request: ApiRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return await view(request, *args, **kwargs)
+        except APIError as exc:
+            response = _json({"error": exc.message}, status=exc.status)
+            for name, value in exc.headers.items():
+                response[name] = value
+            return response
+
+    return cast(View, wrapped)
+
+
+def _require(request: ApiRequest, method: str) -> None:
+    if request.method != method:
+        raise APIError(
+            f"Method {request.method} is not allowed here; use {method}.",
+            status=405,
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": method},
+        )
+
+
+# --- server ------------------------------------------------------------------------------
+
+
+@protocol_errors
+async def server_metadata(request: ApiRequest) -> HttpResponse:
+    _require(request, "GET")
+    return _json({"name": SERVER_NAME, "version": settings.PLATFORM_VERSION, "extensions": EXTENSIONS})
+
+
+@protocol_errors
+async def server_live(request: ApiRequest) -> HttpResponse:
+    _require(request, "GET")
+    return _json({"live": True})
+
+
+@protocol_errors
+async def server_ready(request: ApiRequest) -> HttpResponse:
+    """Ready when this gateway has a routing table (it can route a request now)."""
+    _require(request, "GET")
+    await routing_table()
+    return _json({"ready": True})
+
+
+# --- models ------------------------------------------------------------------------------
+
+
+async def _model(request: ApiRequest, name: str) -> ModelRoute:
+    grant = await authenticate(request.header("authorization"))
+    model = await find_model(name)
+    if not grant.may_use(name):
+        raise ModelNotAllowed(name)
+    if not is_predict_model(model):
+        raise InvalidRequest(f"The model `{name}` is not served over the Open Inference Protocol (it is an LLM).")
+    return model
+
+
+def _versions(model: ModelRoute, version: str | None) -> list[VersionRoute]:
+    versions = [v for v in model.versions if v.signature is not None and version in (None, v.version)]
+    if not versions:
+        raise APIError(f"The model `{model.name}` has no version `{version}` being served.", status=404)
+    return versions
+
+
+@protocol_errors
+async def model_metadata(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
+    _require(request, "GET")
+    route = await _model(request, model)
+    versions = _versions(route, version)
+    signature = versions[0].signature
+    assert signature is not None
+    return _json({
+        "name": route.name,
+        "versions": [v.version for v in versions],
+        "platform": "onnxruntime_onnx",
+        "inputs": [spec.as_json() for spec in signature.inputs],
+        "outputs": [spec.as_json() for spec in signature.outputs],
+    })  # fmt: skip
+
+
+@protocol_errors
+async def model_ready(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
+    """200 when a replica of the model (or that version) can take a request now, else 503."""
+    _require(request, "GET")
+    route = await _model(request, model)
+    if any(router.routable(v) for v in _versions(route, version)):
+        return _json({"name": route.name, "ready": True})
+    raise APIError(f"No replica of `{route.name}` is ready.", status=503)
+
+
+@protocol_errors
+async def model_infer(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
+    _require(request, "POST")
+    grant = await authenticate(request.header("authorization"))
+    call = PredictCall(grant, request.request_id, endpoint="v2-infer")
+    request.on_close(call.close)
+    pinned = version or (request.header("x-model-version") or "").strip() or None
+    await call.prepare(model, version=pinned, pin_param="model_version")
+    try:
+        body = read_body(request.body, request.header(HEADER_LENGTH))
+        wanted = requested_outputs(call.signature, body)
+    except BadTensor as exc:
+        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+    except BadRequest as exc:
+        raise InvalidRequest(str(exc), code="invalid_request") from None
+    call.take_inputs(body.get("inputs"))
+    outputs = await call.run()
+    request_id = body.get("id") if isinstance(body.get("id"), str) else None
+    content, length = encode_response(
+        call.signature, outputs, wanted, model_name=call.model.name, model_version=call.version.version,
+        request_id=request_id,
+    )  # fmt: skip
+    response = HttpResponse(content, content_type="application/octet-stream" if length else "application/json")
+    if length is not None:
+        response[HEADER_LENGTH] = str(length)
+    _annotate(response, call)
+    return response
+
+
+def _annotate(response: HttpResponse, call: PredictCall) -> None:
+    response["x-model-version"] = call.version.version
+    response["x-cache"] = call.cache
+    if call.rate_limits is not None:
+        for name, value in rate_limit_headers(call.rate_limits).items():
+            response[name] = value
+    response["Server-Timing"] = ", ".join(f"{stage};dur={ms:.2f}" for stage, ms in call.stage_ms.items())
+
+
+# --- the seeds' shapes -------------------------------------------------------------------
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The body is not JSON ({exc}).", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
+    return data
+
+
+async def _predict(
+    request: ApiRequest, model: str, instances: object, version: str | None, *, endpoint: str
+) -> tuple[PredictCall, list[dict[str, Any]]]:
+    started = time.perf_counter()
+    grant = await authenticate(request.header("authorization"))
+    call = PredictCall(grant, request.request_id, endpoint=endpoint)
+    request.on_close(call.close)
+    await call.prepare(model, version=version)
+    try:
+        tensors = instances_to_tensors(call.signature, instances)
+    except BadTensor as exc:
+        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+    call.take_inputs(tensors)
+    try:
+        outputs = await call.run()
+    except RateLimited:
+        raise
+    answers = predictions(outputs, call.version.labels, call.rows)
+    call.stage_ms["total"] = (time.perf_counter() - started) * 1000
+    return call, answers
+
+
+def _version_param(data: dict[str, Any]) -> str | None:
+    params = data.get("params")
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise InvalidRequest("params must be an object.", param="params")
+    version = params.get("version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidRequest("params.version must be a string.", param="params.version")
+    return version or None
+
+
+async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
+    """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
+    _require(request, "POST")
+    data = _object(request.body)
+    call, answers = await _predict(request, model, data.get("inputs"), _version_param(data), endpoint="predict")
+    response = _json({
+        "model": call.model.name,
+        "model_version": call.version.version,
+        "predictions": answers,
+        "latency_ms": round(call.stage_ms["total"], 2),
+    })  # fmt: skip
+    _annotate(response, call)
+    return response
+
+
+async def predict(request: ApiRequest) -> HttpResponse:
+    """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
+    _require(request, "POST")
+    data = _object(request.body)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required: the model's name.", param="model")
+    if "input" not in data:
+        raise InvalidRequest('input is required: one instance, e.g. {"text": "…"}.', param="input")
+    call, answers = await _predict(request, model, [data["input"]], _version_param(data), endpoint="predict")
+    answer = answers[0]
+    response = _json({
+        "model": call.model.name,
+        "model_version": call.version.version,
+        "prediction": answer.get("prediction"),
+        "confidence": answer.get("confidence"),
+        "outputs": answer["outputs"],
+        "latency_ms": round(call.stage_ms["total"], 2),
+    })  # fmt: skip
+    _annotate(response, call)
+    return response
