@@ -28,6 +28,7 @@ class ScopeLimits:
     token_quota: int | None
     spend_cap: Decimal | None
     alert_percent: int
+    ipm: int | None = None  # inferences (small models' items) per minute
 
     @classmethod
     def of(cls, obj: Limits, *, ceilings: dict[str, int | Decimal | None] | None = None) -> ScopeLimits:
@@ -43,6 +44,7 @@ class ScopeLimits:
             token_quota=values["monthly_token_quota"],
             spend_cap=values["monthly_spend_cap"],
             alert_percent=obj.budget_alert_percent,
+            ipm=values["rate_limit_ipm"],
         )
 
 

@@ -36,7 +36,7 @@ class Tier(models.TextChoices):
 
 # The limits' fields, spelled once: counts; every cap (the counts and the spend cap: what a
 # key may have, each capped by its plan); everything a caller may set (and the alert).
-COUNT_LIMIT_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "max_concurrent", "monthly_token_quota")
+COUNT_LIMIT_FIELDS = ("rate_limit_rpm", "rate_limit_tpm", "rate_limit_ipm", "max_concurrent", "monthly_token_quota")
 CAP_FIELDS = (*COUNT_LIMIT_FIELDS, "monthly_spend_cap")
 LIMIT_FIELDS = (*CAP_FIELDS, "budget_alert_percent")
 
@@ -53,6 +53,10 @@ class Limits(models.Model):
     )
     rate_limit_tpm = models.PositiveBigIntegerField(
         null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="tokens per minute"
+    )
+    # Small models are limited by the item, where tokens mean nothing.
+    rate_limit_ipm = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="inferences (predicted items) per minute"
     )
     max_concurrent = models.PositiveBigIntegerField(
         null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS, help_text="requests at once"
@@ -226,6 +230,7 @@ class Plan(models.Model):
     )
     rate_limit_rpm = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
     rate_limit_tpm = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
+    rate_limit_ipm = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
     max_concurrent = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
     monthly_token_quota = models.PositiveBigIntegerField(null=True, blank=True, validators=COUNT_LIMIT_VALIDATORS)
     monthly_spend_cap = models.DecimalField(

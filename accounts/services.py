@@ -55,6 +55,7 @@ DISPLAY_PREFIX_LENGTH = 10
 KEY_DEFAULTS: Mapping[str, int | Decimal | None] = {
     "rate_limit_rpm": 60,
     "rate_limit_tpm": 100_000,
+    "rate_limit_ipm": None,
     "max_concurrent": None,
     "monthly_token_quota": None,
     "monthly_spend_cap": None,
@@ -526,6 +527,7 @@ def api_key_create(
     name: str,
     rate_limit_rpm: int | _Omitted = OMITTED,
     rate_limit_tpm: int | _Omitted = OMITTED,
+    rate_limit_ipm: int | _Omitted | None = OMITTED,
     allowed_models: Sequence[str] = (),
     expires_at: datetime | None = None,
     tier: str | None = None,
@@ -545,6 +547,7 @@ def api_key_create(
     given: dict[str, Any] = {
         "rate_limit_rpm": rate_limit_rpm,
         "rate_limit_tpm": rate_limit_tpm,
+        "rate_limit_ipm": rate_limit_ipm,
         "max_concurrent": max_concurrent,
         "monthly_token_quota": monthly_token_quota,
         "monthly_spend_cap": monthly_spend_cap,

@@ -2,7 +2,7 @@
 -- Loaded by billing/ledger.py; see docs/architecture.md ("The ledger") for the keys.
 --
 -- Every scope (the key, its organisation) has:
---   <p>:rpm, <p>:tpm     token buckets {tokens, ts}; capacity = the per-minute limit,
+--   <p>:rpm, <p>:tpm, <p>:ipm  token buckets {tokens, ts}; capacity = the per-minute limit,
 --                        refilled continuously at capacity/60 per second
 --   <p>:conc             sorted set of in-flight request ids, scored by when they expire
 --   <p>:b:<YYYY-MM>      the month's budget counters: ut/rt (used/reserved tokens),
@@ -115,6 +115,7 @@ local function admit()
   local now = now_seconds(ARGV[4])
   local month, month_left = month_of(now)
   local tokens = spec.tokens
+  local inferences = spec.inferences or 0
   local spend = spec.spend
   local expiry = now + spec.ttl
   local report = {}
@@ -143,6 +144,17 @@ local function admit()
       if level.tpm < tokens then
         return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "tokens",
           value = s.tpm, requested = tokens, retry = (tokens - level.tpm) / (s.tpm / 60)})
+      end
+    end
+    if (s.ipm or 0) > 0 and inferences > 0 then
+      if inferences > s.ipm then
+        return cjson.encode({ok = false, code = "request_too_large", scope = s.name, limit = "inferences",
+          value = s.ipm, requested = inferences, retry = 60})
+      end
+      level.ipm = bucket_level(s.p .. ":ipm", s.ipm, now)
+      if level.ipm < inferences then
+        return cjson.encode({ok = false, code = "rate_limit_exceeded", scope = s.name, limit = "inferences",
+          value = s.ipm, requested = inferences, retry = (inferences - level.ipm) / (s.ipm / 60)})
       end
     end
     if s.conc > 0 and live_count(s.p .. ":conc", now) >= s.conc then
@@ -180,6 +192,10 @@ local function admit()
     if s.tpm > 0 then
       bucket_store(s.p .. ":tpm", level.tpm - tokens, now)
       r.tpm, r.tpm_left, r.tpm_reset = s.tpm, level.tpm - tokens, (s.tpm - (level.tpm - tokens)) / (s.tpm / 60)
+    end
+    if level.ipm then
+      bucket_store(s.p .. ":ipm", level.ipm - inferences, now)
+      r.ipm, r.ipm_left, r.ipm_reset = s.ipm, level.ipm - inferences, (s.ipm - (level.ipm - inferences)) / (s.ipm / 60)
     end
     if s.conc > 0 then
       redis.call("ZADD", s.p .. ":conc", int(expiry), rid)

@@ -188,11 +188,12 @@ class Headroom:
 
     requests: Bucket | None = None
     tokens: Bucket | None = None
+    inferences: Bucket | None = None
 
     @classmethod
     def from_report(cls, report: list[dict[str, Any]]) -> Headroom:
         found: dict[str, Bucket] = {}
-        for dimension, name in (("rpm", "requests"), ("tpm", "tokens")):
+        for dimension, name in (("rpm", "requests"), ("tpm", "tokens"), ("ipm", "inferences")):
             tightest = min((r for r in report if dimension in r), key=lambda r: r[f"{dimension}_left"], default=None)
             if tightest is not None:
                 found[name] = Bucket(
@@ -226,7 +227,7 @@ class LedgerUnavailable(Exception):
 
 _REFUSALS = {
     "request_too_large": "Request too large for the {scope}'s {limit} per minute limit: it needs {requested} "
-    "(prompt + max_tokens) and the limit is {value}. Lower max_tokens or shorten the prompt.",
+    "({need}) and the limit is {value}. {advice}",
     "insufficient_quota": "You exceeded the {scope}'s {limit} budget ({value}) for this month. "
     "It resets at the start of next month (UTC).",
     "model_overloaded": "The model is at capacity; {tier}-tier requests are refused first while it is busy. "
@@ -264,11 +265,20 @@ def _refusal(result: dict[str, Any], grant: KeyGrant, headroom: Headroom) -> Ref
     code = result["code"]
     retry = max(1, math.ceil(result.get("retry", 1)))
     if code == "rate_limit_exceeded":
-        what = {"requests": "requests per minute", "tokens": "tokens per minute", "concurrency": "concurrent requests"}
+        what = {
+            "requests": "requests per minute", "tokens": "tokens per minute", "inferences": "inferences per minute",
+            "concurrency": "concurrent requests",
+        }  # fmt: skip
         message = (
             f"Rate limit reached for the {result['scope']}'s {what[result['limit']]} (limit {result['value']})"
-            + (f"; this request needs {result['requested']} tokens" if "requested" in result else "")
+            + (f"; this request needs {result['requested']} {result['limit']}" if "requested" in result else "")
             + f". Retry in {retry} s."
+        )
+    elif code == "request_too_large" and result.get("limit") == "inferences":
+        message = _REFUSALS[code].format(need="items in the request", advice="Send fewer items per request.", **result)
+    elif code == "request_too_large":
+        message = _REFUSALS[code].format(
+            need="prompt + max_tokens", advice="Lower max_tokens or shorten the prompt.", **result
         )
     else:
         message = _REFUSALS[code].format(tier=grant.tier, **result)
@@ -303,6 +313,7 @@ def _scope_spec(name: str, ident: int, limits: ScopeLimits) -> dict[str, Any]:
         "p": keys.limit_scope(name, ident),
         "rpm": limits.rpm or 0,
         "tpm": limits.tpm or 0,
+        "ipm": limits.ipm or 0,
         "conc": limits.concurrent or 0,
         "quota": limits.token_quota or 0,
         "spend": to_micros(limits.spend_cap),
@@ -330,7 +341,14 @@ ALERT_THRESHOLDS = (50, 80, 100)
 
 
 async def admit(
-    *, grant: KeyGrant, draft: UsageEvent, tokens: int, spend: Decimal, model_limit: int, rpm_paid: bool = False
+    *,
+    grant: KeyGrant,
+    draft: UsageEvent,
+    tokens: int,
+    spend: Decimal,
+    model_limit: int,
+    rpm_paid: bool = False,
+    inferences: int = 0,
 ) -> Headroom:
     """Check and charge everything for one request and record it in flight, atomically.
 
@@ -339,12 +357,15 @@ async def admit(
     the request's price). Raises ``Refused`` (nothing charged) or ``LedgerUnavailable``;
     in the latter case the admission may have landed, so the caller settles the request
     anyway (a no-op when it did not). ``rpm_paid``: its request was already taken from the
-    per-minute buckets (``take_request``), so it is not charged again.
+    per-minute buckets (``take_request``), so it is not charged again. ``inferences``: a
+    small model's items, charged to the inferences-per-minute buckets (exact at admission,
+    never refunded).
     """
     presence.ensure_started()
     spec = {
         "scopes": _scopes(grant),
         "tokens": tokens,
+        "inferences": inferences,
         "spend": micros_up(spend),
         "ttl": int(settings.ENGINE_REQUEST_TIMEOUT) + 60,
         "org": grant.organization_id,

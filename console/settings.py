@@ -408,6 +408,8 @@ WORKER_PREDICT_PER_SLOT = envint("WORKER_PREDICT_PER_SLOT", 4)
 # A predict request's answer is due from its worker within this (the worker's own batcher
 # deadline, the version's batcher.timeout_s, usually ends it first).
 PREDICT_REQUEST_TIMEOUT = envfloat("PREDICT_REQUEST_TIMEOUT", 30.0)
+# The Open Inference Protocol's gRPC service (manage.py rungrpc, started by runplatform).
+GRPC_PORT = envint("GRPC_PORT", 8001)
 # How long the exact result cache keeps a deterministic small model's answer (0: off).
 PREDICT_RESULT_CACHE_TTL_SECONDS = envint("PREDICT_RESULT_CACHE_TTL_SECONDS", 3600)
 

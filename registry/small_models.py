@@ -59,7 +59,14 @@ def _export(estimator: Any, input_name: str, width: int, out: Path) -> Path:
     return path
 
 
-def _config(path: Path, declared: dict[str, Any], labels: list[str], held_out: tuple[Any, Any]) -> dict[str, Any]:
+def _config(
+    path: Path,
+    declared: dict[str, Any],
+    labels: list[str],
+    held_out: tuple[Any, Any],
+    *,
+    try_it: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     import onnxruntime
 
     signature = Signature.from_json(declared)
@@ -73,6 +80,9 @@ def _config(path: Path, declared: dict[str, Any], labels: list[str], held_out: t
         "batcher": {"max_batch_size": 64, "max_queue_delay_us": 2_000, "preferred_batch_sizes": [16, 64]},
         "heldout_accuracy": round(float(np.mean(predicted == target)), 4),
         "heldout_rows": len(target),
+        # One held-out instance, for the console's "try it" form and the docs.
+        "example": {signature.inputs[0].name: [round(float(v), 4) for v in features[0]]},
+        **({"try_it": try_it} if try_it else {}),
     }
 
 
@@ -96,7 +106,9 @@ def build_digits(out: Path) -> dict[str, Any]:
             {"name": "probabilities", "datatype": "FP32", "shape": [-1, 10]},
         ],
     }
-    return _config(path, declared, [str(d) for d in range(10)], (test_x, test_y))
+    # The console draws on an 8x8 grid of 0 (white) to 16 (black), as the data set's pixels are.
+    canvas = {"kind": "canvas", "input": "pixels", "width": 8, "height": 8, "max": 16}
+    return _config(path, declared, [str(d) for d in range(10)], (test_x, test_y), try_it=canvas)
 
 
 def build_tabular(out: Path) -> dict[str, Any]:

@@ -10,9 +10,11 @@ from billing.ledger import FINISH_REASON_MAX_LENGTH, Headroom
 
 
 def rate_limit_headers(headroom: Headroom) -> dict[str, str]:
-    """OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers."""
+    """OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers (and, for small
+    models' requests, the same for ``inferences``)."""
     values: dict[str, str] = {}
-    for suffix, bucket in (("requests", headroom.requests), ("tokens", headroom.tokens)):
+    for suffix, bucket in (("requests", headroom.requests), ("tokens", headroom.tokens),
+                           ("inferences", headroom.inferences)):  # fmt: skip
         if bucket is not None:
             values[f"x-ratelimit-limit-{suffix}"] = str(bucket.limit)
             values[f"x-ratelimit-remaining-{suffix}"] = str(bucket.left)

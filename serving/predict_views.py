@@ -26,12 +26,16 @@ import orjson
 from django.conf import settings
 from django.http import HttpResponse
 
+from accounts.grants import KeyGrant
 from serving.auth import authenticate
-from serving.errors import APIError, InvalidRequest, ModelNotAllowed, RateLimited
+from serving.errors import APIError, InvalidRequest, RateLimited
 from serving.openai_wire import rate_limit_headers
-from serving.predict.call import PredictCall, is_predict_model
+from serving.predict.call import PredictCall, is_ready, predict_model, served_versions
+from serving.predict.call import model_metadata as call_model_metadata
 from serving.predict.protocol import (
+    EXTENSIONS,
     HEADER_LENGTH,
+    SERVER_NAME,
     BadRequest,
     BadTensor,
     encode_response,
@@ -41,10 +45,8 @@ from serving.predict.protocol import (
     requested_outputs,
 )
 from serving.requests import ApiRequest
-from serving.routing import ModelRoute, VersionRoute, find_model, router, routing_table
-
-SERVER_NAME = "inference-platform"
-EXTENSIONS = ["binary_tensor_data"]
+from serving.routing import ModelRoute, routing_table
+from serving.session_auth import session_grant
 
 View = TypeVar("View", bound=Callable[..., Coroutine[Any, Any, HttpResponse]])
 
@@ -87,7 +89,7 @@ def _require(request: ApiRequest, method: str) -> None:
 @protocol_errors
 async def server_metadata(request: ApiRequest) -> HttpResponse:
     _require(request, "GET")
-    return _json({"name": SERVER_NAME, "version": settings.PLATFORM_VERSION, "extensions": EXTENSIONS})
+    return _json({"name": SERVER_NAME, "version": settings.PLATFORM_VERSION, "extensions": list(EXTENSIONS)})
 
 
 @protocol_errors
@@ -108,36 +110,14 @@ async def server_ready(request: ApiRequest) -> HttpResponse:
 
 
 async def _model(request: ApiRequest, name: str) -> ModelRoute:
-    grant = await authenticate(request.header("authorization"))
-    model = await find_model(name)
-    if not grant.may_use(name):
-        raise ModelNotAllowed(name)
-    if not is_predict_model(model):
-        raise InvalidRequest(f"The model `{name}` is not served over the Open Inference Protocol (it is an LLM).")
-    return model
-
-
-def _versions(model: ModelRoute, version: str | None) -> list[VersionRoute]:
-    versions = [v for v in model.versions if v.signature is not None and version in (None, v.version)]
-    if not versions:
-        raise APIError(f"The model `{model.name}` has no version `{version}` being served.", status=404)
-    return versions
+    return await predict_model(await authenticate(request.header("authorization")), name)
 
 
 @protocol_errors
 async def model_metadata(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
     _require(request, "GET")
     route = await _model(request, model)
-    versions = _versions(route, version)
-    signature = versions[0].signature
-    assert signature is not None
-    return _json({
-        "name": route.name,
-        "versions": [v.version for v in versions],
-        "platform": "onnxruntime_onnx",
-        "inputs": [spec.as_json() for spec in signature.inputs],
-        "outputs": [spec.as_json() for spec in signature.outputs],
-    })  # fmt: skip
+    return _json(call_model_metadata(route, served_versions(route, version)))
 
 
 @protocol_errors
@@ -145,7 +125,7 @@ async def model_ready(request: ApiRequest, model: str, version: str | None = Non
     """200 when a replica of the model (or that version) can take a request now, else 503."""
     _require(request, "GET")
     route = await _model(request, model)
-    if any(router.routable(v) for v in _versions(route, version)):
+    if is_ready(served_versions(route, version)):
         return _json({"name": route.name, "ready": True})
     raise APIError(f"No replica of `{route.name}` is ready.", status=503)
 
@@ -201,11 +181,21 @@ def _object(raw: bytes) -> dict[str, Any]:
     return data
 
 
+async def _grant(request: ApiRequest) -> KeyGrant:
+    """The API key's grant; or, for the console's "try it" form (no key, ``X-Organization``),
+    the signed-in member's playground key in that organisation (``serving.session_auth``:
+    this site's own pages only)."""
+    organization = request.header("x-organization")
+    if request.header("authorization") is None and organization is not None:
+        return await session_grant({"headers": request.raw_headers}, organization)
+    return await authenticate(request.header("authorization"))
+
+
 async def _predict(
     request: ApiRequest, model: str, instances: object, version: str | None, *, endpoint: str
 ) -> tuple[PredictCall, list[dict[str, Any]]]:
     started = time.perf_counter()
-    grant = await authenticate(request.header("authorization"))
+    grant = await _grant(request)
     call = PredictCall(grant, request.request_id, endpoint=endpoint)
     request.on_close(call.close)
     await call.prepare(model, version=version)

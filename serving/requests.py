@@ -18,6 +18,7 @@ class ApiRequest:
         self.query_string: str = scope.get("query_string", b"").decode("latin1")
         self.body = body
         self.request_id = request_id
+        self.raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         self._headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
         self.closers: list[Closer] = []
 

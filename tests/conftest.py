@@ -61,8 +61,8 @@ def bundled_models(
     artifacts.get_artifact_store.cache_clear()
     messages: list[str] = []
     with django_db_blocker.unblock():
-        versions = import_bundled_models(progress=messages.append)
-    yield {"versions": {v.model.name: v for v in versions}, "messages": messages}
+        versions = {v.model.name: v for v in import_bundled_models(progress=messages.append)}  # model loaded here
+    yield {"versions": versions, "messages": messages}
     settings.ARTIFACT_STORE = previous
     artifacts.get_artifact_store.cache_clear()
 

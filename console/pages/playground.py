@@ -1,10 +1,13 @@
-"""The playground (streams over the WebSocket API) and the quickstart."""
+"""The playground (streams over the WebSocket API), the small models' "try it" page (the
+predict API, as the signed-in member) and the quickstart."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, URLPattern, URLResolver, path, reverse
@@ -13,6 +16,7 @@ from console.pages.access import OrgRequest, org_member_required
 from console.pages.nav import PORTAL, NavItem
 from registry.models import Task
 from registry.selectors import serving_deployments
+from registry.signatures import is_predict_framework
 
 WEBSOCKET_PATH = "/ws/v1/chat/completions"
 # What the playground starts with; the engine's own limit is the model's context length.
@@ -46,6 +50,58 @@ def served_models() -> list[ServedModel]:
         if deployment.traffic_weight > 0 and version.version not in entry.weighted:
             entry.weighted.append(version.version)
     return sorted(models.values(), key=lambda m: m.name)
+
+
+@dataclass
+class SmallModel:
+    """A served small model as the "try it" page shows it: the version taking traffic first."""
+
+    name: str
+    version: str
+    signature: dict[str, Any]
+    labels: list[str]
+    example: dict[str, Any] | None
+    try_it: dict[str, Any] | None
+    heldout_accuracy: float | None
+
+
+def served_small_models() -> list[SmallModel]:
+    found: dict[str, SmallModel] = {}
+    for deployment in sorted(serving_deployments(), key=lambda d: -d.traffic_weight):
+        version = deployment.version
+        if not is_predict_framework(version.framework) or version.model.name in found:
+            continue
+        config = version.config
+        found[version.model.name] = SmallModel(
+            name=version.model.name,
+            version=version.version,
+            signature=config.get("signature") or {},
+            labels=list(config.get("labels") or []),
+            example=config.get("example"),
+            try_it=config.get("try_it"),
+            heldout_accuracy=config.get("heldout_accuracy"),
+        )
+    return sorted(found.values(), key=lambda m: m.name)
+
+
+@org_member_required()
+def try_small_models(request: OrgRequest, org_id: int) -> HttpResponse:
+    """Draw a digit, or edit an instance, and see the model's prediction (metered to the
+    member's playground key, like the playground)."""
+    models = served_small_models()
+    config = {
+        "organization": org_id,
+        "models": [
+            {"name": m.name, "version": m.version, "signature": m.signature, "labels": m.labels,
+             "example": m.example, "tryIt": m.try_it}
+            for m in models
+        ],
+    }  # fmt: skip
+    return render(
+        request,
+        "console/playground/predict.html",
+        {"organization": request.organization, "models": models, "config": config},
+    )
 
 
 @org_member_required()
@@ -152,6 +208,43 @@ def quickstart_snippets(*, api_base: str, ws_url: str, chat_model: str, embeddin
     }
 
 
+def predict_snippets(*, base_url: str, grpc_address: str, model: SmallModel) -> dict[str, str]:
+    """Copy-paste predict examples for one small model: curl, tritonclient over HTTP and gRPC."""
+    example = model.example or {spec["name"]: "…" for spec in model.signature.get("inputs", [])}
+    inputs = model.signature.get("inputs") or [{"name": "input", "datatype": "FP32", "shape": [-1]}]
+    first = inputs[0]
+    row = example.get(first["name"], [])
+    width = len(row) if isinstance(row, list) else 1
+    triton_body = (
+        "import os\n\nimport numpy as np\n"
+        "{module}\n\n"
+        'headers = {{"Authorization": f"Bearer {{os.environ[\'OPENAI_API_KEY\']}}"}}\n'
+        "{client}\n"
+        f"rows = np.array([{row!r}], dtype=np.float32)\n"
+        f'tensor = {{alias}}.InferInput("{first["name"]}", [1, {width}], "{first["datatype"]}")\n'
+        "tensor.set_data_from_numpy(rows)\n"
+        f'result = client.infer("{model.name}", [tensor], headers=headers)\n'
+        'print(result.as_numpy("label"), result.as_numpy("probabilities"))'
+    )
+    host = base_url.split("://", 1)[-1]
+    return {
+        "curl_predict": (
+            f"curl {base_url}/api/v1/models/{model.name}/predict \\\n"
+            '  -H "Authorization: Bearer $OPENAI_API_KEY" \\\n'
+            '  -H "Content-Type: application/json" \\\n'
+            f"  -d '{json.dumps({'inputs': [example]})}'"
+        ),
+        "python_triton_http": triton_body.format(
+            module="import tritonclient.http as httpclient", alias="httpclient",
+            client=f'client = httpclient.InferenceServerClient("{host}")',
+        ),
+        "python_triton_grpc": triton_body.format(
+            module="import tritonclient.grpc as grpcclient", alias="grpcclient",
+            client=f'client = grpcclient.InferenceServerClient("{grpc_address}")',
+        ),
+    }  # fmt: skip
+
+
 @org_member_required()
 def quickstart(request: OrgRequest, org_id: int) -> HttpResponse:
     models = served_models()
@@ -173,14 +266,24 @@ def quickstart(request: OrgRequest, org_id: int) -> HttpResponse:
         "playground_url": reverse("console:playground", kwargs={"org_id": org_id}),
         **quickstart_snippets(api_base=f"{base_url}/v1", ws_url=ws_url, chat_model=chat, embedding_model=embedding),
     }
+    small = served_small_models()
+    if small:
+        grpc_address = f"{request.get_host().rsplit(':', 1)[0]}:{settings.GRPC_PORT}"
+        context |= {
+            "small_model": small[0],
+            "grpc_address": grpc_address,
+            **predict_snippets(base_url=base_url, grpc_address=grpc_address, model=small[0]),
+        }
     return render(request, "console/playground/quickstart.html", context)
 
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("portal/<int:org_id>/playground/", playground, name="playground"),
     path("portal/<int:org_id>/quickstart/", quickstart, name="quickstart"),
+    path("portal/<int:org_id>/predict/", try_small_models, name="predict"),
 ]
 NAV: list[NavItem] = [
     NavItem("Playground", "playground", PORTAL),
+    NavItem("Small models", "predict", PORTAL),
     NavItem("Quickstart", "quickstart", PORTAL),
 ]

@@ -71,6 +71,7 @@ class ApiKeyCreateForm(KeyForm):
     name = forms.CharField(label="Name", max_length=NAME_MAX_LENGTH)
     rate_limit_rpm = _count("Requests per minute", "")
     rate_limit_tpm = _count("Tokens per minute", "")
+    rate_limit_ipm = _count("Inferences per minute", "")
     max_concurrent = _count("Requests at once", "")
     monthly_token_quota = _count("Tokens per month", "")
     monthly_spend_cap = forms.DecimalField(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
@@ -28,6 +29,7 @@ from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
+from registry.batching import BatcherConfig
 from registry.bundled_import import bundled_import_start, bundled_models_status, import_state
 from registry.models import AuditEntry, ModelVersion, Replica, Task
 from registry.selectors import (
@@ -40,7 +42,9 @@ from registry.selectors import (
     replica_load_seconds,
 )
 from registry.services import VersionConflict, model_version_create, model_version_create_from_upload
+from registry.signatures import is_predict_framework
 from registry.uploads import is_archive, stage_files, unpack_archive
+from serving.predict.worker_stats import batch_histogram, replica_stats
 
 VERSIONS_PER_PAGE = 25
 AUDIT_PER_PAGE = 50
@@ -115,13 +119,42 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
     replicas = _replica_rows(found)
     deployments = [(d, replicas.get(d.pk, [])) for d in found.deployments.all()]
     context = {
+        **_small_model_context(found, [row.replica for rows in replicas.values() for row in rows]),
         "version": found,
-        "config": json.dumps(found.config, indent=2, sort_keys=True),
+        "config": _pretty_json(found.config),
         "history": [AuditRow.of(e) for e in model_version_history(version=found)],
         "deployments": deployments,
         "stale_after": settings.REPLICA_STALE_AFTER,
     }
     return render(request, "console/registry/version.html", context)
+
+
+def _pretty_json(value: Any) -> str:
+    """Indented JSON with every list of plain values on one line (a 64-pixel example is one
+    line, not 64)."""
+    text = json.dumps(value, indent=2, sort_keys=True)
+    return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+
+
+def _small_model_context(version: ModelVersion, replicas: list[Replica]) -> dict[str, Any]:
+    """A small model's signature, batcher settings and, per ready replica, the batches its
+    batcher formed (from the worker's /stats)."""
+    if not is_predict_framework(version.framework):
+        return {}
+    try:
+        batcher = BatcherConfig.from_json(version.config.get("batcher")).as_json()
+    except InvalidInput:
+        batcher = {}
+    stats = replica_stats(replicas)
+    return {
+        "signature": version.config.get("signature") or {},
+        "labels": version.config.get("labels") or [],
+        "batcher": batcher,
+        "replica_batches": [
+            {"replica": pk, "stats": found, "histogram": batch_histogram(found)} for pk, found in sorted(stats.items())
+        ],
+        "is_small_model": True,
+    }
 
 
 class RegisterVersionForm(forms.Form):

@@ -71,6 +71,45 @@ def is_predict_model(model: ModelRoute) -> bool:
     return any(v.predict for v in model.versions)
 
 
+# --- what every front end asks of a model (HTTP and gRPC alike) ----------------------------
+
+
+async def predict_model(grant: KeyGrant, name: str) -> ModelRoute:
+    """The small model ``name`` as ``grant`` may see it (404-ish errors as the API's)."""
+    model = await find_model(name)
+    if not grant.may_use(name):
+        raise ModelNotAllowed(name)
+    if not is_predict_model(model):
+        raise InvalidRequest(f"The model `{name}` is not served over the Open Inference Protocol (it is an LLM).")
+    return model
+
+
+def served_versions(model: ModelRoute, version: str | None) -> list[VersionRoute]:
+    """The versions being served (only ``version``, when given); a 404 when none is."""
+    versions = [v for v in model.versions if v.signature is not None and version in (None, v.version)]
+    if not versions:
+        raise APIError(f"The model `{model.name}` has no version `{version}` being served.", status=404)
+    return versions
+
+
+def model_metadata(model: ModelRoute, versions: list[VersionRoute]) -> dict[str, Any]:
+    """The protocol's model metadata: its name, the versions served, and the signature."""
+    signature = versions[0].signature
+    assert signature is not None
+    return {
+        "name": model.name,
+        "versions": [v.version for v in versions],
+        "platform": "onnxruntime_onnx",
+        "inputs": [spec.as_json() for spec in signature.inputs],
+        "outputs": [spec.as_json() for spec in signature.outputs],
+    }
+
+
+def is_ready(versions: list[VersionRoute]) -> bool:
+    """A replica of one of ``versions`` can take a request now."""
+    return any(router.routable(v) for v in versions)
+
+
 class PredictCall:
     """Drive it as ``prepare`` → ``take_inputs`` → ``run``; always ``close(status)`` in a
     ``finally`` (idempotent; a no-op once settled)."""
@@ -227,6 +266,7 @@ class PredictCall:
                 tokens=0,
                 spend=Decimal(spend),
                 model_limit=max(1, replicas) * per_replica,
+                inferences=self.rows,
             )
         except ledger.Refused as refused:
             self._maybe_admitted = False

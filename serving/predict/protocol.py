@@ -18,6 +18,10 @@ import orjson
 
 from registry.signatures import DATATYPES, Signature, TensorSpec
 
+# What the server says of itself (GET /v2, gRPC ServerMetadata).
+SERVER_NAME = "inference-platform"
+EXTENSIONS = ("binary_tensor_data",)
+
 
 class BadTensor(ValueError):
     """A request's tensor that does not fit the signature; the message names it."""
@@ -211,7 +215,7 @@ def _from_raw(spec_name: str, datatype: str, shape: list[int], raw: bytes) -> np
     return np.frombuffer(raw, dtype=dtype).astype(DATATYPES[datatype], copy=False).reshape(shape)
 
 
-def _to_raw(array: np.ndarray[Any, Any], datatype: str) -> bytes:
+def to_raw(array: np.ndarray[Any, Any], datatype: str) -> bytes:
     if datatype == "BYTES":
         parts: list[bytes] = []
         for value in array.reshape(-1).tolist():
@@ -228,7 +232,7 @@ def encode_request(arrays: Mapping[str, np.ndarray[Any, Any]], signature: Signat
     tensors = []
     blobs = []
     for spec in signature.inputs:
-        raw = _to_raw(arrays[spec.name], spec.datatype)
+        raw = to_raw(arrays[spec.name], spec.datatype)
         blobs.append(raw)
         tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(arrays[spec.name].shape),
                         "parameters": {"binary_data_size": len(raw)}})  # fmt: skip
@@ -274,7 +278,7 @@ def encode_response(
             continue
         array = np.asarray(outputs[spec.name])
         if wanted[spec.name]:
-            raw = _to_raw(array, spec.datatype)
+            raw = to_raw(array, spec.datatype)
             blobs.append(raw)
             tensors.append({"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape),
                             "parameters": {"binary_data_size": len(raw)}})  # fmt: skip

@@ -1,19 +1,25 @@
-"""Small models end to end: the unmodified tritonclient (HTTP) and plain HTTP → the gateway
-→ a real predict worker (ONNX Runtime behind the dynamic batcher) started by runworkers
-from the bundled digits model, with keys, limits, the result cache and metering."""
+"""Small models end to end: the unmodified tritonclient (HTTP and gRPC) and plain HTTP → the
+gateway (or ``rungrpc``) → a real predict worker (ONNX Runtime behind the dynamic batcher)
+started by runworkers from the bundled digits model, with keys, limits, the result cache
+and metering."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.processes import BASE_DIR, child_env, free_port
 from tests.support.gateway import committed, persisted, price_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
@@ -51,6 +57,11 @@ def client(gateway) -> triton.InferenceServerClient:
 
 def auth(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
+
+
+def grpc_auth(secret: str) -> dict[str, str]:
+    """gRPC metadata keys are lower case (grpcio refuses others)."""
+    return {"authorization": f"Bearer {secret}"}
 
 
 def infer(gateway, secret: str, pixels: np.ndarray, *, binary: bool = True, **kwargs):
@@ -158,6 +169,75 @@ class TestOpenInferenceProtocolOverHttp:
         assert "LLM" in response.json()["error"]
 
 
+@pytest.fixture(scope="module")
+def grpc_address(engines, tmp_path_factory) -> Iterator[str]:
+    """``manage.py rungrpc`` on the test database, as runplatform starts it."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("grpc") / "rungrpc.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "rungrpc", "--port", str(port)],
+            cwd=BASE_DIR, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if triton_grpc.InferenceServerClient(address).is_server_live():
+                break
+        except InferenceServerException:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"rungrpc did not start:\n{log_path.read_text()}")
+        time.sleep(0.3)
+    yield address
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+class TestOpenInferenceProtocolOverGrpc:
+    def test_metadata_readiness_and_keys(self, grpc_address, api_key):
+        c = triton_grpc.InferenceServerClient(grpc_address)
+        assert c.is_server_ready()
+        assert c.get_server_metadata().name == "inference-platform"
+        assert c.is_model_ready(DIGITS, headers=grpc_auth(api_key.secret))
+        meta = c.get_model_metadata(DIGITS, headers=grpc_auth(api_key.secret), as_json=True)
+        assert meta["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": ["-1", "64"]}]
+        with pytest.raises(InferenceServerException) as excinfo:
+            c.get_model_metadata(DIGITS)
+        assert excinfo.value.status() == "StatusCode.UNAUTHENTICATED"
+
+    def test_predictions_match_http_and_are_metered(self, grpc_address, gateway, api_key, digits_priced):
+        pixels, _ = digits(5, offset=500)
+        tensor = triton_grpc.InferInput("pixels", [5, 64], "FP32")
+        tensor.set_data_from_numpy(pixels)
+        c = triton_grpc.InferenceServerClient(grpc_address)
+        result = c.infer(DIGITS, [tensor], headers=grpc_auth(api_key.secret))
+        over_http = infer(gateway, api_key.secret, pixels)
+        np.testing.assert_array_equal(result.as_numpy("label"), over_http.as_numpy("label"))
+        np.testing.assert_allclose(result.as_numpy("probabilities"), over_http.as_numpy("probabilities"))
+        records = _records_of_key(api_key.key_id)
+        assert [(r.inferences, r.status_code) for r in records] == [(5, 200), (5, 200)]
+        assert records[0].cost == 5 * PER_THOUSAND / 1000
+
+    def test_errors_are_grpc_statuses(self, grpc_address, api_key):
+        c = triton_grpc.InferenceServerClient(grpc_address)
+        wrong = triton_grpc.InferInput("pixels", [1, 60], "FP32")
+        wrong.set_data_from_numpy(np.zeros((1, 60), dtype=np.float32))
+        with pytest.raises(InferenceServerException) as excinfo:
+            c.infer(DIGITS, [wrong], headers=grpc_auth(api_key.secret))
+        assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "'pixels'" in excinfo.value.message()
+        with pytest.raises(InferenceServerException) as excinfo:
+            c.infer("no-such-model", [wrong], headers=grpc_auth(api_key.secret))
+        assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert _records_of_key(api_key.key_id) == []
+
+
 class TestSeedShapes:
     def test_model_predict_with_instances(self, gateway, api_key):
         pixels, truth = digits(4, offset=200)
@@ -205,3 +285,68 @@ def _records_of_key(key_id: int) -> list[Any]:
 
     persist_usage_stream()
     return list(UsageRecord.objects.filter(api_key_id=key_id).order_by("created_at"))
+
+
+class TestWorkerCrash:
+    def test_a_killed_worker_is_restarted_and_what_failed_meanwhile_is_metered_free(
+        self, gateway, api_key, django_db_blocker
+    ):
+        import os
+        import signal
+
+        from registry.models import Replica
+
+        def replica() -> tuple[int, int]:
+            row = (
+                Replica.objects.filter(deployment__version__model__name=DIGITS, state="ready")
+                .values_list("id", "pid")
+                .first()
+            )
+            assert row is not None
+            return row[0], int(row[1] or 0)
+
+        replica_id, pid = committed(django_db_blocker, replica)
+        os.kill(pid, signal.SIGKILL)
+        rng = np.random.default_rng(7)
+        url = f"{gateway.base_url}/v2/models/{DIGITS}/infer"
+        statuses: list[tuple[int, str]] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            data = rng.uniform(0, 16, size=64).tolist()  # never the same: the result cache cannot answer
+            body = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": data}]}
+            response = httpx.post(url, json=body, headers=auth(api_key.secret), timeout=60)
+            statuses.append((response.status_code, response.headers["x-request-id"]))
+            if response.status_code == 200 and len(statuses) > 1:
+                break
+            assert response.status_code in (502, 503), response.text  # an error at once, never a hang
+            time.sleep(0.5)
+        assert statuses[-1][0] == 200
+        assert statuses[0][0] in (502, 503)
+        new_id, new_pid = committed(django_db_blocker, replica)
+        assert new_id == replica_id
+        assert new_pid != pid
+        failed = [request_id for status, request_id in statuses if status != 200]
+        records = persisted(failed)
+        assert all((r.inferences, r.cost) == (0, 0) for r in records.values())
+
+
+class TestInferencesPerMinute:
+    def test_a_key_is_limited_by_the_item(self, gateway, make_api_key):
+        key = make_api_key(rate_limit_rpm=1000, rate_limit_ipm=10)
+        url = f"{gateway.base_url}/v2/models/{DIGITS}/infer"
+
+        def send(rows: int, seed: int) -> httpx.Response:
+            data = np.random.default_rng(seed).uniform(0, 16, size=64 * rows).tolist()
+            body = {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [rows, 64], "data": data}]}
+            return httpx.post(url, json=body, headers=auth(key.secret), timeout=60)
+
+        first = send(8, 1)
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-limit-inferences"] == "10"
+        assert int(first.headers["x-ratelimit-remaining-inferences"]) in (2, 3)  # refilled a little meanwhile
+        refused = send(8, 2)
+        assert refused.status_code == 429
+        assert "inferences per minute" in refused.json()["error"]
+        too_large = send(11, 3)
+        assert too_large.status_code == 429
+        assert "Send fewer items" in too_large.json()["error"]

@@ -104,3 +104,90 @@ def test_a_bad_signature_names_its_entry(signature, field):
 
 def test_the_signature_round_trips():
     assert Signature.from_json(DIGITS.as_json()) == DIGITS
+
+
+class TestBinaryExtension:
+    def test_a_binary_request_reads_back_as_the_same_arrays(self):
+        from serving.predict.protocol import encode_request, read_body
+
+        pixels = np.arange(128, dtype=np.float32).reshape(2, 64)
+        body, length = encode_request({"pixels": pixels}, DIGITS)
+        request = read_body(body, str(length))
+        arrays, batch = decode_inputs(DIGITS, request["inputs"])
+        assert batch == 2
+        np.testing.assert_array_equal(arrays["pixels"], pixels)
+
+    def test_bytes_tensors_and_their_lengths(self):
+        from serving.predict.protocol import RAW, to_raw
+
+        raw = to_raw(np.array(["good", "très bien"], dtype=object), "BYTES")
+        lang = to_raw(np.array(["en", "fr"], dtype=object), "BYTES")
+        arrays, _ = decode_inputs(TEXT, [
+            {"name": "text", "datatype": "BYTES", "shape": [2], RAW: raw},
+            {"name": "lang", "datatype": "BYTES", "shape": [2], RAW: lang},
+        ])  # fmt: skip
+        assert arrays["text"].tolist() == [b"good", "très bien".encode()]
+        with pytest.raises(BadTensor, match="cut short"):
+            decode_inputs(TEXT, [{"name": "text", "datatype": "BYTES", "shape": [2], RAW: raw[:-3]},
+                                 {"name": "lang", "datatype": "BYTES", "shape": [2], RAW: lang}])  # fmt: skip
+
+    def test_announced_bytes_must_be_there_and_nothing_more(self):
+        from serving.predict.protocol import BadRequest, read_body
+
+        header = (
+            b'{"inputs":[{"name":"pixels","datatype":"FP32","shape":[1,64],"parameters":{"binary_data_size":256}}]}'
+        )
+        with pytest.raises(BadTensor, match="256 binary bytes announced"):
+            read_body(header + b"\0" * 100, str(len(header)))
+        with pytest.raises(BadRequest, match="no tensor announced"):
+            read_body(header + b"\0" * 300, str(len(header)))
+        with pytest.raises(BadRequest, match="Inference-Header-Content-Length"):
+            read_body(header, "lots")
+        wrong_size = (
+            b'{"inputs":[{"name":"pixels","datatype":"FP32","shape":[1,64],"parameters":{"binary_data_size":8}}]}'
+        )
+        request = read_body(wrong_size + b"\0" * 8, str(len(wrong_size)))
+        with pytest.raises(BadTensor, match="8 binary bytes for shape"):
+            decode_inputs(DIGITS, request["inputs"])
+
+    def test_outputs_in_json_or_binary_as_asked(self):
+        from serving.predict.protocol import decode_outputs, encode_response, read_body, requested_outputs
+
+        outputs = {"probabilities": np.full((2, 10), 0.1, dtype=np.float32), "label": np.array([3, 4])}
+        assert requested_outputs(DIGITS, {}) == {"probabilities": False, "label": False}
+        assert requested_outputs(DIGITS, {"parameters": {"binary_data_output": True}}) == {
+            "probabilities": True, "label": True,
+        }  # fmt: skip
+        wanted = requested_outputs(DIGITS, {"outputs": [{"name": "label", "parameters": {"binary_data": True}}]})
+        assert wanted == {"label": True}
+        with pytest.raises(BadTensor, match="no such output"):
+            requested_outputs(DIGITS, {"outputs": [{"name": "logits"}]})
+        body, length = encode_response(DIGITS, outputs, {"label": True, "probabilities": False},
+                                       model_name="d", model_version="1")  # fmt: skip
+        assert length is not None
+        back = decode_outputs(DIGITS, read_body(body, str(length)))
+        assert back["label"].tolist() == [3, 4]
+        np.testing.assert_allclose(back["probabilities"], outputs["probabilities"])
+
+
+class TestSeedShapes:
+    def test_instances_become_tensors(self):
+        from serving.predict.protocol import instances_to_tensors
+
+        tensors = instances_to_tensors(DIGITS, [{"pixels": [1.0] * 64}, [2.0] * 64])
+        arrays, batch = decode_inputs(DIGITS, tensors)
+        assert batch == 2
+        assert arrays["pixels"][1, 0] == 2.0
+        with pytest.raises(BadTensor, match="'image'"):
+            instances_to_tensors(DIGITS, [{"image": [1.0] * 64}])
+        with pytest.raises(BadTensor, match="missing from instance 0"):
+            instances_to_tensors(TEXT, [{"text": "hi"}])
+
+    def test_predictions_name_the_class(self):
+        from serving.predict.protocol import predictions
+
+        outputs = {"label": np.array([1, 0]), "probabilities": np.array([[0.2, 0.8], [0.9, 0.1]], dtype=np.float32)}
+        answers = predictions(outputs, ["negative", "positive"], 2)
+        assert [a["prediction"] for a in answers] == ["positive", "negative"]
+        assert answers[0]["confidence"] == pytest.approx(0.8)
+        assert answers[1]["outputs"]["label"] == 0

@@ -167,9 +167,10 @@ class Command(BaseCommand):
             "engines": [python, "manage.py", "runworkers"],
             **celery,
             "web": server_command(python, host=host, port=port),
+            "grpc": [python, "manage.py", "rungrpc", "--host", host, "--port", str(settings.GRPC_PORT)],
         }
         # The beat before the workers: no tick is queued for a worker on its way out.
-        stop_order = ("web", "beat", *(name for name in celery if name != "beat"), "engines")
+        stop_order = ("web", "grpc", "beat", *(name for name in celery if name != "beat"), "engines")
 
         def report(message: str) -> None:
             self.stdout.write(message)
@@ -231,6 +232,8 @@ class Command(BaseCommand):
         self.stdout.write(f"  admin     {base}/admin/")
         self.stdout.write(f"  API       {base}/v1   (OpenAI-compatible; WebSocket at {base.replace('http', 'ws')}"
                           "/ws/v1/chat/completions)")  # fmt: skip
+        self.stdout.write(f"  v2 / gRPC {base}/v2 and {base.split('://')[1].rsplit(':', 1)[0]}:{settings.GRPC_PORT}"
+                          "   (Open Inference Protocol: tritonclient, KServe; small models)")  # fmt: skip
         self.stdout.write(f"  demo key  {key}")
         self.stdout.write(f"  metrics   {base}/metrics")
         self.stdout.write("  try:")

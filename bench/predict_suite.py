@@ -1,0 +1,357 @@
+"""Small models (issue 20): the dynamic batcher vs batch size 1, and the platform vs MLServer.
+
+On this machine, in one run, for 1, 16 and 64 concurrent clients (wrk, closed loop, each
+request one image of the bundled digits model as Open Inference Protocol JSON):
+
+- ``batcher``: the gateway (uvicorn, auth, limits, routing and metering on: every request is
+  admitted and settled through the ledger) → the predict worker with the version's dynamic
+  batcher (max_batch_size 64, max_queue_delay 2 ms, preferred 16 and 64);
+- ``batch-1``: the same, to a second version of the same artifact whose batcher has
+  max_batch_size 1 (pinned with /versions/{v}/infer);
+- ``mlserver``: MLServer 1.7.1 (its own virtualenv, bench/.venv-mlserver) serving the same
+  ONNX file with ONNX Runtime (bench/mlserver_onnx/runtime.py) and its adaptive batching
+  (max_batch_size 64, max_batch_time 2 ms), no auth, no metering.
+
+Each figure: throughput, p50 and p99 latency, errors; for ``batcher`` the gateway's CPU
+seconds per request (psutil, the gateway process only) and the batch sizes its worker
+formed (the worker's /stats before and after). The exact result cache is off (every
+request is the same image). Everything runs on the same two cores: the load generator too.
+
+Isolation as the soak's: its own database (``inference_bench_predict``), Redis database 7
+with its own namespace, its own artifact store (``var/bench-predict/artifacts``), its own
+supervisor host name; a running platform and the tests are never touched.
+
+    .venv/bin/python bench/predict_suite.py                    # 10 s per point
+    .venv/bin/python bench/predict_suite.py --duration 5 --concurrency 1 16
+
+Writes bench/results/predict-<time>.json and .md (git-ignored) and prints the tables;
+docs/performance.md has a run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx
+from mock_suite import ROOT, Server, django_setup, free_port, report_start, spawn, wait_http, write_report
+
+DATABASE = "inference_bench_predict"
+REDIS_DB = 7  # the platform uses 0, the soak 8, the test sessions 9 to 15
+NAMESPACE = "ip-bench-predict"
+HOST = "bench-predict"
+MODEL = "digits-mlp"
+BATCH1 = "1-batch1"
+WRK_SCRIPT = ROOT / "bench" / "wrk" / "post.lua"
+MLSERVER_VENV = ROOT / "bench" / ".venv-mlserver"
+MLSERVER_VERSION = "1.7.1"
+BATCHER = {"max_batch_size": 64, "max_queue_delay_us": 2_000, "preferred_batch_sizes": [16, 64], "max_queue_size": 4096}
+
+
+def isolate() -> None:
+    from core import embedded
+
+    database = urlsplit(os.environ.get("DATABASE_URL") or embedded.database_url())
+    redis_url = urlsplit(os.environ.get("REDIS_URL") or embedded.redis_url())
+    bench_redis = urlunsplit(redis_url._replace(path=f"/{REDIS_DB}"))
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATABASE_URL": urlunsplit(database._replace(path=f"/{DATABASE}")),
+        "REDIS_URL": bench_redis,
+        "CELERY_BROKER_URL": bench_redis,
+        "REDIS_NAMESPACE": NAMESPACE,
+        "ARTIFACT_ROOT": str(embedded.VAR_DIR / "bench-predict" / "artifacts"),
+    })  # fmt: skip
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
+def database_prepare() -> None:
+    import psycopg
+    from psycopg import sql
+
+    url = urlsplit(os.environ["DATABASE_URL"])
+    with psycopg.connect(urlunsplit(url._replace(path="/postgres")), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+    django_setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def platform_setup() -> tuple[str, Path]:
+    """The digits model (built into the bench's store once), its batched version and a
+    batch-1 version of the same artifact, both deployed; a key far above any limit.
+    Returns the key and the ONNX file (for MLServer)."""
+    from decimal import Decimal
+
+    from accounts.services import api_key_create, organization_create
+    from billing.models import Price
+    from billing.services import price_set
+    from registry.artifacts import get_artifact_store
+    from registry.bundled import BUNDLED_MODELS, import_bundled_model
+    from registry.models import Deployment, ModelVersion
+    from registry.services import deployment_create, model_version_register
+    from registry.signatures import onnx_file
+
+    digits = next(b for b in BUNDLED_MODELS if b.name == MODEL)
+    version = import_bundled_model(digits, progress=lambda line: print(f"  {line}", flush=True))
+    config = {**version.config, "batcher": BATCHER}
+    if version.config != config:
+        version.config = config
+        version.save(update_fields=["config"])
+    batch1 = model_version_register(
+        model=version.model, version=BATCH1, framework="onnx", artifact_uri=version.artifact_uri,
+        artifact_sha256=version.artifact_sha256, artifact_size=version.artifact_size,
+        config={**config, "batcher": {**BATCHER, "max_batch_size": 1, "preferred_batch_sizes": []}},
+    )  # fmt: skip
+    for each, weight in ((version, 100), (batch1, 0)):
+        deployment = Deployment.objects.filter(version=each).exclude(status="stopped").first()
+        if deployment is None:
+            deployment = deployment_create(version=each, replicas=1, min_replicas=1, max_replicas=1)
+        Deployment.objects.filter(pk=deployment.pk).update(traffic_weight=weight)
+    ModelVersion.objects.filter(pk__in=[version.pk, batch1.pk]).update(status="active")
+    if not Price.objects.filter(model=version.model).exists():
+        price_set(model=version.model, input_per_million="0", output_per_million="0", per_thousand_inferences="0.05")
+    huge = 10**12
+    limits: dict[str, Any] = {
+        "rate_limit_rpm": huge, "rate_limit_tpm": huge, "max_concurrent": 100_000,
+        "monthly_token_quota": huge * 1000, "monthly_spend_cap": Decimal("10000000"),
+    }  # fmt: skip
+    org = organization_create(name=f"Bench predict {time.strftime('%Y%m%dT%H%M%S')}", **limits)
+    key = api_key_create(organization=org, name="bench", **limits).secret
+    return key, onnx_file(get_artifact_store().local_path(version.artifact_uri))
+
+
+def start_platform(workdir: Path) -> tuple[Server, Server]:
+    """runworkers (this bench's host, slot 1) and one uvicorn gateway, ready."""
+    from console.servers import server_command
+
+    supervisor_log = workdir / "runworkers.log"
+    supervisor = spawn(
+        [sys.executable, "manage.py", "runworkers", "--host", HOST, "--models", MODEL], supervisor_log,
+        {"WORKER_SLOTS": "1", "WORKER_LOG_DIR": str(workdir / "engines")},
+    )  # fmt: skip
+    port = free_port()
+    env = {
+        "PREDICT_RESULT_CACHE_TTL_SECONDS": "0",  # every request is the same image: measure the model
+        "BACKPRESSURE_PAID_PER_REPLICA": "100000",
+        "BACKPRESSURE_FREE_PER_REPLICA": "100000",
+        "PYTHONUNBUFFERED": "1",
+    }
+    gateway_log = workdir / "gateway.log"
+    gateway = spawn(server_command(sys.executable, host="127.0.0.1", port=port, server="uvicorn"), gateway_log, env)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(f"{base}/healthz", gateway, "gateway")
+    return Server("gateway", base, "", MODEL, gateway, gateway_log), Server(
+        "runworkers", "", "", MODEL, supervisor, supervisor_log
+    )
+
+
+def wait_for_workers(base: str, key: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {key}"}
+    while time.monotonic() < deadline:
+        ready = [
+            httpx.get(f"{base}/v2/models/{MODEL}/versions/{v}/ready", headers=headers, timeout=5).status_code == 200
+            for v in ("1", BATCH1)
+        ]
+        if all(ready):
+            return
+        time.sleep(1)
+    raise SystemExit("the predict workers did not become ready")
+
+
+def start_mlserver(workdir: Path, onnx: Path) -> Server:
+    if not (MLSERVER_VENV / "bin" / "mlserver").exists():
+        print(f"installing MLServer {MLSERVER_VERSION} into {MLSERVER_VENV}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+        subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "--quiet", f"mlserver=={MLSERVER_VERSION}",
+                        "onnxruntime==1.31.1"], check=True)  # fmt: skip
+    models = workdir / "mlserver"
+    shutil.rmtree(models, ignore_errors=True)
+    (models / MODEL).mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "mlserver_onnx" / "runtime.py", models / "runtime.py")
+    port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    (models / "settings.json").write_text(json.dumps({
+        "http_port": port, "grpc_port": grpc_port, "metrics_port": metrics_port, "parallel_workers": 1,
+        "debug": False,
+    }))  # fmt: skip
+    (models / MODEL / "model-settings.json").write_text(json.dumps({
+        "name": MODEL, "implementation": "runtime.OnnxModel", "parameters": {"uri": str(onnx)},
+        "max_batch_size": 64, "max_batch_time": 0.002,
+    }))  # fmt: skip
+    log = workdir / "mlserver.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(MLSERVER_VENV / "bin" / "mlserver"), "start", "."],
+            cwd=models,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(models)},
+        )
+    base = f"http://127.0.0.1:{port}"
+    wait_http(f"{base}/v2/models/{MODEL}/ready", proc, "MLServer", timeout=180)
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{base}/v2/models/{MODEL}/ready", timeout=5).status_code != 200:
+        if time.monotonic() > deadline:
+            raise SystemExit("MLServer's model did not become ready")
+        time.sleep(0.5)
+    return Server("mlserver", base, "", MODEL, proc, log)
+
+
+def request_body(workdir: Path) -> Path:
+    from sklearn.datasets import load_digits
+
+    image = load_digits().data[7].astype(float).tolist()
+    path = workdir / "digit.json"
+    path.write_text(json.dumps({"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": image}]}))
+    return path
+
+
+def wrk(url: str, key: str, body: Path, concurrency: int, duration: float) -> dict[str, Any]:
+    env = {**os.environ, "WRK_BODY_FILE": str(body), "WRK_KEY": key}
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{int(duration)}s", "--timeout", "30s", "-s", str(WRK_SCRIPT), url]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("WRK_JSON "))
+    return dict(json.loads(line[len("WRK_JSON ") :]))
+
+
+def worker_stats(version: str) -> dict[str, Any]:
+    from registry.models import Replica
+    from serving.predict.worker_stats import replica_stats
+
+    replicas = list(
+        Replica.objects.filter(
+            deployment__version__model__name=MODEL, deployment__version__version=version, state="ready", host=HOST
+        )
+    )
+    stats = replica_stats(replicas, timeout=5)
+    return next(iter(stats.values()), {})
+
+
+def batches_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    sizes = {int(k): v for k, v in (after.get("batch_sizes") or {}).items()}
+    for k, v in (before.get("batch_sizes") or {}).items():
+        sizes[int(k)] = sizes.get(int(k), 0) - v
+    return {str(k): v for k, v in sorted(sizes.items()) if v > 0}
+
+
+def measure(side: str, url: str, key: str, body: Path, concurrency: int, duration: float,
+            gateway: Server | None, version: str | None) -> dict[str, Any]:  # fmt: skip
+    wrk(url, key, body, concurrency, 2)  # warm-up, not counted
+    before = worker_stats(version) if version else {}
+    cpu0 = gateway.cpu_seconds() if gateway else 0.0
+    result = wrk(url, key, body, concurrency, duration)
+    cpu = (gateway.cpu_seconds() - cpu0) if gateway else None
+    after = worker_stats(version) if version else {}
+    seconds = result["duration_us"] / 1e6
+    errors = sum(result[k] for k in ("connect_errors", "read_errors", "write_errors", "timeouts", "status_errors"))
+    row: dict[str, Any] = {
+        "side": side, "concurrency": concurrency, "requests": result["requests"],
+        "throughput_rps": round(result["requests"] / seconds, 1),
+        "p50_ms": round(result["p50_us"] / 1000, 2), "p99_ms": round(result["p99_us"] / 1000, 2), "errors": errors,
+    }  # fmt: skip
+    if cpu is not None and result["requests"]:
+        row["gateway_cpu_ms_per_request"] = round(cpu * 1000 / result["requests"], 3)
+    if version:
+        batches = batches_between(before, after)
+        rows = sum(int(size) * count for size, count in batches.items())
+        row["batches"] = batches
+        row["mean_batch_rows"] = round(rows / max(1, sum(batches.values())), 2)
+    return row
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Small models: batcher vs batch-1 vs MLServer ({report['started']}, {report['cpus']} CPUs)",
+        "",
+        "| side | clients | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | mean batch rows |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['side']} | {r['concurrency']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['errors']} | {r.get('gateway_cpu_ms_per_request', '—')} | {r.get('mean_batch_rows', '—')} |"
+        )
+    lines += ["", "## Ratios", ""]
+    for name, value in report["ratios"].items():
+        lines.append(f"- {name}: {value}")
+    lines += ["", "## Batch sizes formed (batcher)", ""]
+    for r in report["rows"]:
+        if r["side"] == "batcher":
+            lines.append(f"- {r['concurrency']} clients: {r['batches']}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per point")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--no-mlserver", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk (make bench installs it)")
+    report = report_start(args)
+    isolate()
+    database_prepare()
+    key, onnx = platform_setup()
+    workdir = ROOT / "var" / "bench-predict" / f"run-{time.strftime('%Y%m%dT%H%M%S')}"
+    workdir.mkdir(parents=True)
+    body = request_body(workdir)
+    gateway, supervisor = start_platform(workdir)
+    servers = [gateway, supervisor]
+    try:
+        wait_for_workers(gateway.base, key)
+        if not args.no_mlserver:
+            servers.append(start_mlserver(workdir, onnx))
+        rows = []
+        for concurrency in args.concurrency:
+            print(f"{concurrency} clients", flush=True)
+            rows.append(measure("batcher", f"{gateway.base}/v2/models/{MODEL}/versions/1/infer", key, body,
+                                concurrency, args.duration, gateway, "1"))  # fmt: skip
+            rows.append(measure("batch-1", f"{gateway.base}/v2/models/{MODEL}/versions/{BATCH1}/infer", key, body,
+                                concurrency, args.duration, None, BATCH1))  # fmt: skip
+            if not args.no_mlserver:
+                rows.append(measure("mlserver", f"{servers[2].base}/v2/models/{MODEL}/infer", "", body,
+                                    concurrency, args.duration, None, None))  # fmt: skip
+            for row in rows[-(2 if args.no_mlserver else 3) :]:
+                print(f"  {row}", flush=True)
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        from registry.models import Deployment
+
+        Deployment.objects.filter(version__model__name=MODEL).update(status="stopped")
+    by = {(r["side"], r["concurrency"]): r for r in rows}
+    ratios: dict[str, Any] = {}
+    top = max(args.concurrency)
+    if ("batch-1", top) in by:
+        ratios[f"batcher / batch-1 throughput at {top} clients"] = round(
+            by[("batcher", top)]["throughput_rps"] / max(0.1, by[("batch-1", top)]["throughput_rps"]), 2
+        )
+    if ("mlserver", top) in by:
+        ratios[f"batcher / MLServer throughput at {top} clients"] = round(
+            by[("batcher", top)]["throughput_rps"] / max(0.1, by[("mlserver", top)]["throughput_rps"]), 2
+        )
+    report |= {"rows": rows, "ratios": ratios}
+    path = write_report("predict", report)
+    text = markdown(report)
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
