@@ -78,6 +78,7 @@ bench: bootstrap
 		$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==$(LITELLM_VERSION)'; }
 	$(PY) bench/mock_suite.py --only overhead scale-out soak $(BENCH_ARGS)
 	$(PY) bench/engine_suite.py --start-platform $(ENGINE_BENCH_ARGS)
+	$(PY) bench/predict_suite.py $(PREDICT_BENCH_ARGS)
 
 # The soak of issue 18 (bench/soak.py, docs/reliability.md): 100,000 mixed requests (JSON, SSE,
 # WebSocket, embeddings, cache hits, 429s) against the fake engine, in a database and Redis

@@ -8,6 +8,8 @@ request one image of the bundled digits model as Open Inference Protocol JSON):
   batcher (max_batch_size 64, max_queue_delay 2 ms, preferred 16 and 64);
 - ``batch-1``: the same, to a second version of the same artifact whose batcher has
   max_batch_size 1 (pinned with /versions/{v}/infer);
+- ``worker alone, batcher`` and ``worker alone, batch-1``: the same two workers called
+  directly with their replica keys (no gateway): what the batcher itself is worth;
 - ``mlserver``: MLServer 1.7.1 (its own virtualenv, bench/.venv-mlserver) serving the same
   ONNX file with ONNX Runtime (bench/mlserver_onnx/runtime.py) and its adaptive batching
   (max_batch_size 64, max_batch_time 2 ms), no auth, no metering.
@@ -176,8 +178,9 @@ def start_mlserver(workdir: Path, onnx: Path) -> Server:
     if not (MLSERVER_VENV / "bin" / "mlserver").exists():
         print(f"installing MLServer {MLSERVER_VERSION} into {MLSERVER_VENV}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+        # uvloop 0.22 and later refuse MLServer 1.7's get_event_loop() in its inference workers.
         subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "--quiet", f"mlserver=={MLSERVER_VERSION}",
-                        "onnxruntime==1.31.1"], check=True)  # fmt: skip
+                        "onnxruntime==1.31.1", "uvloop==0.21.0"], check=True)  # fmt: skip
     models = workdir / "mlserver"
     shutil.rmtree(models, ignore_errors=True)
     (models / MODEL).mkdir(parents=True)
@@ -226,6 +229,18 @@ def wrk(url: str, key: str, body: Path, concurrency: int, duration: float) -> di
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("WRK_JSON "))
     return dict(json.loads(line[len("WRK_JSON ") :]))
+
+
+def worker_endpoint(version: str) -> tuple[str, str]:
+    """The ready replica of ``version`` on this bench's host: its infer URL and its key (the
+    worker measured alone, without the gateway in front)."""
+    from registry.models import Replica
+    from registry.replica_keys import replica_api_key
+
+    replica = Replica.objects.get(
+        deployment__version__model__name=MODEL, deployment__version__version=version, state="ready", host=HOST
+    )
+    return f"{replica.endpoint}/v2/models/{MODEL}/infer", replica_api_key(replica.pk)
 
 
 def worker_stats(version: str) -> dict[str, Any]:
@@ -288,10 +303,10 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Ratios", ""]
     for name, value in report["ratios"].items():
         lines.append(f"- {name}: {value}")
-    lines += ["", "## Batch sizes formed (batcher)", ""]
+    lines += ["", "## Batch sizes formed (rows: batches)", ""]
     for r in report["rows"]:
-        if r["side"] == "batcher":
-            lines.append(f"- {r['concurrency']} clients: {r['batches']}")
+        if r.get("batches") and r["side"] in ("batcher", "worker alone, batcher"):
+            lines.append(f"- {r['side']}, {r['concurrency']} clients: {r['batches']}")
     return "\n".join(lines) + "\n"
 
 
@@ -323,10 +338,13 @@ def main() -> None:
                                 concurrency, args.duration, gateway, "1"))  # fmt: skip
             rows.append(measure("batch-1", f"{gateway.base}/v2/models/{MODEL}/versions/{BATCH1}/infer", key, body,
                                 concurrency, args.duration, None, BATCH1))  # fmt: skip
+            for side, version in (("worker alone, batcher", "1"), ("worker alone, batch-1", BATCH1)):
+                url, replica_key = worker_endpoint(version)
+                rows.append(measure(side, url, replica_key, body, concurrency, args.duration, None, version))
             if not args.no_mlserver:
                 rows.append(measure("mlserver", f"{servers[2].base}/v2/models/{MODEL}/infer", "", body,
                                     concurrency, args.duration, None, None))  # fmt: skip
-            for row in rows[-(2 if args.no_mlserver else 3) :]:
+            for row in rows[-(4 if args.no_mlserver else 5) :]:
                 print(f"  {row}", flush=True)
     finally:
         for server in reversed(servers):
@@ -340,6 +358,12 @@ def main() -> None:
     if ("batch-1", top) in by:
         ratios[f"batcher / batch-1 throughput at {top} clients"] = round(
             by[("batcher", top)]["throughput_rps"] / max(0.1, by[("batch-1", top)]["throughput_rps"]), 2
+        )
+    if ("worker alone, batch-1", top) in by:
+        ratios[f"worker alone: batcher / batch-1 throughput at {top} clients"] = round(
+            by[("worker alone, batcher", top)]["throughput_rps"]
+            / max(0.1, by[("worker alone, batch-1", top)]["throughput_rps"]),
+            2,
         )
     if ("mlserver", top) in by:
         ratios[f"batcher / MLServer throughput at {top} clients"] = round(

@@ -103,12 +103,31 @@ def _exact_routes() -> dict[str, View]:
     return {f"/{p.pattern}": p.callback for p in urlpatterns if "<" not in str(p.pattern)}
 
 
+@functools.cache
+def _parameter_routes() -> list[tuple[Any, View]]:
+    """Data-plane paths with parameters (``/v2/models/<model>/infer`` …): their own patterns,
+    matched in order, without Django's resolver walking the whole URLconf for each request."""
+    from serving.urls import urlpatterns
+
+    return [(p.pattern, p.callback) for p in urlpatterns if "<" in str(p.pattern)]
+
+
+def _route(path: str) -> tuple[View, dict[str, Any]] | None:
+    for pattern, callback in _parameter_routes():
+        matched = pattern.match(path[1:])
+        if matched is not None:
+            return callback, matched[2]
+    return None
+
+
 async def handle(request: ApiRequest) -> HttpResponseBase:
     """Resolve and run a data-plane view; any failure becomes an OpenAI error body."""
     header = str(request.request_id)
     view = _exact_routes().get(request.path)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
+    if view is None and (routed := _route(request.path)) is not None:
+        view, kwargs = routed
     if view is None:
         try:
             match = resolve(request.path)
