@@ -153,7 +153,7 @@ def check_signature(declared: Signature, actual: Signature) -> None:
 
 # The frameworks whose versions run in the platform's own worker (serving.predict.worker)
 # behind the dynamic batcher, rather than in a vLLM engine.
-PREDICT_FRAMEWORKS = frozenset({"onnx"})
+PREDICT_FRAMEWORKS = frozenset({"onnx", "torchscript"})
 
 
 def is_predict_framework(framework: str) -> bool:
@@ -173,21 +173,96 @@ def onnx_file(path: Path) -> Path:
     return found[0]
 
 
+def torchscript_file(path: Path) -> Path:
+    """The TorchScript module of an artifact: the file itself, or ``model.pt`` (else the only
+    ``.pt`` file) of a folder."""
+    if path.is_file():
+        return path
+    if (path / "model.pt").is_file():
+        return path / "model.pt"
+    found = sorted(path.glob("*.pt"))
+    if len(found) != 1:
+        raise InvalidInput("artifact", "A TorchScript artifact is a .pt file, or a folder with model.pt in it.")
+    return found[0]
+
+
+def torch_dtype(datatype: str) -> Any:
+    import torch
+
+    types = {
+        "BOOL": torch.bool, "UINT8": torch.uint8, "INT8": torch.int8, "INT16": torch.int16, "INT32": torch.int32,
+        "INT64": torch.int64, "FP16": torch.float16, "FP32": torch.float32, "FP64": torch.float64,
+    }  # fmt: skip
+    if datatype not in types:
+        raise InvalidInput("signature", f"TorchScript tensors cannot be {datatype}.")
+    return types[datatype]
+
+
+def torchscript_outputs(result: Any, names: list[str]) -> list[Any]:
+    """A TorchScript module's answer as one tensor per declared output, in order: a tensor, a
+    tuple or list of them, or a dict by output name."""
+    if isinstance(result, dict):
+        missing = [name for name in names if name not in result]
+        if missing:
+            raise InvalidInput("signature", f"The module's answer has no output {missing[0]!r}.")
+        return [result[name] for name in names]
+    values = list(result) if isinstance(result, list | tuple) else [result]
+    if len(values) != len(names):
+        raise InvalidInput("signature", f"The module gives {len(values)} outputs; {len(names)} are declared.")
+    return values
+
+
+def check_torchscript(path: Path, signature: Signature) -> None:
+    """Load the module once and run one row of zeros through it: it must take the declared
+    inputs and give the declared outputs (count, rank, datatype, the batch dimension)."""
+    import numpy as np
+    import torch
+
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the artifact's
+        raise InvalidInput("artifact", f"TorchScript cannot load it: {exc}") from None
+    inputs = [
+        torch.zeros([1 if d == -1 else d for d in spec.shape], dtype=torch_dtype(spec.datatype))
+        for spec in signature.inputs
+    ]
+    try:
+        with torch.no_grad():
+            result = module(*inputs)
+    except Exception as exc:  # noqa: BLE001 - the module refuses its declared inputs
+        raise InvalidInput("signature", f"The module fails on one row of the declared inputs: {exc}") from None
+    for spec, value in zip(
+        signature.outputs, torchscript_outputs(result, [s.name for s in signature.outputs]), strict=True
+    ):
+        array = np.asarray(value.detach().cpu().numpy()) if hasattr(value, "detach") else np.asarray(value)
+        if array.ndim != len(spec.shape) or array.shape[0] != 1:
+            raise InvalidInput("signature", f"Output {spec.name!r} has shape {list(array.shape)} for one row; "
+                               f"declared {list(spec.shape)}.")  # fmt: skip
+        if array.dtype != np.dtype(DATATYPES[spec.datatype]):
+            raise InvalidInput("signature", f"Output {spec.name!r} is {array.dtype}; declared {spec.datatype}.")
+
+
 def predict_config(framework: str, path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
     """A predict version's config, checked by loading its artifact once: the declared
-    signature must be the artifact's (when none is declared, the artifact's is recorded), the
+    signature must be the artifact's (an ONNX graph's is read; when none is declared, it is
+    recorded; a TorchScript module must declare one, and is run on one row to check it), the
     batcher's settings must hold, and ``labels`` (class names by index), when given, must be
     a list of strings. Raises ``InvalidInput`` naming what is wrong."""
     from registry.batching import BatcherConfig
 
-    if framework.strip().lower() != "onnx":
+    kind = framework.strip().lower()
+    if kind not in PREDICT_FRAMEWORKS:
         raise InvalidInput("framework", f"Must be one of {', '.join(sorted(PREDICT_FRAMEWORKS))}.")
-    actual = onnx_signature(onnx_file(path))
-    if config.get("signature") is not None:
+    if kind == "torchscript":
+        if config.get("signature") is None:
+            raise InvalidInput("signature", "A TorchScript version declares its signature (inputs and outputs).")
         declared = Signature.from_json(config["signature"])
-        check_signature(declared, actual)
+        check_torchscript(torchscript_file(path), declared)
+    elif config.get("signature") is not None:
+        declared = Signature.from_json(config["signature"])
+        check_signature(declared, onnx_signature(onnx_file(path)))
     else:
-        declared = actual
+        declared = onnx_signature(onnx_file(path))
     BatcherConfig.from_json(config.get("batcher"))
     labels = config.get("labels")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)):

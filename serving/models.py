@@ -153,6 +153,10 @@ class ShadowRecord(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     finish_reason = models.CharField(max_length=16, blank=True, default="")
+    # A small model's copy: the items it carried, and on how many of them the candidate's
+    # prediction (its label) was the primary's: the agreement rate no token model has.
+    inferences = models.PositiveIntegerField(default=0)
+    agreements = models.PositiveIntegerField(default=0, help_text="items whose label the candidate predicted as well")
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(help_text="when the copy was sent (UTC)")
 

@@ -48,7 +48,7 @@ def shadow_comparison(*, model: str, since: datetime) -> dict[str, Any]:
         ShadowRecord.objects.filter(model=model, created_at__gte=since)
         .order_by("-created_at")
         .values_list("request_id", "status_code", "latency_ms", "ttft_ms", "completion_tokens", "finish_reason",
-                     "candidate_version")[:SHADOW_SAMPLE_LIMIT]
+                     "candidate_version", "inferences", "agreements")[:SHADOW_SAMPLE_LIMIT]
     )  # fmt: skip
     primaries = dict(
         (row[0], row[1:])
@@ -62,7 +62,16 @@ def shadow_comparison(*, model: str, since: datetime) -> dict[str, Any]:
         "candidate_versions": sorted({s[6] for s in shadows}),
         "candidate": _arm(s[1:6] for s in shadows),
         "primary": _arm(primaries.values()),
+        "agreement": _agreement([(s[7], s[8]) for s in shadows if s[1] == 200]),
     }
+
+
+def _agreement(items: list[tuple[int, int]]) -> dict[str, Any]:
+    """A small model's copies: on how many of the items answered by both the candidate
+    predicted what the primary did (``rate``: None when no item was compared)."""
+    compared = sum(n for n, _ in items)
+    agreed = sum(a for _, a in items)
+    return {"items": compared, "agreed": agreed, "rate": round(agreed / compared, 4) if compared else None}
 
 
 def shadow_policy_of(*, model_id: int) -> ShadowPolicy | None:

@@ -120,13 +120,63 @@ class Shadows:
         )
         self._running.spawn(self._run(copy, replicas, path, dict(payload)), what=f"mirror {request_id}")
 
+    def mirror_predict(
+        self,
+        *,
+        model: ModelRoute,
+        primary: VersionRoute,
+        request_id: uuid.UUID,
+        endpoint: str,
+        body: engine.RawBody,
+        primary_labels: Any,
+    ) -> None:
+        """A small model's request, copied once the primary answered: the candidate's labels
+        are compared with the primary's, item by item (``ShadowRecord.agreements``)."""
+        try:
+            rule = model.shadow
+            if rule is None or rule.version_id == primary.id or not selected(request_id, rule.basis_points):
+                return
+            candidate = next((v for v in model.versions if v.id == rule.version_id), None)
+            if candidate is None or candidate.signature is None:
+                metrics.SHADOW_REQUESTS.labels(model.name, rule.version, "unroutable").inc()
+                return
+            replicas = sorted(router.replica_order(candidate), key=lambda r: router.in_flight(r.id))
+            if not replicas:
+                metrics.SHADOW_REQUESTS.labels(model.name, rule.version, "unroutable").inc()
+                return
+            if len(self._running) >= MAX_IN_FLIGHT:
+                metrics.SHADOW_REQUESTS.labels(model.name, rule.version, "dropped").inc()
+                return
+            copy = ShadowRecord(
+                request_id=request_id, model=model.name, candidate_version=rule.version,
+                primary_version=primary.version, endpoint=endpoint, stream=False, status_code=0, latency_ms=0,
+                created_at=datetime.now(UTC),
+            )  # fmt: skip
+            path = f"/v2/models/{model.name}/versions/{candidate.version}/infer"
+            self._running.spawn(
+                self._run(copy, replicas, path, body, compare=(candidate, primary_labels)),
+                what=f"mirror {request_id}",
+            )
+        except Exception:
+            logger.exception("shadow copy of %s not started", request_id)
+
     async def _run(
-        self, record: ShadowRecord, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]
+        self,
+        record: ShadowRecord,
+        replicas: list[ReplicaRoute],
+        path: str,
+        payload: dict[str, Any] | engine.RawBody,
+        *,
+        compare: tuple[VersionRoute, Any] | None = None,
     ) -> None:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(settings.ENGINE_REQUEST_TIMEOUT):
-                if record.stream:
+                if compare is not None and isinstance(payload, engine.RawBody):
+                    await self._predict(record, replicas, path, payload, *compare)
+                elif isinstance(payload, engine.RawBody):
+                    raise TypeError("a raw body is a predict request")
+                elif record.stream:
                     await self._stream(record, replicas, path, payload, started)
                 else:
                     await self._json(record, replicas, path, payload)
@@ -143,6 +193,23 @@ class Shadows:
         record.error = record.error[:1000]
         metrics.SHADOW_REQUESTS.labels(record.model, record.candidate_version, outcome).inc()
         self._keep(record)
+
+    async def _predict(
+        self,
+        record: ShadowRecord,
+        replicas: list[ReplicaRoute],
+        path: str,
+        body: engine.RawBody,
+        candidate: VersionRoute,
+        primary_labels: Any,
+    ) -> None:
+        from serving.predict.protocol import decode_outputs, read_body
+
+        lease, answer = await engine.dispatch(router, replicas, path, body, stream=False)
+        async with lease:
+            assert candidate.signature is not None
+            outputs = decode_outputs(candidate.signature, read_body(answer.content, answer.inference_header))
+        record.inferences, record.agreements = agreement(primary_labels, outputs)
 
     async def _json(
         self, record: ShadowRecord, replicas: list[ReplicaRoute], path: str, payload: dict[str, Any]
@@ -194,6 +261,28 @@ class Shadows:
                 await run_db(ShadowRecord.objects.bulk_create, batch, ignore_conflicts=True)
             except DatabaseError:
                 logger.warning("could not write %d shadow records", len(batch), exc_info=True)
+
+
+def predicted_labels(outputs: dict[str, Any]) -> Any:
+    """What a small model predicted per item: its ``label`` output, else the argmax of its
+    first output (scores or probabilities)."""
+    import numpy as np
+
+    if "label" in outputs:
+        return np.asarray(outputs["label"]).reshape(len(outputs["label"]), -1)
+    first = np.asarray(next(iter(outputs.values())))
+    return first.reshape(len(first), -1).argmax(axis=1).reshape(-1, 1)
+
+
+def agreement(primary_labels: Any, candidate_outputs: dict[str, Any]) -> tuple[int, int]:
+    """(items, items on which the candidate predicted what the primary did)."""
+    import numpy as np
+
+    theirs = predicted_labels(candidate_outputs)
+    ours = np.asarray(primary_labels)
+    if theirs.shape != ours.shape:
+        return len(ours), 0
+    return len(ours), int((theirs == ours).all(axis=1).sum())
 
 
 def _take_usage(record: ShadowRecord, usage: Any) -> None:

@@ -50,11 +50,18 @@ class ShadowArmSerializer(serializers.Serializer[Any]):
     truncated_share = serializers.FloatField(allow_null=True, help_text="answers cut by max_tokens")
 
 
+class ShadowAgreementSerializer(serializers.Serializer[Any]):
+    items = serializers.IntegerField(help_text="items (rows) of small models' requests answered by both")
+    agreed = serializers.IntegerField(help_text="those the candidate labelled as the primary did")
+    rate = serializers.FloatField(allow_null=True, help_text="agreed / items; null for token models")
+
+
 class ShadowComparisonSerializer(serializers.Serializer[Any]):
     since = serializers.DateTimeField()
     candidate_versions = serializers.ListField(child=serializers.CharField())
     candidate = ShadowArmSerializer(help_text="the candidate on the mirrored requests (never billed)")
     primary = ShadowArmSerializer(help_text="the version that answered, on the same requests")
+    agreement = ShadowAgreementSerializer(help_text="small models: how often the candidate predicted the same")
 
 
 class ShadowSerializer(serializers.Serializer[Any]):

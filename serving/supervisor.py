@@ -197,6 +197,7 @@ def engine_command(deployment: Deployment, port: int) -> list[str]:
             "--host", settings.WORKER_ENGINE_HOST,
             "--port", str(port),
             "--threads", str(settings.WORKER_PREDICT_THREADS),
+            "--framework", version.framework.strip().lower(),
         ]  # fmt: skip
     launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
         sys.executable,

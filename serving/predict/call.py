@@ -60,6 +60,7 @@ from serving.predict.protocol import (
 )
 from serving.predict.result_cache import result_key
 from serving.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, find_model, router
+from serving.shadow import predicted_labels, shadows
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class PredictCall:
         self._admitted = False
         self._ran = False
         self._lease: Lease | None = None
+        self._body: RawBody | None = None  # the inputs as sent to a worker (a shadow copy resends them)
         self._closing: asyncio.Task[None] | None = None
         self._started = time.perf_counter()
         self._admitted_at = datetime.now(UTC)
@@ -204,6 +206,11 @@ class PredictCall:
                 outputs = self._outputs(content, header)
                 if key is not None:
                     self._remember(key, content, header)
+                if self.model.shadow is not None and self._body is not None:
+                    shadows.mirror_predict(
+                        model=self.model, primary=self.version, request_id=self.request_id,
+                        endpoint=self.endpoint[:16], body=self._body, primary_labels=predicted_labels(outputs),
+                    )  # fmt: skip
         except BaseException as exc:
             await self.close(self._failed(exc))
             raise
@@ -282,7 +289,7 @@ class PredictCall:
 
     async def _dispatch(self) -> tuple[bytes, str | None]:
         body, length = encode_request(self.arrays, self.signature)
-        payload = RawBody(body, {"content-type": "application/octet-stream", HEADER_LENGTH: str(length)})
+        payload = self._body = RawBody(body, {"content-type": "application/octet-stream", HEADER_LENGTH: str(length)})
         replicas = router.replica_order(self.version)
         deadline = asyncio.get_running_loop().time() + settings.PREDICT_REQUEST_TIMEOUT
         for attempt in (1, 2):

@@ -20,6 +20,39 @@ from registry.signatures import DATATYPES, Signature
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
 
+class TorchScriptRunner:
+    """A TorchScript module run on batches, as ``OnnxRunner`` runs a graph (torch releases the
+    GIL in its kernels; its intra-op threads are the slot's cores)."""
+
+    def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
+        import torch
+
+        from registry.signatures import torch_dtype
+
+        torch.set_num_threads(max(1, threads))
+        self.signature = signature
+        self._torch = torch
+        self._module = torch.jit.load(str(path), map_location="cpu").eval()
+        self._dtypes = [torch_dtype(spec.datatype) for spec in signature.inputs]
+        self._outputs = [spec.name for spec in signature.outputs]
+
+    def run_batch(self, payloads: list[Arrays]) -> list[dict[str, np.ndarray[Any, Any]]]:
+        from registry.signatures import torchscript_outputs
+
+        rows = [len(next(iter(payload.values()))) for payload in payloads]
+        inputs = [
+            self._torch.from_numpy(np.ascontiguousarray(np.concatenate([p[spec.name] for p in payloads]))).to(dtype)
+            for spec, dtype in zip(self.signature.inputs, self._dtypes, strict=True)
+        ]
+        with self._torch.inference_mode():
+            produced = [t.detach().cpu().numpy() for t in torchscript_outputs(self._module(*inputs), self._outputs)]
+        bounds = np.cumsum([0, *rows])
+        return [
+            {name: array[bounds[i] : bounds[i + 1]] for name, array in zip(self._outputs, produced, strict=True)}
+            for i in range(len(payloads))
+        ]
+
+
 class OnnxRunner:
     def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
         import onnxruntime  # loaded by workers only

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from registry.batching import BatcherConfig
-from registry.signatures import Signature, onnx_file
+from registry.signatures import Signature, onnx_file, torchscript_file
 from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
 from serving.predict.protocol import (
     HEADER_LENGTH,
@@ -44,7 +44,7 @@ from serving.predict.protocol import (
     read_body,
     requested_outputs,
 )
-from serving.predict.runner import OnnxRunner
+from serving.predict.runner import OnnxRunner, TorchScriptRunner
 
 logger = logging.getLogger("serving.predict.worker")
 
@@ -56,13 +56,27 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Worker:
-    def __init__(self, *, name: str, version: str, artifact: Path, config: dict[str, Any], threads: int) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        artifact: Path,
+        config: dict[str, Any],
+        threads: int,
+        framework: str = "onnx",
+    ) -> None:
         self.name = name
         self.version = version
+        self.framework = framework
         self.signature = Signature.from_json(config["signature"])
         self.batcher_config = BatcherConfig.from_json(config.get("batcher"))
         # Each instance runs its batches on the slot's threads; instances share them.
-        self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads)
+        self.runner: OnnxRunner | TorchScriptRunner
+        if framework == "torchscript":
+            self.runner = TorchScriptRunner(torchscript_file(artifact), self.signature, threads=threads)
+        else:
+            self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads)
         self.batcher = DynamicBatcher(self.runner.run_batch, self.batcher_config)
         self.key = os.environ.get(KEY_ENV, "")
         self.running = 0
@@ -160,7 +174,7 @@ class Worker:
         return {
             "name": self.name,
             "versions": [self.version],
-            "platform": "onnxruntime_onnx",
+            "platform": "pytorch_libtorch" if self.framework == "torchscript" else "onnxruntime_onnx",
             "inputs": [s.as_json() for s in self.signature.inputs],
             "outputs": [s.as_json() for s in self.signature.outputs],
         }
@@ -230,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="the version's config, JSON (signature, batcher, labels)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime's threads (the slot's cores)")
+    parser.add_argument("--threads", type=int, default=1, help="the runtime's threads (the slot's cores)")
+    parser.add_argument("--framework", default="onnx", choices=["onnx", "torchscript"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -238,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
 
     worker = Worker(
         name=args.name, version=args.version, artifact=args.artifact, config=orjson.loads(args.config),
-        threads=args.threads,
+        threads=args.threads, framework=args.framework,
     )  # fmt: skip
     config = uvicorn.Config(
         worker, host=args.host, port=args.port, loop="uvloop", http="httptools", lifespan="on",

@@ -191,3 +191,14 @@ class TestSeedShapes:
         assert [a["prediction"] for a in answers] == ["positive", "negative"]
         assert answers[0]["confidence"] == pytest.approx(0.8)
         assert answers[1]["outputs"]["label"] == 0
+
+
+def test_agreement_compares_labels_item_by_item():
+    from serving.shadow import agreement, predicted_labels
+
+    primary = predicted_labels({"label": np.array([1, 2, 3]), "probabilities": np.zeros((3, 4))})
+    assert agreement(primary, {"label": np.array([1, 0, 3])}) == (3, 2)
+    # Without a label output, the argmax of the first output is the prediction.
+    scores = np.array([[0.1, 0.9, 0, 0], [0, 0, 0.8, 0.2], [0.5, 0, 0, 0.1]])
+    assert agreement(primary, {"scores": scores}) == (3, 2)
+    assert agreement(primary, {"label": np.array([1, 2])}) == (3, 0)  # an answer of another size agrees on nothing

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from django.utils import timezone
 
 from tests.support.gateway import committed, wait_for_ready_replicas
 
@@ -126,3 +129,34 @@ def test_a_failing_canary_is_rolled_back_on_errors_alone(gateway, make_api_key, 
         return f"running: {list(Canary.objects.get(pk=canary.pk).decisions.values_list('verdict', 'reasons'))}"
 
     assert committed(django_db_blocker, judged) == "rolled_back"
+
+
+def test_a_shadow_candidate_is_judged_by_agreement(gateway, make_api_key, digits_versions, django_db_blocker):
+    """Version 2 is the same graph: it must agree on every item the primary answered."""
+    from registry.models import Model, ModelVersion
+    from serving.selectors import shadow_comparison
+    from serving.services import shadow_policy_delete, shadow_policy_set
+
+    def start() -> datetime:
+        model = Model.objects.get(name=DIGITS)
+        candidate = ModelVersion.objects.get(model=model, version=HEALTHY)
+        shadow_policy_set(model=model, candidate=candidate, percent=Decimal(100), enabled=True, actor=None)
+        return timezone.now()
+
+    since = committed(django_db_blocker, start)
+    time.sleep(0.5)  # the gateways reload their routing table
+    try:
+        key = make_api_key(rate_limit_rpm=1000)
+        for n in range(6):
+            assert predict(gateway, key.secret, seed=2000 + n).status_code == 200
+        deadline = time.monotonic() + 30
+        while True:
+            comparison = committed(django_db_blocker, lambda: shadow_comparison(model=DIGITS, since=since))
+            if comparison["agreement"]["items"] >= 6 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert comparison["agreement"] == {"items": 6, "agreed": 6, "rate": 1.0}
+        assert comparison["candidate_versions"] == [HEALTHY]
+        assert comparison["candidate"]["requests"] == 6
+    finally:
+        committed(django_db_blocker, lambda: shadow_policy_delete(model=Model.objects.get(name=DIGITS), actor=None))
