@@ -142,6 +142,49 @@ def write_report(name: str, report: dict[str, Any]) -> Path:
     return out
 
 
+def isolate(*, database: str, redis_db: int, namespace: str, artifacts: str) -> None:
+    """Point this process and every child at a benchmark's own database (on the same
+    PostgreSQL server), Redis database and key namespace, and artifact store (under var/);
+    call before Django is set up."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from core import embedded
+
+    database_url = urlsplit(os.environ.get("DATABASE_URL") or embedded.database_url())
+    redis_url = urlsplit(os.environ.get("REDIS_URL") or embedded.redis_url())
+    own_redis = urlunsplit(redis_url._replace(path=f"/{redis_db}"))
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATABASE_URL": urlunsplit(database_url._replace(path=f"/{database}")),
+        "REDIS_URL": own_redis,
+        "CELERY_BROKER_URL": own_redis,
+        "REDIS_NAMESPACE": namespace,
+        "ARTIFACT_ROOT": str(embedded.VAR_DIR / artifacts),
+    })  # fmt: skip
+    # One gateway process: its gauges are its own, not a host's sum.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
+def database_prepare(database: str) -> None:
+    """Create a benchmark's own database (``isolate`` points DATABASE_URL at it) if it is
+    missing, set Django up on it and migrate."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    url = urlsplit(os.environ["DATABASE_URL"])
+    with psycopg.connect(urlunsplit(url._replace(path="/postgres")), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone() is None:
+            print(f"creating the database {database}", flush=True)
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    django_setup()
+    from django.core.management import call_command
+
+    print(f"migrating {database}", flush=True)
+    call_command("migrate", verbosity=0)
+
+
 def django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django

@@ -41,12 +41,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from mock_suite import ROOT, Server, django_setup, free_port, report_start, spawn, wait_http, write_report
+import mock_suite
+from mock_suite import ROOT, Server, free_port, report_start, spawn, wait_http, write_report
 
 DATABASE = "inference_bench_predict"
 REDIS_DB = 7  # the platform uses 0, the soak 8, the test sessions 9 to 15
@@ -61,34 +61,11 @@ BATCHER = {"max_batch_size": 64, "max_queue_delay_us": 2_000, "preferred_batch_s
 
 
 def isolate() -> None:
-    from core import embedded
-
-    database = urlsplit(os.environ.get("DATABASE_URL") or embedded.database_url())
-    redis_url = urlsplit(os.environ.get("REDIS_URL") or embedded.redis_url())
-    bench_redis = urlunsplit(redis_url._replace(path=f"/{REDIS_DB}"))
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DATABASE_URL": urlunsplit(database._replace(path=f"/{DATABASE}")),
-        "REDIS_URL": bench_redis,
-        "CELERY_BROKER_URL": bench_redis,
-        "REDIS_NAMESPACE": NAMESPACE,
-        "ARTIFACT_ROOT": str(embedded.VAR_DIR / "bench-predict" / "artifacts"),
-    })  # fmt: skip
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    mock_suite.isolate(database=DATABASE, redis_db=REDIS_DB, namespace=NAMESPACE, artifacts="bench-predict/artifacts")
 
 
 def database_prepare() -> None:
-    import psycopg
-    from psycopg import sql
-
-    url = urlsplit(os.environ["DATABASE_URL"])
-    with psycopg.connect(urlunsplit(url._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    django_setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    mock_suite.database_prepare(DATABASE)
 
 
 def platform_setup() -> tuple[str, Path]:

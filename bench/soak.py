@@ -67,12 +67,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
 import httpx
+import mock_suite
 import orjson
 import psutil
 from mock_suite import ROOT, Server, django_setup, free_port, report_start, spawn, wait_http, write_report
@@ -115,38 +116,12 @@ ERROR_LINE = re.compile(r"^(\S+ \S+ )?(ERROR|CRITICAL)\b")
 def isolate() -> None:
     """Point this process and every child at the soak's own database, Redis database,
     namespace and artifact store; call before Django is set up."""
-    from core import embedded
-
-    database = urlsplit(os.environ.get("DATABASE_URL") or embedded.database_url())
-    redis_url = urlsplit(os.environ.get("REDIS_URL") or embedded.redis_url())
-    soak_redis = urlunsplit(redis_url._replace(path=f"/{SOAK_REDIS_DB}"))
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DATABASE_URL": urlunsplit(database._replace(path=f"/{SOAK_DATABASE}")),
-        "REDIS_URL": soak_redis,
-        "CELERY_BROKER_URL": soak_redis,
-        "REDIS_NAMESPACE": SOAK_NAMESPACE,
-        "ARTIFACT_ROOT": str(embedded.VAR_DIR / "soak" / "artifacts"),
-    })  # fmt: skip
-    # One gateway process: its gauges are its own, not a host's sum.
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    mock_suite.isolate(database=SOAK_DATABASE, redis_db=SOAK_REDIS_DB, namespace=SOAK_NAMESPACE,
+                       artifacts="soak/artifacts")  # fmt: skip
 
 
 def database_prepare() -> None:
-    """Create the soak's database if it is missing, set Django up on it and migrate."""
-    import psycopg
-    from psycopg import sql
-
-    url = urlsplit(os.environ["DATABASE_URL"])
-    with psycopg.connect(urlunsplit(url._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [SOAK_DATABASE]).fetchone() is None:
-            print(f"creating the database {SOAK_DATABASE}", flush=True)
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(SOAK_DATABASE)))
-    django_setup()
-    from django.core.management import call_command
-
-    print(f"migrating {SOAK_DATABASE}", flush=True)
-    call_command("migrate", verbosity=0)
+    mock_suite.database_prepare(SOAK_DATABASE)
 
 
 def serve_model(name: str, task: str, endpoint: str, artifact_uri: str) -> None:

@@ -19,24 +19,13 @@ from serving.auth import authenticate
 from serving.errors import APIError, ModelNotAllowed, RateLimited
 from serving.openai_wire import rate_limit_headers
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
-from serving.requests import ApiRequest
+from serving.requests import ApiRequest, require_method
 from serving.responses import EventStreamResponse
 from serving.routing import ModelRoute, find_model, routing_table
 
 
 def _json(data: Any, *, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
-
-
-def _require(request: ApiRequest, method: str) -> None:
-    if request.method != method:
-        raise APIError(
-            f"Method {request.method} is not allowed here; use {method}.",
-            status=405,
-            type="invalid_request_error",
-            code="method_not_allowed",
-            headers={"Allow": method},
-        )
 
 
 async def _current_limits(grant: KeyGrant) -> dict[str, str]:
@@ -52,7 +41,7 @@ def _model_object(model: ModelRoute) -> dict[str, Any]:
 
 
 async def models_list(request: ApiRequest) -> HttpResponse:
-    _require(request, "GET")
+    require_method(request, "GET")
     grant = await authenticate(request.header("authorization"))
     table = await routing_table()
     data = [_model_object(m) for name, m in sorted(table.models.items()) if grant.may_use(name)]
@@ -60,7 +49,7 @@ async def models_list(request: ApiRequest) -> HttpResponse:
 
 
 async def model_detail(request: ApiRequest, model: str) -> HttpResponse:
-    _require(request, "GET")
+    require_method(request, "GET")
     grant = await authenticate(request.header("authorization"))
     route = await find_model(model)
     if not grant.may_use(model):
@@ -89,7 +78,7 @@ async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
 
 
 async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
-    _require(request, "POST")
+    require_method(request, "POST")
     grant = await authenticate(request.header("authorization"))
     call = InferenceCall(endpoint, grant, request.request_id)
     request.on_close(call.close)  # settles the call however the request ends

@@ -44,7 +44,7 @@ from serving.predict.protocol import (
     read_body,
     requested_outputs,
 )
-from serving.requests import ApiRequest
+from serving.requests import ApiRequest, require_method
 from serving.routing import ModelRoute, routing_table
 from serving.session_auth import session_grant
 
@@ -72,36 +72,25 @@ def protocol_errors(view: View) -> View:
     return cast(View, wrapped)
 
 
-def _require(request: ApiRequest, method: str) -> None:
-    if request.method != method:
-        raise APIError(
-            f"Method {request.method} is not allowed here; use {method}.",
-            status=405,
-            type="invalid_request_error",
-            code="method_not_allowed",
-            headers={"Allow": method},
-        )
-
-
 # --- server ------------------------------------------------------------------------------
 
 
 @protocol_errors
 async def server_metadata(request: ApiRequest) -> HttpResponse:
-    _require(request, "GET")
+    require_method(request, "GET")
     return _json({"name": SERVER_NAME, "version": settings.PLATFORM_VERSION, "extensions": list(EXTENSIONS)})
 
 
 @protocol_errors
 async def server_live(request: ApiRequest) -> HttpResponse:
-    _require(request, "GET")
+    require_method(request, "GET")
     return _json({"live": True})
 
 
 @protocol_errors
 async def server_ready(request: ApiRequest) -> HttpResponse:
     """Ready when this gateway has a routing table (it can route a request now)."""
-    _require(request, "GET")
+    require_method(request, "GET")
     await routing_table()
     return _json({"ready": True})
 
@@ -115,7 +104,7 @@ async def _model(request: ApiRequest, name: str) -> ModelRoute:
 
 @protocol_errors
 async def model_metadata(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
-    _require(request, "GET")
+    require_method(request, "GET")
     route = await _model(request, model)
     return _json(call_model_metadata(route, served_versions(route, version)))
 
@@ -123,7 +112,7 @@ async def model_metadata(request: ApiRequest, model: str, version: str | None = 
 @protocol_errors
 async def model_ready(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
     """200 when a replica of the model (or that version) can take a request now, else 503."""
-    _require(request, "GET")
+    require_method(request, "GET")
     route = await _model(request, model)
     if is_ready(served_versions(route, version)):
         return _json({"name": route.name, "ready": True})
@@ -132,7 +121,7 @@ async def model_ready(request: ApiRequest, model: str, version: str | None = Non
 
 @protocol_errors
 async def model_infer(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
-    _require(request, "POST")
+    require_method(request, "POST")
     grant = await authenticate(request.header("authorization"))
     call = PredictCall(grant, request.request_id, endpoint="v2-infer")
     request.on_close(call.close)
@@ -227,7 +216,7 @@ def _version_param(data: dict[str, Any]) -> str | None:
 
 async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
-    _require(request, "POST")
+    require_method(request, "POST")
     data = _object(request.body)
     call, answers = await _predict(request, model, data.get("inputs"), _version_param(data), endpoint="predict")
     response = _json({
@@ -242,7 +231,7 @@ async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
 
 async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
-    _require(request, "POST")
+    require_method(request, "POST")
     data = _object(request.body)
     model = data.get("model")
     if not isinstance(model, str) or not model:

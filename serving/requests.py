@@ -6,6 +6,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from serving.errors import APIError
+
 Closer = Callable[[int], Awaitable[None]]
 
 
@@ -28,3 +30,15 @@ class ApiRequest:
     def on_close(self, closer: Closer) -> None:
         """Run ``closer(status)`` when the request is over, however it ended (499: client gone)."""
         self.closers.append(closer)
+
+
+def require_method(request: ApiRequest, method: str) -> None:
+    """A data-plane view answers one method; any other is a 405 naming the one it takes."""
+    if request.method != method:
+        raise APIError(
+            f"Method {request.method} is not allowed here; use {method}.",
+            status=405,
+            type="invalid_request_error",
+            code="method_not_allowed",
+            headers={"Allow": method},
+        )

@@ -3,7 +3,6 @@ traffic splits, and the audit entry each write leaves (and a refused one does no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,6 @@ def empty_audit_log(db) -> None:
     """Session fixtures elsewhere commit deployments (and so audit entries); this test's
     transaction hides them, and rolling back brings them back."""
     AuditEntry.objects.all().delete()
-
-
-@pytest.fixture
-def store(settings, tmp_path) -> Iterator[artifacts.ArtifactStore]:
-    """A local artifact store of this test's own."""
-    settings.ARTIFACT_STORE = {
-        "BACKEND": "registry.artifacts.LocalArtifactStore",
-        "OPTIONS": {"root": str(tmp_path / "store")},
-    }
-    artifacts.get_artifact_store.cache_clear()
-    yield artifacts.get_artifact_store()
-    artifacts.get_artifact_store.cache_clear()
 
 
 def put_artifact(store: artifacts.ArtifactStore, tmp_path: Path, key: str, weights: bytes = b"w" * 100):

@@ -5,7 +5,6 @@ by the predict worker like an ONNX one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 from core.errors import InvalidInput
-from registry import artifacts
 from registry.services import model_version_create
 from registry.signatures import predict_config
 
@@ -47,17 +45,6 @@ def torchscript_dir(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def store(settings, tmp_path) -> Iterator[artifacts.ArtifactStore]:
-    settings.ARTIFACT_STORE = {
-        "BACKEND": "registry.artifacts.LocalArtifactStore",
-        "OPTIONS": {"root": str(tmp_path / "store")},
-    }
-    artifacts.get_artifact_store.cache_clear()
-    yield artifacts.get_artifact_store()
-    artifacts.get_artifact_store.cache_clear()
-
-
 def test_a_torchscript_module_is_checked_against_its_declared_signature(torchscript_dir):
     config = predict_config("torchscript", torchscript_dir, {"signature": SIGNATURE, "labels": ["a", "b", "c"]})
     assert config["signature"] == SIGNATURE
@@ -77,10 +64,8 @@ def test_a_torchscript_module_is_checked_against_its_declared_signature(torchscr
 
 
 @pytest.mark.django_db
-def test_registration_refuses_what_does_not_load_and_keeps_what_does(store, torchscript_dir, tmp_path):
-    from django.contrib.auth import get_user_model
-
-    admin = get_user_model().objects.create_superuser(username="ts-admin", password="pw-1234567890")
+def test_registration_refuses_what_does_not_load_and_keeps_what_does(store, torchscript_dir, tmp_path, people):
+    admin = people["ml"]
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "model.pt").write_bytes(b"not a module")
