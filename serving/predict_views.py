@@ -28,7 +28,7 @@ from django.http import HttpResponse
 
 from accounts.grants import KeyGrant
 from serving.auth import authenticate
-from serving.errors import APIError, InvalidRequest, RateLimited
+from serving.errors import APIError, InvalidRequest
 from serving.openai_wire import rate_limit_headers
 from serving.predict.call import PredictCall, is_ready, predict_model, served_versions
 from serving.predict.call import model_metadata as call_model_metadata
@@ -193,10 +193,7 @@ async def _predict(
     except BadTensor as exc:
         raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
     call.take_inputs(tensors)
-    try:
-        outputs = await call.run()
-    except RateLimited:
-        raise
+    outputs = await call.run()
     answers = predictions(outputs, call.version.labels, call.rows)
     call.stage_ms["total"] = (time.perf_counter() - started) * 1000
     return call, answers
