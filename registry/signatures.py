@@ -242,18 +242,98 @@ def check_torchscript(path: Path, signature: Signature) -> None:
             raise InvalidInput("signature", f"Output {spec.name!r} is {array.dtype}; declared {spec.datatype}.")
 
 
+# The graph inputs a tokenizer step feeds (BERT-style encoders): ids, mask, segment ids.
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A text model's pre-processing (``config["tokenizer"]``): clients send one BYTES input of
+    strings (``input``, shape [-1]); the worker tokenizes each batch with the artifact's
+    Hugging Face ``tokenizers`` file (``file``, cut at ``max_length`` tokens, padded to the
+    batch's longest) and feeds the graph's ``TOKEN_INPUTS``."""
+
+    input: str
+    file: str
+    max_length: int
+
+    @classmethod
+    def from_json(cls, value: object) -> TextInput | None:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise InvalidInput("tokenizer", 'Must be an object: {"file", "input", "max_length"}.')
+        file, name, length = value.get("file", "tokenizer.json"), value.get("input", "text"), value.get("max_length")
+        if not isinstance(file, str) or not file or "/" in file or file.startswith("."):
+            raise InvalidInput("tokenizer.file", "Must be the name of a file in the artifact's folder.")
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInput("tokenizer.input", "Must be the name of the text input clients send.")
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 8192:
+            raise InvalidInput("tokenizer.max_length", "Must be a number of tokens from 1 to 8192.")
+        return cls(input=name, file=file, max_length=length)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"input": self.input, "file": self.file, "max_length": self.max_length}
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(name=self.input, datatype="BYTES", shape=(-1,))
+
+    def load(self, folder: Path) -> Any:
+        """The tokenizer, set to cut and pad (``tokenizers.Tokenizer``)."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / self.file))
+        tokenizer.enable_truncation(self.max_length)
+        if tokenizer.padding is None:
+            tokenizer.enable_padding()
+        return tokenizer
+
+
+def text_signature(text: TextInput, path: Path, declared: object) -> Signature:
+    """A text model's public signature: its text input and its graph's outputs. The graph
+    must take only ``TOKEN_INPUTS`` (INT64, [batch, tokens], ``input_ids`` among them) and
+    the artifact must be a folder holding a tokenizer file that loads."""
+    if not path.is_dir() or not (path / text.file).is_file():
+        raise InvalidInput("tokenizer.file", f"The artifact must be a folder holding {text.file}.")
+    try:
+        text.load(path)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the artifact's
+        raise InvalidInput("tokenizer.file", f"tokenizers cannot load {text.file}: {exc}") from None
+    graph = onnx_signature(onnx_file(path))
+    for spec in graph.inputs:
+        if spec.name not in TOKEN_INPUTS or spec.datatype != "INT64" or len(spec.shape) != 2:
+            raise InvalidInput("tokenizer", f"The graph's input {spec.name!r} is not one a tokenizer feeds "
+                               f"({', '.join(TOKEN_INPUTS)}: INT64, [batch, tokens]).")  # fmt: skip
+    if graph.input("input_ids") is None:
+        raise InvalidInput("tokenizer", "The graph takes no input_ids.")
+    public = Signature(inputs=(text.spec(),), outputs=graph.outputs)
+    if declared is None:
+        return public
+    wanted = Signature.from_json(declared)
+    if wanted.inputs != public.inputs:
+        raise InvalidInput("signature.inputs", f"A text model takes one input: {text.spec().as_json()}.")
+    check_signature(Signature(inputs=graph.inputs, outputs=wanted.outputs), graph)
+    return wanted
+
+
 def predict_config(framework: str, path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
     """A predict version's config, checked by loading its artifact once: the declared
     signature must be the artifact's (an ONNX graph's is read; when none is declared, it is
     recorded; a TorchScript module must declare one, and is run on one row to check it), the
-    batcher's settings must hold, and ``labels`` (class names by index), when given, must be
+    batcher's settings must hold, a ``tokenizer`` step (``TextInput``) must fit the graph, and
+    ``labels`` (class names by index), when given, must be
     a list of strings. Raises ``InvalidInput`` naming what is wrong."""
     from registry.batching import BatcherConfig
 
     kind = framework.strip().lower()
     if kind not in PREDICT_FRAMEWORKS:
         raise InvalidInput("framework", f"Must be one of {', '.join(sorted(PREDICT_FRAMEWORKS))}.")
-    if kind == "torchscript":
+    text = TextInput.from_json(config.get("tokenizer"))
+    if text is not None:
+        if kind != "onnx":
+            raise InvalidInput("tokenizer", "A tokenizer step runs before ONNX graphs only.")
+        declared = text_signature(text, path, config.get("signature"))
+    elif kind == "torchscript":
         if config.get("signature") is None:
             raise InvalidInput("signature", "A TorchScript version declares its signature (inputs and outputs).")
         declared = Signature.from_json(config["signature"])
@@ -267,4 +347,8 @@ def predict_config(framework: str, path: Path, config: Mapping[str, Any]) -> dic
     labels = config.get("labels")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)):
         raise InvalidInput("labels", "Must be a list of class names (strings), by class index.")
-    return {**config, "signature": declared.as_json()}
+    return {
+        **config,
+        "signature": declared.as_json(),
+        **({"tokenizer": text.as_json()} if text is not None else {}),
+    }

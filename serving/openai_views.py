@@ -86,23 +86,36 @@ async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
         answer = await call.run(
             request.body, pinned_version=_pinned_version(request), cache_control=request.header("cache-control")
         )
-        response: HttpResponseBase = EventStreamResponse(_sse(call)) if answer is None else _json(answer)
-    except RateLimited:
-        raise  # carries its own headers
-    except APIError as exc:
-        exc.headers.update(rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(grant))
+    except Exception as exc:
+        await failed_call(call, exc)
         raise
-    if call.rate_limits is not None:  # admitted (a cache hit too)
+    response: HttpResponseBase = EventStreamResponse(_sse(call)) if answer is None else _json(answer)
+    annotate_answer(response, call)
+    return response
+
+
+async def failed_call(call: InferenceCall, exc: Exception) -> None:
+    """Before a refused or failed call's error goes out: the key's limits on it (a 429 carries
+    its own)."""
+    if isinstance(exc, APIError) and not isinstance(exc, RateLimited):
+        exc.headers.update(
+            rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(call.grant)
+        )
+
+
+def annotate_answer(response: HttpResponseBase, call: InferenceCall) -> None:
+    """An answer's headers: the key's limits once admitted (a cache hit too), the version that
+    served it (pinned or chosen), the cache's outcome, and where the time before the first
+    byte went (W3C Server-Timing, for clients and benchmarks)."""
+    if call.rate_limits is not None:
         for name, value in rate_limit_headers(call.rate_limits).items():
             response[name] = value
-    response["x-model-version"] = call.version.version  # the version that served it, pinned or chosen
-    if endpoint is not COMPLETIONS:
+    response["x-model-version"] = call.version.version
+    if call.endpoint is not COMPLETIONS:
         response["x-cache"] = call.cache_outcome
         if call.cache_hit is not None:
             response["x-cache-similarity"] = f"{call.cache_hit.similarity:.4f}"
-    # Where the time before the first byte went (W3C Server-Timing), for clients and benchmarks.
     response["Server-Timing"] = ", ".join(f"{stage};dur={ms:.2f}" for stage, ms in call.stage_ms.items())
-    return response
 
 
 async def _with_limits(response: HttpResponse, grant: KeyGrant) -> HttpResponse:

@@ -44,7 +44,7 @@ from serving.predict.protocol import (
     read_body,
     requested_outputs,
 )
-from serving.requests import ApiRequest, require_method
+from serving.requests import ApiRequest, json_object, require_method
 from serving.routing import ModelRoute, routing_table
 from serving.session_auth import session_grant
 
@@ -160,16 +160,6 @@ def _annotate(response: HttpResponse, call: PredictCall) -> None:
 # --- the seeds' shapes -------------------------------------------------------------------
 
 
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The body is not JSON ({exc}).", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
-    return data
-
-
 async def _grant(request: ApiRequest) -> KeyGrant:
     """The API key's grant; or, for the console's "try it" form (no key, ``X-Organization``),
     the signed-in member's playground key in that organisation (``serving.session_auth``:
@@ -214,7 +204,7 @@ def _version_param(data: dict[str, Any]) -> str | None:
 async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
     require_method(request, "POST")
-    data = _object(request.body)
+    data = json_object(request.body)
     call, answers = await _predict(request, model, data.get("inputs"), _version_param(data), endpoint="predict")
     response = _json({
         "model": call.model.name,
@@ -229,7 +219,7 @@ async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
 async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
     require_method(request, "POST")
-    data = _object(request.body)
+    data = json_object(request.body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required: the model's name.", param="model")

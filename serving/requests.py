@@ -6,7 +6,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from serving.errors import APIError
+import orjson
+
+from serving.errors import APIError, InvalidRequest
 
 Closer = Callable[[int], Awaitable[None]]
 
@@ -42,3 +44,14 @@ def require_method(request: ApiRequest, method: str) -> None:
             code="method_not_allowed",
             headers={"Allow": method},
         )
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object (the seeds' shapes), else a 400 ``invalid_json``."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The body is not JSON ({exc}).", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
+    return data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import key_usage_views, openai_views, predict_views
+from serving import key_usage_views, openai_views, predict_views, seed_views
 
 app_name = "dataplane"
 
@@ -31,6 +31,10 @@ urlpatterns = [
     path("v2/models/<str:model>/versions/<str:version>/infer", predict_views.model_infer, name="v2-version-infer"),
     path("api/v1/predict", predict_views.predict, name="api-predict"),
     path("api/v1/models/<str:model>/predict", predict_views.model_predict, name="api-model-predict"),
+    # The seeds' generate and embed shapes over the OpenAI paths.
+    path("api/v1/generate", seed_views.generate, name="api-generate"),
+    path("api/v1/models/<str:model>/generate", seed_views.model_generate, name="api-model-generate"),
+    path("api/v1/embed", seed_views.embed, name="api-embed"),
 ]
 
 # Paths the data plane's ASGI entry serves itself (serving.asgi, answered in OpenAI's error
@@ -38,5 +42,6 @@ urlpatterns = [
 # paths that end in one of DATA_PLANE_MODEL_ACTIONS.
 DATA_PLANE_PREFIXES = (
     "/v1/", "/v2", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage", "/api/v1/predict",
+    "/api/v1/generate", "/api/v1/embed",
 )  # fmt: skip
-DATA_PLANE_MODEL_ACTIONS = ("/predict",)
+DATA_PLANE_MODEL_ACTIONS = ("/predict", "/generate")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from registry.signatures import DATATYPES, Signature
+from registry.signatures import DATATYPES, Signature, TextInput
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
@@ -53,8 +53,28 @@ class TorchScriptRunner:
         ]
 
 
+class Tokenize:
+    """A text model's tokenizer step: a batch's strings → the graph's token inputs, padded to
+    the batch's longest text (so a batch of short texts stays short)."""
+
+    def __init__(self, text: TextInput, folder: Path, graph_inputs: list[str]) -> None:
+        self.text = text
+        self._tokenizer = text.load(folder)
+        self._inputs = graph_inputs
+
+    def feeds(self, texts: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+        strings = [t.decode(errors="replace") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+        encoded = self._tokenizer.encode_batch(strings)
+        columns = {
+            "input_ids": [e.ids for e in encoded],
+            "attention_mask": [e.attention_mask for e in encoded],
+            "token_type_ids": [e.type_ids for e in encoded],
+        }
+        return {name: np.asarray(columns[name], dtype=np.int64) for name in self._inputs}
+
+
 class OnnxRunner:
-    def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
+    def __init__(self, path: Path, signature: Signature, *, threads: int = 1, text: TextInput | None = None) -> None:
         import onnxruntime  # loaded by workers only
 
         options = onnxruntime.SessionOptions()
@@ -63,16 +83,22 @@ class OnnxRunner:
         self.signature = signature
         self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self._outputs = [spec.name for spec in signature.outputs]
+        graph_inputs = [arg.name for arg in self._session.get_inputs()]
+        self._tokenize = Tokenize(text, path.parent, graph_inputs) if text is not None else None
 
     def run_batch(self, payloads: list[Arrays]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Run every request of the batch at once; one dict of outputs per request, in order."""
         rows = [len(next(iter(payload.values()))) for payload in payloads]
-        feeds = {
-            spec.name: np.concatenate([payload[spec.name] for payload in payloads]).astype(
-                DATATYPES[spec.datatype], copy=False
-            )
-            for spec in self.signature.inputs
-        }
+        if self._tokenize is not None:
+            name = self._tokenize.text.input
+            feeds = self._tokenize.feeds(np.concatenate([payload[name] for payload in payloads]))
+        else:
+            feeds = {
+                spec.name: np.concatenate([payload[spec.name] for payload in payloads]).astype(
+                    DATATYPES[spec.datatype], copy=False
+                )
+                for spec in self.signature.inputs
+            }
         produced = self._session.run(self._outputs, feeds)
         bounds = np.cumsum([0, *rows])
         return [

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from registry.batching import BatcherConfig
-from registry.signatures import Signature, onnx_file, torchscript_file
+from registry.signatures import Signature, TextInput, onnx_file, torchscript_file
 from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
 from serving.predict.protocol import (
     HEADER_LENGTH,
@@ -76,7 +76,8 @@ class Worker:
         if framework == "torchscript":
             self.runner = TorchScriptRunner(torchscript_file(artifact), self.signature, threads=threads)
         else:
-            self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads)
+            text = TextInput.from_json(config.get("tokenizer"))
+            self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads, text=text)
         self.batcher = DynamicBatcher(self.runner.run_batch, self.batcher_config)
         self.key = os.environ.get(KEY_ENV, "")
         self.running = 0

@@ -11,6 +11,8 @@
   const canvasPanel = document.getElementById("pd-canvas-panel");
   const canvas = document.getElementById("pd-canvas");
   const jsonPanel = document.getElementById("pd-json-panel");
+  const textPanel = document.getElementById("pd-text-panel");
+  const textBox = document.getElementById("pd-text");
   const instance = document.getElementById("pd-instance");
   const signatureText = document.getElementById("pd-signature");
   const status = document.getElementById("pd-status");
@@ -32,8 +34,11 @@
   function showModel() {
     const m = model();
     const canvasKind = m.tryIt && m.tryIt.kind === "canvas";
+    const textKind = m.tryIt && m.tryIt.kind === "text";
     canvasPanel.hidden = !canvasKind;
-    jsonPanel.hidden = canvasKind;
+    textPanel.hidden = !textKind;
+    jsonPanel.hidden = canvasKind || textKind;
+    textBox.value = textKind && m.example ? String(m.example[m.tryIt.input] || "") : "";
     const inputs = (m.signature.inputs || []).map((t) => `${t.name} ${t.datatype} [${t.shape.join(", ")}]`);
     signatureText.textContent = inputs.length ? `Inputs: ${inputs.join("; ")}` : "";
     instance.value = m.example ? JSON.stringify(m.example) : "{}";
@@ -100,6 +105,9 @@
     const m = model();
     if (m.tryIt && m.tryIt.kind === "canvas") {
       return { [m.tryIt.input]: grid.map((v) => Math.round(v * 100) / 100) };
+    }
+    if (m.tryIt && m.tryIt.kind === "text") {
+      return { [m.tryIt.input]: textBox.value };
     }
     return JSON.parse(instance.value);
   }
@@ -168,6 +176,7 @@
   document.getElementById("pd-clear").addEventListener("click", () => {
     const m = model();
     if (m.tryIt && m.tryIt.kind === "canvas") clearGrid();
+    else if (m.tryIt && m.tryIt.kind === "text") textBox.value = "";
     else instance.value = m.example ? JSON.stringify(m.example) : "{}";
     resetResult();
   });

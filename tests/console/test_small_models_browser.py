@@ -17,6 +17,7 @@ from tests.support.gateway import committed
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 
 DIGITS = "digits-mlp"
+SENTIMENT = "sentiment-minilm"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,8 @@ def test_the_served_small_models_are_offered_with_what_their_form_needs(gateway)
     assert digits.labels == [str(d) for d in range(10)]
     assert offered["breast-cancer-gbt"].try_it is None
     assert offered["breast-cancer-gbt"].labels == ["malignant", "benign"]
+    assert offered[SENTIMENT].try_it == {"kind": "text", "input": "text"}
+    assert offered[SENTIMENT].labels == ["negative", "positive"]
 
 
 def draw_a_one(page: Any) -> None:
@@ -98,6 +101,17 @@ def test_a_member_draws_a_digit_and_gets_a_prediction(gateway, chromium, committ
         )
 
     assert committed(django_db_blocker, records)[-2:] == [(DIGITS, 200, 1), ("breast-cancer-gbt", 200, 1)]
+
+    # The text model takes a sentence in a text box (the seeds' sentiment example).
+    page.select_option("#pd-model", SENTIMENT)
+    assert page.locator("#pd-text").is_visible()
+    assert not page.locator("#pd-instance").is_visible()
+    page.fill("#pd-text", "Absolutely wonderful, I loved every minute of it!")
+    page.click("#pd-send")
+    page.wait_for_function("document.querySelector('#pd-prediction').textContent !== '—'", timeout=60_000)
+    assert page.locator("#pd-prediction").inner_text() in ("negative", "positive")
+    assert page.locator(".pd-bar").count() == 2
+    assert errors == []
 
 
 def test_the_version_page_shows_signature_batcher_and_batches(gateway, chromium, committed_users, django_db_blocker):

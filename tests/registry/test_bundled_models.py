@@ -37,13 +37,26 @@ class TestImport:
         assert digits.config["signature"]["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}]
         assert digits.config["heldout_accuracy"] > 0.9
 
+    def test_the_sentiment_model_is_judged_on_a_source_it_was_not_trained_on(self, bundled_models):
+        sentiment = ModelVersion.objects.get(model__name="sentiment-minilm")
+        config = sentiment.config
+        assert config["signature"]["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        assert config["tokenizer"]["file"] == "tokenizer.json"
+        assert config["heldout_source"] not in config["trained_on"]
+        # Another authorship pass, other domains and style: far above chance (50 %), per class too.
+        assert config["heldout_rows"] >= 200
+        assert config["heldout_accuracy"] >= 0.7
+        for label in ("negative", "positive"):
+            low, high = config["heldout_per_label"][label]["interval95"]
+            assert 0.55 <= low <= config["heldout_per_label"][label]["accuracy"] <= high
+
     def test_a_second_import_changes_nothing(self, bundled_models):
         before = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
         messages: list[str] = []
         import_bundled_models(progress=messages.append)
         after = {v.pk: (v.artifact_sha256, v.artifact_uri) for v in ModelVersion.objects.all()}
         assert after == before
-        assert sum("up to date" in m for m in messages) == len(BUNDLED_MODELS) == 4
+        assert sum("up to date" in m for m in messages) == len(BUNDLED_MODELS) == 5
         assert not any("building" in m for m in messages)
 
     def test_a_corrupted_artifact_is_rebuilt(self, bundled_models):

@@ -25,6 +25,7 @@ from tests.support.gateway import committed, persisted, price_model
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 
 DIGITS = "digits-mlp"
+SENTIMENT = "sentiment-minilm"
 PER_THOUSAND = Decimal("0.05")
 CACHED_PER_THOUSAND = Decimal("0.01")
 
@@ -277,6 +278,50 @@ class TestSeedShapes:
         assert bad.status_code == 400
         assert bad.json()["error"]["code"] == "invalid_tensor"
         assert "'pixel'" in bad.json()["error"]["message"]
+
+
+class TestTextModel:
+    """The bundled sentiment model: a tokenizer step in the worker, strings over every API."""
+
+    SENTENCES = [
+        "This product is amazing, it works perfectly and I love it!",
+        "Terrible service, rude staff and my order arrived broken.",
+        "Best holiday we have had in years, everything was lovely.",
+        "A complete waste of money, it stopped working after two days.",
+    ]
+    TRUTH = ["positive", "negative", "positive", "negative"]
+
+    def test_the_seeds_sentiment_example(self, gateway, api_key):
+        answers = [
+            httpx.post(
+                f"{gateway.base_url}/api/v1/predict", json={"model": SENTIMENT, "input": {"text": sentence}},
+                headers=auth(api_key.secret), timeout=60,
+            )
+            for sentence in self.SENTENCES
+        ]  # fmt: skip
+        assert all(a.status_code == 200 for a in answers), answers[0].text
+        data = [a.json() for a in answers]
+        assert all(d["prediction"] in ("negative", "positive") and 0.5 <= d["confidence"] <= 1 for d in data)
+        assert sum(d["prediction"] == t for d, t in zip(data, self.TRUTH, strict=True)) >= 3
+        assert [r.inferences for r in _records_of_key(api_key.key_id)] == [1, 1, 1, 1]
+
+    def test_tritonclient_sends_strings_over_http_and_grpc(self, gateway, grpc_address, api_key):
+        texts = np.array([s.encode() for s in self.SENTENCES], dtype=np.object_)
+        over_http = triton.InferInput("text", [len(texts)], "BYTES")
+        over_http.set_data_from_numpy(texts)
+        http_answer = client(gateway).infer(SENTIMENT, [over_http], headers=auth(api_key.secret))
+        over_grpc = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        over_grpc.set_data_from_numpy(texts)
+        grpc_answer = triton_grpc.InferenceServerClient(grpc_address).infer(
+            SENTIMENT, [over_grpc], headers=grpc_auth(api_key.secret)
+        )
+        np.testing.assert_array_equal(http_answer.as_numpy("label"), grpc_answer.as_numpy("label"))
+        np.testing.assert_allclose(http_answer.as_numpy("probabilities"), grpc_answer.as_numpy("probabilities"))
+        assert http_answer.as_numpy("probabilities").shape == (4, 2)
+        numbers = triton.InferInput("text", [1], "FP32")
+        numbers.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="'text'"):
+            client(gateway).infer(SENTIMENT, [numbers], headers=auth(api_key.secret))
 
 
 def _records_of_key(key_id: int) -> list[Any]:

@@ -44,6 +44,7 @@ DEMO_PRICES = {
 DEMO_INFERENCE_PRICES = {
     "digits-mlp": ("0.05", "0.01"),
     "breast-cancer-gbt": ("0.08", "0.02"),
+    "sentiment-minilm": ("0.20", "0.04"),
 }
 DEMO_ORG = "Demo"
 DEMO_KEY_NAME = "demo"

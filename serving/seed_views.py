@@ -1,0 +1,185 @@
+"""The seed design's generate and embed shapes, as thin adapters over the OpenAI paths.
+
+- ``POST /api/v1/generate`` ``{"model", "prompt", "max_tokens", "stream", …}`` and
+  ``POST /api/v1/models/{name}/generate`` (the model from the path): a chat model is asked
+  with the prompt as one user message (its chat template applies), a completion model with
+  the prompt as is. With ``"stream": true`` the answer is SSE: ``data: {"token": "…"}`` per
+  piece of text, then ``data: {"finish_reason", "usage"}`` and ``data: [DONE]`` (an
+  ``{"error": …}`` event instead when the engine fails); else JSON ``{"model", "text",
+  "finish_reason", "usage", "latency_ms"}``.
+- ``POST /api/v1/embed`` ``{"model", "inputs": [text, …]}`` → ``{"model", "embeddings",
+  "dimensions", "usage"}``.
+
+Each runs the same ``InferenceCall`` as the OpenAI path it adapts (key, limits, routing,
+canaries, caches, metering), and answers with the same headers; errors in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+from django.http import HttpResponse, HttpResponseBase
+
+from serving.auth import authenticate
+from serving.errors import InvalidRequest
+from serving.openai_views import annotate_answer, failed_call
+from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
+from serving.requests import ApiRequest, json_object, require_method
+from serving.responses import EventStreamResponse
+from serving.routing import find_model
+
+# Sampling fields the seeds' generate passes through to the OpenAI request as they are.
+SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "user")
+
+
+def _model_name(data: dict[str, Any]) -> str:
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required: the model's name.", param="model")
+    return model
+
+
+async def _run(request: ApiRequest, call: InferenceCall, body: dict[str, Any]) -> dict[str, Any] | None:
+    request.on_close(call.close)
+    try:
+        return await call.run(orjson.dumps(body), cache_control=request.header("cache-control"))
+    except Exception as exc:
+        await failed_call(call, exc)
+        raise
+
+
+# --- generate ------------------------------------------------------------------------------
+
+
+async def _generate(request: ApiRequest, model: str, data: dict[str, Any]) -> HttpResponseBase:
+    started = time.perf_counter()
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRequest("prompt is required: the text to continue or answer.", param="prompt")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("stream must be true or false.", param="stream")
+    grant = await authenticate(request.header("authorization"))
+    route = await find_model(model)
+    endpoint: Endpoint = CHAT if route.task in CHAT.tasks else COMPLETIONS
+    body: dict[str, Any] = {"model": model, "stream": stream}
+    if endpoint is CHAT:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body |= {name: data[name] for name in SAMPLING if name in data}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    call = InferenceCall(endpoint, grant, request.request_id)
+    answer = await _run(request, call, body)
+    if answer is None:
+        response: HttpResponseBase = EventStreamResponse(_tokens(call))
+    else:
+        choice = answer["choices"][0]
+        text = choice["message"]["content"] if endpoint is CHAT else choice["text"]
+        response = HttpResponse(
+            orjson.dumps(
+                {
+                    "model": model,
+                    "text": text or "",
+                    "finish_reason": choice.get("finish_reason"),
+                    "usage": answer.get("usage"),
+                    "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+                }
+            ),
+            content_type="application/json",
+        )
+    annotate_answer(response, call)
+    return response
+
+
+def _text_of(chunk: dict[str, Any]) -> str:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if text:
+            return str(text)
+    return ""
+
+
+def _finish_of(chunk: dict[str, Any]) -> str | None:
+    for choice in chunk.get("choices") or ():
+        if choice.get("finish_reason"):
+            return str(choice["finish_reason"])
+    return None
+
+
+async def _tokens(call: InferenceCall) -> AsyncGenerator[bytes, None]:
+    """The call's chunks as the seeds' events: a ``{"token"}`` per piece, the finish and usage."""
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    held: list[bytes] = []
+    async for chunk in call.chunks():
+        if "error" in chunk:
+            held.append(b"data: " + orjson.dumps(chunk) + b"\n\n")  # the last chunk
+            continue
+        if text := _text_of(chunk):
+            held.append(b"data: " + orjson.dumps({"token": text}) + b"\n\n")
+        finish = _finish_of(chunk) or finish
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        if held and not call.more_ready:
+            yield b"".join(held)
+            held.clear()
+    if not call.failed:
+        held.append(b"data: " + orjson.dumps({"finish_reason": finish, "usage": usage}) + b"\n\n")
+        held.append(b"data: [DONE]\n\n")
+    if held:
+        yield b"".join(held)
+
+
+async def generate(request: ApiRequest) -> HttpResponseBase:
+    """``POST /api/v1/generate``."""
+    require_method(request, "POST")
+    data = json_object(request.body)
+    return await _generate(request, _model_name(data), data)
+
+
+async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
+    """``POST /api/v1/models/{name}/generate``: the model from the path (one in the body must agree)."""
+    require_method(request, "POST")
+    data = json_object(request.body)
+    if data.get("model") not in (None, model):
+        raise InvalidRequest(f"The body names the model `{data['model']}` but the path `{model}`.", param="model")
+    return await _generate(request, model, data)
+
+
+# --- embed ---------------------------------------------------------------------------------
+
+
+async def embed(request: ApiRequest) -> HttpResponseBase:
+    """``POST /api/v1/embed``."""
+    require_method(request, "POST")
+    data = json_object(request.body)
+    model = _model_name(data)
+    inputs = data.get("inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) and i for i in inputs):
+        raise InvalidRequest("inputs is required: a list of non-empty texts.", param="inputs")
+    grant = await authenticate(request.header("authorization"))
+    call = InferenceCall(EMBEDDINGS, grant, request.request_id)
+    answer = await _run(request, call, {"model": model, "input": inputs})
+    assert answer is not None  # embeddings never stream
+    embeddings = [item["embedding"] for item in sorted(answer["data"], key=lambda item: item["index"])]
+    response = HttpResponse(
+        orjson.dumps(
+            {
+                "model": model,
+                "embeddings": embeddings,
+                "dimensions": len(embeddings[0]) if embeddings else 0,
+                "usage": answer.get("usage"),
+            }
+        ),
+        content_type="application/json",
+    )
+    annotate_answer(response, call)
+    return response
