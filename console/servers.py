@@ -8,7 +8,9 @@ WebSockets (Channels) run on its ``websockets`` implementation, pinged every 20 
 
 Proxy headers are never taken from the server: the platform decides whether to trust
 them (``TRUST_PROXY_HEADERS``). Graceful shutdown waits for requests in flight up to
-``ASGI_GRACEFUL_SHUTDOWN_SECONDS``.
+``ASGI_GRACEFUL_SHUTDOWN_SECONDS``. ``GATEWAY_PROCESSES`` (uvicorn only) runs that many
+processes on the one port, each a gateway of its own (its own router state and ledger
+identity, as gateways on several hosts are): one Python process tops out near one core.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from django.conf import settings
 SERVERS = ("uvicorn", "daphne")
 
 
-def server_command(python: str, *, host: str, port: int, server: str | None = None) -> list[str]:
+def server_command(
+    python: str, *, host: str, port: int, server: str | None = None, processes: int | None = None
+) -> list[str]:
     server = server or os.environ.get("ASGI_SERVER", "uvicorn")
     if server == "daphne":
         return [python, "-m", "daphne", "-b", host, "-p", str(port), "console.asgi:application"]
     if server != "uvicorn":
         raise ValueError(f"ASGI_SERVER must be one of {', '.join(SERVERS)}, not {server!r}")
+    processes = processes or settings.GATEWAY_PROCESSES
+    workers = ["--workers", str(processes)] if processes > 1 else []
     return [
         python, "-m", "uvicorn", "console.asgi:application", "--host", host, "--port", str(port),
         "--loop", "uvloop", "--http", "httptools", "--ws", "websockets", "--lifespan", "off",
@@ -34,4 +40,5 @@ def server_command(python: str, *, host: str, port: int, server: str | None = No
         # one far over it is not even buffered: the server closes the socket (1009).
         "--ws-max-size", str(settings.API_MAX_BODY_BYTES + 1024 * 1024),
         "--timeout-graceful-shutdown", os.environ.get("ASGI_GRACEFUL_SHUTDOWN_SECONDS", "30"),
+        *workers,
     ]  # fmt: skip

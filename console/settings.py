@@ -263,6 +263,8 @@ ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
 ENGINE_FALLBACK = envbool("ENGINE_FALLBACK", "true")
 # The largest /v1 request body accepted; larger ones get 413 before they are read.
 API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
+# uvicorn processes serving the one port (console.servers): each a gateway of its own.
+GATEWAY_PROCESSES = max(1, envint("GATEWAY_PROCESSES", 1))
 # Django's own limit for the console and admin (the data plane reads bodies itself).
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 # Bodies larger than this have their prompt counted in one of PROMPT_COUNT_THREADS worker

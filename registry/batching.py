@@ -22,7 +22,7 @@ class BatcherConfig:
     """How a version's requests are batched (the keys of ``config["batcher"]``)."""
 
     max_batch_size: int = 32
-    max_queue_delay_us: int = 2_000
+    max_queue_delay_us: int = 0  # as Triton's: a batch goes when the model is free (docs/architecture.md)
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 1_024
     timeout_s: float = 10.0

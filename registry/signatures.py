@@ -284,8 +284,15 @@ class TextInput:
 
         tokenizer = Tokenizer.from_file(str(folder / self.file))
         tokenizer.enable_truncation(self.max_length)
-        if tokenizer.padding is None:
-            tokenizer.enable_padding()
+        # To the batch's longest text, whatever the file says (sentence-transformers' files pad
+        # every text to 128 tokens: 10x the work for a short sentence), with the file's pad token.
+        padding = tokenizer.padding or {}
+        tokenizer.enable_padding(
+            pad_id=padding.get("pad_id", 0),
+            pad_type_id=padding.get("pad_type_id", 0),
+            pad_token=padding.get("pad_token", "[PAD]"),
+            direction=padding.get("direction", "right"),
+        )
         return tokenizer
 
 

@@ -80,7 +80,10 @@ def _config(
     return {
         "signature": signature.as_json(),
         "labels": labels,
-        "batcher": {"max_batch_size": 64, "max_queue_delay_us": 2_000, "preferred_batch_sizes": [16, 64]},
+        # No queue delay: a batch goes as soon as the model is free, made of what queued while
+        # it ran (on these CPU models a 2 ms delay cost more latency than it bought throughput:
+        # docs/performance.md).
+        "batcher": {"max_batch_size": 64, "max_queue_delay_us": 0, "preferred_batch_sizes": [16, 64]},
         "heldout_accuracy": round(float(np.mean(predicted == target)), 4),
         "heldout_rows": len(target),
         # One held-out instance, for the console's "try it" form and the docs.
@@ -277,7 +280,7 @@ def build_sentiment(out: Path) -> dict[str, Any]:
         "signature": signature.as_json(),
         "tokenizer": text.as_json(),
         "labels": SENTIMENT_LABELS,
-        "batcher": {"max_batch_size": 32, "max_queue_delay_us": 2_000, "preferred_batch_sizes": [8, 32]},
+        "batcher": {"max_batch_size": 32, "max_queue_delay_us": 0, "preferred_batch_sizes": [8, 32]},
         "heldout_accuracy": round(float(right.mean()), 4),
         "heldout_interval95": [round(low, 4), round(high, 4)],
         "heldout_rows": len(right),

@@ -44,6 +44,7 @@ from billing import ledger
 from billing.ledger import Headroom, UsageEvent
 from billing.pricing import PriceQuote
 from serving import engine, metrics
+from serving.admission import Admission, limiter_unavailable, rate_limited
 from serving.errors import (
     APIError,
     EngineFailed,
@@ -51,9 +52,8 @@ from serving.errors import (
     EngineUnavailable,
     InvalidRequest,
     ModelNotAllowed,
-    RateLimited,
 )
-from serving.openai_wire import finish_reason_of, note_finish_reasons, rate_limit_headers
+from serving.openai_wire import finish_reason_of, note_finish_reasons
 from serving.routing import Lease, ReplicaRoute, VersionRoute, find_model, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
 from serving.semcache.lookup import (
@@ -130,7 +130,6 @@ class InferenceCall:
         self.endpoint = endpoint
         self.grant = grant
         self.request_id = request_id
-        self.rate_limits: Headroom | None = None
         self.status: int | None = None  # set when settled
         self.failed = False  # a stream ended with an error event
         self.prompt_tokens = 0
@@ -142,9 +141,7 @@ class InferenceCall:
         self._reserved = 0
         self._reserved_spend = Decimal(0)
         self.price: PriceQuote | None = None
-        self._admission: asyncio.Task[Headroom] | None = None
-        self._maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
-        self._admitted = False
+        self._admission: Admission | None = None  # its place in the ledger, from admit()
         self._pinned = False  # X-Model-Version: a fallback never changes the version
         self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
         self._ran = False  # an engine accepted the request (answered 2xx): its prompt was processed
@@ -313,7 +310,12 @@ class InferenceCall:
     @property
     def admitted(self) -> bool:
         """Charged and metered (known for sure once ``close`` has returned)."""
-        return self._admitted
+        return self._admission is not None and self._admission.admitted
+
+    @property
+    def rate_limits(self) -> Headroom | None:
+        """The key's limits once admitted (a cache hit too), for the answer's headers."""
+        return self._admission.rate_limits if self._admission is not None else None
 
     @property
     def cache_outcome(self) -> str:
@@ -426,42 +428,13 @@ class InferenceCall:
     # --- admission ------------------------------------------------------------------------
 
     async def admit(self) -> Headroom:
-        """Charge the limits and register the request in flight, in one atomic step.
-
-        Runs as a task of its own: a caller cancelled while it is in flight (a client that
-        disconnects, a WebSocket cancel) leaves it to finish, and ``close`` settles it.
-        Raises RateLimited (429) when a limit, budget or the model's queue refuses it.
-        """
-        self._admission = asyncio.ensure_future(self._admit())
-        return await asyncio.shield(self._admission)
-
-    async def _admit(self) -> Headroom:
-        replicas = sum(len(router.routable(v)) for v in self.model.versions)
-        if self.grant.tier == "paid":
-            per_replica = settings.BACKPRESSURE_PAID_PER_REPLICA
-        else:
-            per_replica = settings.BACKPRESSURE_FREE_PER_REPLICA
-        self._maybe_admitted = True
-        try:
-            headers = await ledger.admit(
-                grant=self.grant,
-                draft=self._event(0, draft=True),
-                tokens=self._reserved,
-                spend=self._reserved_spend,
-                model_limit=max(1, replicas) * per_replica,
-                rpm_paid=self._rpm_paid,
-            )
-        except ledger.Refused as refused:
-            self._maybe_admitted = False
-            raise rate_limited(refused.refusal) from None
-        except ledger.LedgerUnavailable as exc:
-            # The admission may have landed before the connection failed: close() settles it
-            # (a no-op in the ledger when it did not), so nothing is left charged.
-            raise limiter_unavailable(exc) from exc
-        self._admitted = True
-        metrics.IN_FLIGHT.labels(self.model.name).inc()
-        self.rate_limits = headers
-        return headers
+        """Charge the limits and register the request in flight, in one atomic step
+        (``serving.admission``: a caller cancelled meanwhile leaves it to finish, and ``close``
+        settles it). Raises RateLimited (429) when a limit, budget or the model's queue refuses it."""
+        self._admission = Admission(self.grant, self.model)
+        return await self._admission.admit(
+            self._event(0, draft=True), tokens=self._reserved, spend=self._reserved_spend, rpm_paid=self._rpm_paid
+        )
 
     # --- running ---------------------------------------------------------------------------
 
@@ -831,9 +804,9 @@ class InferenceCall:
         await asyncio.shield(self._closing)
 
     async def _finish(self, status: int) -> None:
-        if self._admission is not None and not self._admission.done():
-            with contextlib.suppress(Exception):  # refused or failed: its owner handled that already
-                await self._admission
+        admission = self._admission
+        if admission is not None:
+            await admission.in_flight_done()
         upstream, self._upstream = self._upstream, None
         if upstream is not None:
             try:
@@ -842,16 +815,13 @@ class InferenceCall:
                 logger.debug("closing the engine stream failed", exc_info=True)
         if self._lease is not None:
             self._lease.release()
-        if not self._maybe_admitted:
+        if admission is None or not admission.maybe_admitted:
             return
         event = self._event(status)
         self.status = status
-        written = await ledger.settle_or_defer(event, admitted=self._admitted)
-        metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
-        if not self._admitted:
+        if not await admission.settle(event):
             return  # admission outcome unknown: the ledger settles it if it landed
         labels = (event.model, event.model_version)
-        metrics.IN_FLIGHT.labels(event.model).dec()
         metrics.REQUESTS.labels(*labels, self.endpoint.name, str(status)).inc()
         metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
         if event.ttft_ms is not None:
@@ -865,23 +835,6 @@ class InferenceCall:
                     prompt=event.prompt_tokens, completion=event.completion_tokens, charged=event.cost
                 )
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
-
-
-def rate_limited(refusal: ledger.Refusal) -> RateLimited:
-    return RateLimited(
-        refusal.message,
-        code=refusal.code,
-        type="insufficient_quota" if refusal.code == "insufficient_quota" else "rate_limit_exceeded",
-        headers={**rate_limit_headers(refusal.headroom), "Retry-After": str(refusal.retry_after)},
-    )
-
-
-def limiter_unavailable(exc: Exception) -> EngineUnavailable:
-    logger.error("ledger unavailable: %s", exc)
-    return EngineUnavailable(
-        "Rate limits and metering are unavailable, so the request was not run. Try again shortly.",
-        code="limiter_unavailable",
-    )
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -74,12 +74,13 @@ class Gateway:
                 self.process.wait(5)
 
 
-def start_gateway(log_dir: Path, **env: str) -> Gateway:
+def start_gateway(log_dir: Path, *, processes: int | None = None, **env: str) -> Gateway:
+    """A gateway (``console.servers``) on a free port, healthy; ``processes``: uvicorn's."""
     port = free_port()
     log_path = log_dir / f"gateway-{port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            server_command(sys.executable, host="127.0.0.1", port=port),
+            server_command(sys.executable, host="127.0.0.1", port=port, processes=processes),
             cwd=BASE_DIR,
             env=child_env(**env),
             stdout=log,

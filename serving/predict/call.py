@@ -18,7 +18,6 @@ version and inputs, ``PREDICT_RESULT_CACHE_TTL_SECONDS``) and a hit is billed as
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -38,6 +37,7 @@ from core import keys
 from core.lifecycle import Background
 from core.redis import async_redis
 from serving import engine, metrics
+from serving.admission import Admission
 from serving.engine import RawBody
 from serving.errors import (
     APIError,
@@ -48,7 +48,7 @@ from serving.errors import (
     ModelNotAllowed,
     RateLimited,
 )
-from serving.orchestrator import error_code_of, limiter_unavailable, rate_limited, status_of
+from serving.orchestrator import error_code_of, status_of
 from serving.predict.protocol import (
     HEADER_LENGTH,
     BadRequest,
@@ -119,7 +119,6 @@ class PredictCall:
         self.grant = grant
         self.request_id = request_id
         self.endpoint = endpoint
-        self.rate_limits: Headroom | None = None
         self.cache = MISS
         self.rows = 0
         self.arrays: Arrays = {}
@@ -127,9 +126,7 @@ class PredictCall:
         self.error_code = ""
         self.status: int | None = None
         self._pinned = False
-        self._admission: asyncio.Task[Headroom] | None = None
-        self._maybe_admitted = False
-        self._admitted = False
+        self._admission: Admission | None = None  # its place in the ledger, from admit()
         self._ran = False
         self._lease: Lease | None = None
         self._body: RawBody | None = None  # the inputs as sent to a worker (a shadow copy resends them)
@@ -251,39 +248,19 @@ class PredictCall:
 
     # --- admission ------------------------------------------------------------------------
 
-    async def admit(self) -> Headroom:
-        """Charge the limits and register the request in flight (a task of its own: a caller
-        cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
-        self._admission = asyncio.ensure_future(self._admit())
-        return await asyncio.shield(self._admission)
+    @property
+    def rate_limits(self) -> Headroom | None:
+        """The key's limits once admitted, for the answer's headers."""
+        return self._admission.rate_limits if self._admission is not None else None
 
-    async def _admit(self) -> Headroom:
-        replicas = sum(len(router.routable(v)) for v in self.model.versions)
-        per_replica = (
-            settings.BACKPRESSURE_PAID_PER_REPLICA
-            if self.grant.tier == "paid"
-            else settings.BACKPRESSURE_FREE_PER_REPLICA
-        )
+    async def admit(self) -> Headroom:
+        """Charge the limits and register the request in flight (``serving.admission``: a
+        caller cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
         spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
-        self._maybe_admitted = True
-        try:
-            headroom = await ledger.admit(
-                grant=self.grant,
-                draft=self._event(0, draft=True),
-                tokens=0,
-                spend=Decimal(spend),
-                model_limit=max(1, replicas) * per_replica,
-                inferences=self.rows,
-            )
-        except ledger.Refused as refused:
-            self._maybe_admitted = False
-            raise rate_limited(refused.refusal) from None
-        except ledger.LedgerUnavailable as exc:
-            raise limiter_unavailable(exc) from exc
-        self._admitted = True
-        metrics.IN_FLIGHT.labels(self.model.name).inc()
-        self.rate_limits = headroom
-        return headroom
+        self._admission = Admission(self.grant, self.model)
+        return await self._admission.admit(
+            self._event(0, draft=True), tokens=0, spend=Decimal(spend), inferences=self.rows
+        )
 
     # --- running ---------------------------------------------------------------------------
 
@@ -402,22 +379,19 @@ class PredictCall:
         await asyncio.shield(self._closing)
 
     async def _finish(self, status: int) -> None:
-        if self._admission is not None and not self._admission.done():
-            with contextlib.suppress(Exception):
-                await self._admission
+        admission = self._admission
+        if admission is not None:
+            await admission.in_flight_done()
         if self._lease is not None:
             self._lease.release()
             self._lease = None
-        if not self._maybe_admitted:
+        if admission is None or not admission.maybe_admitted:
             return
         event = self._event(status)
         self.status = status
-        written = await ledger.settle_or_defer(event, admitted=self._admitted)
-        metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
-        if not self._admitted:
+        if not await admission.settle(event):
             return
         labels = (event.model, event.model_version)
-        metrics.IN_FLIGHT.labels(event.model).dec()
         metrics.REQUESTS.labels(*labels, self.endpoint, str(status)).inc()
         metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
         metrics.INFERENCES.labels(*labels, self.cache).inc(event.inferences)

@@ -129,6 +129,23 @@ def _client(worker: Worker) -> httpx.AsyncClient:
     )
 
 
+def test_a_batch_is_padded_to_its_longest_text_not_to_the_files_length(text_artifact):
+    from registry.signatures import TextInput
+    from serving.predict.runner import Tokenize
+
+    folder, config = text_artifact
+    text = TextInput.from_json(config["tokenizer"])
+    assert text is not None
+    feeds = Tokenize(text, folder, ["input_ids", "attention_mask"]).feeds(
+        np.array(["great", "fine I guess"], dtype=object)
+    )
+    # [CLS] great [SEP] and [CLS] fine i guess [SEP]; MiniLM's file would pad both to 128.
+    assert feeds["input_ids"].shape == (2, 5)
+    assert feeds["attention_mask"].sum(axis=1).tolist() == [3, 5]
+    long = Tokenize(text, folder, ["input_ids"]).feeds(np.array(["word " * 100], dtype=object))
+    assert long["input_ids"].shape == (1, TOKENIZER["max_length"])  # cut at max_length
+
+
 TEXTS = ["great", "this was a long and thoroughly disappointing evening, never again", "fine I guess"]
 
 
