@@ -6,7 +6,7 @@ answer says which version served it in ``x-model-version``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -63,44 +63,58 @@ def _pinned_version(request: ApiRequest) -> str | None:
     return value or None
 
 
-async def _sse(call: InferenceCall) -> AsyncGenerator[bytes, None]:
-    # Chunks already received together go out in one write (one syscall, one ASGI message).
+def _as_is(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    return [chunk]
+
+
+async def sse(
+    call: InferenceCall,
+    render: Callable[[dict[str, Any]], list[dict[str, Any]]] = _as_is,
+    last: Callable[[], dict[str, Any]] | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The call's chunks as SSE events (``render`` turns a chunk into the events it makes; an
+    error chunk is always the last), then ``last()``'s event and ``[DONE]`` unless it failed.
+    Chunks already received together go out in one write (one syscall, one ASGI message)."""
     held: list[bytes] = []
     async for chunk in call.chunks():
-        held.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        if not call.more_ready:
+        events = [chunk] if "error" in chunk else render(chunk)
+        held.extend(b"data: " + orjson.dumps(event) + b"\n\n" for event in events)
+        if held and not call.more_ready:
             yield b"".join(held)
             held.clear()
     if not call.failed:
+        if last is not None:
+            held.append(b"data: " + orjson.dumps(last()) + b"\n\n")
         held.append(b"data: [DONE]\n\n")
     if held:
         yield b"".join(held)
+
+
+async def run_call(
+    request: ApiRequest, call: InferenceCall, raw_body: bytes, *, pinned_version: str | None = None
+) -> dict[str, Any] | None:
+    """Drive ``call`` for this request (settled however the request ends): its JSON answer,
+    or None for a stream (``sse``). A refused or failed call's error carries the key's limits
+    (a 429 its own)."""
+    request.on_close(call.close)
+    try:
+        return await call.run(raw_body, pinned_version=pinned_version, cache_control=request.header("cache-control"))
+    except APIError as exc:
+        if not isinstance(exc, RateLimited):
+            exc.headers.update(
+                rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(call.grant)
+            )
+        raise
 
 
 async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     require_method(request, "POST")
     grant = await authenticate(request.header("authorization"))
     call = InferenceCall(endpoint, grant, request.request_id)
-    request.on_close(call.close)  # settles the call however the request ends
-    try:
-        answer = await call.run(
-            request.body, pinned_version=_pinned_version(request), cache_control=request.header("cache-control")
-        )
-    except Exception as exc:
-        await failed_call(call, exc)
-        raise
-    response: HttpResponseBase = EventStreamResponse(_sse(call)) if answer is None else _json(answer)
+    answer = await run_call(request, call, request.body, pinned_version=_pinned_version(request))
+    response: HttpResponseBase = EventStreamResponse(sse(call)) if answer is None else _json(answer)
     annotate_answer(response, call)
     return response
-
-
-async def failed_call(call: InferenceCall, exc: Exception) -> None:
-    """Before a refused or failed call's error goes out: the key's limits on it (a 429 carries
-    its own)."""
-    if isinstance(exc, APIError) and not isinstance(exc, RateLimited):
-        exc.headers.update(
-            rate_limit_headers(call.rate_limits) if call.rate_limits else await _current_limits(call.grant)
-        )
 
 
 def annotate_answer(response: HttpResponseBase, call: InferenceCall) -> None:

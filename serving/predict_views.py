@@ -44,7 +44,7 @@ from serving.predict.protocol import (
     read_body,
     requested_outputs,
 )
-from serving.requests import ApiRequest, json_object, require_method
+from serving.requests import ApiRequest, json_object, model_name, require_method
 from serving.routing import ModelRoute, routing_table
 from serving.session_auth import session_grant
 
@@ -220,9 +220,7 @@ async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
     require_method(request, "POST")
     data = json_object(request.body)
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required: the model's name.", param="model")
+    model = model_name(data)
     if "input" not in data:
         raise InvalidRequest('input is required: one instance, e.g. {"text": "…"}.', param="input")
     call, answers = await _predict(request, model, [data["input"]], _version_param(data), endpoint="predict")

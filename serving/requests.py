@@ -55,3 +55,11 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequest("The body must be a JSON object.", code="invalid_json")
     return data
+
+
+def model_name(data: dict[str, Any]) -> str:
+    """The body's ``model`` (the seeds' shapes), else a 400 naming it."""
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required: the model's name.", param="model")
+    return model

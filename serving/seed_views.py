@@ -17,7 +17,6 @@ canaries, caches, metering), and answers with the same headers; errors in OpenAI
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -25,30 +24,14 @@ from django.http import HttpResponse, HttpResponseBase
 
 from serving.auth import authenticate
 from serving.errors import InvalidRequest
-from serving.openai_views import annotate_answer, failed_call
+from serving.openai_views import annotate_answer, run_call, sse
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
-from serving.requests import ApiRequest, json_object, require_method
+from serving.requests import ApiRequest, json_object, model_name, require_method
 from serving.responses import EventStreamResponse
 from serving.routing import find_model
 
 # Sampling fields the seeds' generate passes through to the OpenAI request as they are.
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "user")
-
-
-def _model_name(data: dict[str, Any]) -> str:
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required: the model's name.", param="model")
-    return model
-
-
-async def _run(request: ApiRequest, call: InferenceCall, body: dict[str, Any]) -> dict[str, Any] | None:
-    request.on_close(call.close)
-    try:
-        return await call.run(orjson.dumps(body), cache_control=request.header("cache-control"))
-    except Exception as exc:
-        await failed_call(call, exc)
-        raise
 
 
 # --- generate ------------------------------------------------------------------------------
@@ -74,9 +57,10 @@ async def _generate(request: ApiRequest, model: str, data: dict[str, Any]) -> Ht
     if stream:
         body["stream_options"] = {"include_usage": True}
     call = InferenceCall(endpoint, grant, request.request_id)
-    answer = await _run(request, call, body)
+    answer = await run_call(request, call, orjson.dumps(body))
     if answer is None:
-        response: HttpResponseBase = EventStreamResponse(_tokens(call))
+        tokens = _Tokens()
+        response: HttpResponseBase = EventStreamResponse(sse(call, tokens.render, tokens.last))
     else:
         choice = answer["choices"][0]
         text = choice["message"]["content"] if endpoint is CHAT else choice["text"]
@@ -96,51 +80,35 @@ async def _generate(request: ApiRequest, model: str, data: dict[str, Any]) -> Ht
     return response
 
 
-def _text_of(chunk: dict[str, Any]) -> str:
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if text:
-            return str(text)
-    return ""
+class _Tokens:
+    """A stream's chunks as the seeds' events: a ``{"token"}`` per piece of text, and last the
+    finish reason and usage the chunks carried."""
 
+    def __init__(self) -> None:
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
 
-def _finish_of(chunk: dict[str, Any]) -> str | None:
-    for choice in chunk.get("choices") or ():
-        if choice.get("finish_reason"):
-            return str(choice["finish_reason"])
-    return None
-
-
-async def _tokens(call: InferenceCall) -> AsyncGenerator[bytes, None]:
-    """The call's chunks as the seeds' events: a ``{"token"}`` per piece, the finish and usage."""
-    finish: str | None = None
-    usage: dict[str, Any] | None = None
-    held: list[bytes] = []
-    async for chunk in call.chunks():
-        if "error" in chunk:
-            held.append(b"data: " + orjson.dumps(chunk) + b"\n\n")  # the last chunk
-            continue
-        if text := _text_of(chunk):
-            held.append(b"data: " + orjson.dumps({"token": text}) + b"\n\n")
-        finish = _finish_of(chunk) or finish
+    def render(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if chunk.get("usage"):
-            usage = chunk["usage"]
-        if held and not call.more_ready:
-            yield b"".join(held)
-            held.clear()
-    if not call.failed:
-        held.append(b"data: " + orjson.dumps({"finish_reason": finish, "usage": usage}) + b"\n\n")
-        held.append(b"data: [DONE]\n\n")
-    if held:
-        yield b"".join(held)
+            self.usage = chunk["usage"]
+        events = []
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if text:
+                events.append({"token": str(text)})
+            self.finish = choice.get("finish_reason") or self.finish
+        return events
+
+    def last(self) -> dict[str, Any]:
+        return {"finish_reason": self.finish, "usage": self.usage}
 
 
 async def generate(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/generate``."""
     require_method(request, "POST")
     data = json_object(request.body)
-    return await _generate(request, _model_name(data), data)
+    return await _generate(request, model_name(data), data)
 
 
 async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
@@ -159,7 +127,7 @@ async def embed(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/embed``."""
     require_method(request, "POST")
     data = json_object(request.body)
-    model = _model_name(data)
+    model = model_name(data)
     inputs = data.get("inputs")
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -167,7 +135,7 @@ async def embed(request: ApiRequest) -> HttpResponseBase:
         raise InvalidRequest("inputs is required: a list of non-empty texts.", param="inputs")
     grant = await authenticate(request.header("authorization"))
     call = InferenceCall(EMBEDDINGS, grant, request.request_id)
-    answer = await _run(request, call, {"model": model, "input": inputs})
+    answer = await run_call(request, call, orjson.dumps({"model": model, "input": inputs}))
     assert answer is not None  # embeddings never stream
     embeddings = [item["embedding"] for item in sorted(answer["data"], key=lambda item: item["index"])]
     response = HttpResponse(
