@@ -102,7 +102,9 @@ end
 -- KEYS[1] in-flight hash, KEYS[2] budget alert stream
 -- ARGV[1] request id           ARGV[2] spec (JSON, see billing/ledger.py)
 -- ARGV[3] in-flight entry (JSON, the usage event so far)   ARGV[4] test clock key or ""
-local function admit()
+-- (ADMIT and SETTLE take one request's KEYS and ARGV as parameters, named as Redis names
+-- them: the same code runs a request alone and inside a batch, see MANY.)
+local function admit(KEYS, ARGV)
   local rid = ARGV[1]
   -- Idempotent: a retried call (its first reply was lost) finds the request admitted
   -- already and answers the same, charging nothing a second time.
@@ -240,7 +242,7 @@ local function admit()
 end
 
 -- The usage event's field/value pairs (from ARGV[first]), with its revision set.
-local function event_fields(first, revision)
+local function event_fields(ARGV, first, revision)
   local out = {}
   for i = first, #ARGV, 2 do
     out[#out + 1] = ARGV[i]
@@ -256,7 +258,7 @@ end
 -- ARGV[1] request id, ARGV[2] tokens used, ARGV[3] spend used (micro-units),
 -- ARGV[4] test clock key or "", ARGV[5] "sweep" when the sweeper settles it (else ""),
 -- ARGV[6..] the usage event's field/value pairs
-local function settle()
+local function settle(KEYS, ARGV)
   local rid = ARGV[1]
   local used, spent = tonumber(ARGV[2]), tonumber(ARGV[3])
   local raw = redis.call("HGET", KEYS[1], rid)
@@ -277,7 +279,7 @@ local function settle()
       redis.call("HINCRBY", bkey, "ut", int(used - swept.tokens))
       redis.call("HINCRBY", bkey, "us", int(spent - swept.spend))
     end
-    return redis.call("XADD", KEYS[2], "*", unpack(event_fields(6, "1")))
+    return redis.call("XADD", KEYS[2], "*", unpack(event_fields(ARGV, 6, "1")))
   end
   redis.call("HDEL", KEYS[1], rid)
   local entry = cjson.decode(raw)
@@ -309,7 +311,7 @@ local function settle()
         "EX", 7 * 86400)
     end
   end
-  local id = redis.call("XADD", KEYS[2], "*", unpack(event_fields(6, "0")))
+  local id = redis.call("XADD", KEYS[2], "*", unpack(event_fields(ARGV, 6, "0")))
   redis.call("HINCRBY", KEYS[3], "events", 1)
   -- And per key, so that one customer's requests can be reconciled on their own.
   for i = 6, #ARGV, 2 do
@@ -380,9 +382,33 @@ local function month()
   return {m, tostring(left)}
 end
 
+-- MANY: several requests' ADMITs (or SETTLEs) in one run, each exactly as it would run alone,
+-- in order; their replies in a list ("" for a SETTLE that found nothing to settle).
+-- ARGV[1] n, ARGV[2] keys per request; then per request: its argument count m and its m
+-- arguments. KEYS: each request's keys, one after the other.
+local function many(one)
+  local n, per = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local out, at = {}, 3
+  for i = 1, n do
+    local k, a = {}, {}
+    for j = 1, per do
+      k[j] = KEYS[(i - 1) * per + j]
+    end
+    local m = tonumber(ARGV[at])
+    for j = 1, m do
+      a[j] = ARGV[at + j]
+    end
+    at = at + m + 1
+    out[i] = one(k, a) or ""
+  end
+  return out
+end
+
 local op = table.remove(ARGV, 1)
-if op == "admit" then return admit() end
-if op == "settle" then return settle() end
+if op == "admit" then return admit(KEYS, ARGV) end
+if op == "settle" then return settle(KEYS, ARGV) end
+if op == "admit_many" then return many(admit) end
+if op == "settle_many" then return many(settle) end
 if op == "peek" then return peek() end
 if op == "take" then return take() end
 if op == "month" then return month() end

@@ -3,12 +3,12 @@
 Every admitted request is charged against its key's and organisation's limits and budgets
 and produces exactly one usage event, however it ends:
 
-1. ``admit`` (one Lua call, ``ledger.lua``, on Redis server time) checks and charges
+1. ``admit`` (one Lua step, ``ledger.lua``, on Redis server time) checks and charges
    requests per minute, tokens per minute (reserved up front), concurrency, the month's
    token quota and spend cap, and the model's queue for the key's tier, and records the
    request in the in-flight hash. It is idempotent: a retried call for the same request
    id (its first reply was lost) charges nothing twice.
-2. ``settle`` (one Lua call) removes the request from the hash, returns the unused part
+2. ``settle`` (one Lua step) removes the request from the hash, returns the unused part
    of its reservation, releases its places, and appends its ``UsageEvent`` to the usage
    stream, atomically; whoever removes the entry writes the event, so it is written once.
    A gateway that cannot reach Redis hands the settlement to ``Settlements``, which keeps
@@ -17,6 +17,9 @@ and produces exactly one usage event, however it ends:
    gateways that are gone: a gateway is alive while its heartbeat key exists (refreshed by
    a thread, so a busy event loop cannot miss a beat), and is judged dead only after the
    sweeper has seen it missing for GATEWAY_LOST_AFTER on Redis's own clock.
+
+Concurrent admissions (and settlements) of one process travel to Redis together
+(``Coalesced``): one script run carries each request's step, exactly as it would run alone.
 
 ``billing.usage`` moves the stream into ``UsageRecord`` rows (request id unique). The keys
 are named in ``core.keys``; docs/architecture.md, "The ledger", has the whole contract.
@@ -47,7 +50,7 @@ from redis.exceptions import RedisError
 from accounts.grants import KeyGrant, ScopeLimits
 from billing.pricing import micros_up, to_micros
 from core import keys
-from core.lifecycle import OncePerProcess, Worker
+from core.lifecycle import OncePerProcess, PerLoop, Worker, fail_all
 from core.redis import async_redis, is_transient, sync_redis
 
 logger = logging.getLogger(__name__)
@@ -301,6 +304,68 @@ def _script(client: Redis) -> AsyncScript:
     return script
 
 
+_Item = tuple[list[str], list[str | bytes | int], "asyncio.Future[Any]"]  # a call's keys, arguments, reply
+
+
+class Coalesced:
+    """Concurrent calls of one ledger step (``admit`` or ``settle``), sent to Redis together.
+
+    The first call goes at once; those that arrive while it is in flight wait and go
+    together as the next script run (``MANY`` in ledger.lua, at most ``MAX_ITEMS``), which
+    runs each request's step exactly as it would run alone, in order. No timer: a call on
+    its own costs what it did, and under load one round trip carries many requests. (The
+    two ledger calls per request were measured at about half of a one-process gateway's
+    CPU per prediction: bench/predict_suite.py, docs/performance.md.) Each request keeps
+    its own reply; a Redis error fails every call of its run, which each caller retries or
+    defers as before (both steps are idempotent).
+    """
+
+    MAX_ITEMS = 64
+    IN_FLIGHT = 2
+
+    def __init__(self, op: str, keys_per_item: int) -> None:
+        self.op = op
+        self.keys_per_item = keys_per_item
+        self._waiting: deque[_Item] = deque()
+        self._workers = [Worker(self._drain, name=f"ledger {op}") for _ in range(self.IN_FLIGHT)]
+
+    async def call(self, keys: list[str], args: list[str | bytes | int]) -> Any:
+        assert len(keys) == self.keys_per_item
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((keys, args, future))
+        for worker in self._workers:
+            worker.ensure()
+        return await future
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            batch = [self._waiting.popleft() for _ in range(min(self.MAX_ITEMS, len(self._waiting)))]
+            batch_keys: list[str] = []
+            argv: list[str | bytes | int] = [self.op, len(batch), self.keys_per_item]
+            for item_keys, item_args, _ in batch:
+                batch_keys += item_keys
+                argv += [len(item_args), *item_args]
+            try:
+                replies = await _script(async_redis())(keys=batch_keys, args=argv)
+            except RedisError as exc:  # each caller judges it as it would its own call's error
+                fail_all((future for *_, future in batch), exc)
+                continue
+            except BaseException as exc:  # a bug, or the loop going away: no caller waits forever
+                fail_all((future for *_, future in batch), exc)
+                raise
+            for (*_, future), reply in zip(batch, replies, strict=True):
+                if future.done():
+                    continue  # its caller went away; the step ran all the same
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+
+
+_admissions = PerLoop(lambda: Coalesced("admit_many", 2))
+_settlements = PerLoop(lambda: Coalesced("settle_many", 4))
+
+
 def _clock() -> str:
     """Tests move the limiter's clock through a Redis key; production always uses TIME."""
     return keys.limiter_test_clock() if settings.LIMITS_TEST_CLOCK else ""
@@ -373,17 +438,15 @@ async def admit(
         "model_limit": model_limit,
         "rpm_paid": rpm_paid,
     }
-    argv: list[str | bytes] = [
-        "admit",
+    argv: list[str | bytes | int] = [
         str(draft.request_id),
         orjson.dumps(spec),
         orjson.dumps(inflight_entry(draft)),
         _clock(),
     ]
-    client = async_redis()
     for attempt in range(ADMIT_ATTEMPTS):
         try:
-            raw = await _script(client)(keys=[keys.inflight_requests(), keys.budget_alerts()], args=argv)
+            raw = await _admissions.get().call([keys.inflight_requests(), keys.budget_alerts()], argv)
             break
         except RedisError as exc:
             if attempt == ADMIT_ATTEMPTS - 1:
@@ -440,9 +503,9 @@ def _settle_keys(event: UsageEvent) -> list[str]:
     ]
 
 
-def _settle_args(event: UsageEvent, *, sweep: bool = False) -> list[str | int]:
-    argv: list[str | int] = [
-        "settle", str(event.request_id), event.total_tokens, micros_up(event.cost), _clock(), "sweep" if sweep else ""
+def _settle_args(event: UsageEvent, *, sweep: bool = False) -> list[str | bytes | int]:
+    argv: list[str | bytes | int] = [
+        str(event.request_id), event.total_tokens, micros_up(event.cost), _clock(), "sweep" if sweep else ""
     ]  # fmt: skip
     for name, value in event.to_fields().items():
         argv += [name, value]
@@ -456,8 +519,7 @@ async def settle(event: UsageEvent) -> bool:
     A request the sweeper settled from its admission draft (its gateway was judged lost, then
     finished it after all) is corrected instead: its budgets take the difference and the event
     is written again as revision 1, which replaces the first record (``billing.usage``)."""
-    client = async_redis()
-    return bool(await _script(client)(keys=_settle_keys(event), args=_settle_args(event)))
+    return bool(await _settlements.get().call(_settle_keys(event), _settle_args(event)))
 
 
 class Settlements:
@@ -648,7 +710,7 @@ def sweep_lost_requests() -> int:
         if not overdue and not dead(gateway):
             continue
         event = replace(draft, status_code=GATEWAY_LOST, latency_ms=max(0, int(age * 1000)), error_code="gateway_lost")
-        if script(keys=_settle_keys(event), args=_settle_args(event, sweep=True)):
+        if script(keys=_settle_keys(event), args=["settle", *_settle_args(event, sweep=True)]):
             closed += 1
             logger.warning("closed request %s left in flight by gateway %s (age %.0f s)", draft.request_id,
                            gateway, age)  # fmt: skip

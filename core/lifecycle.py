@@ -11,10 +11,11 @@ project goes through these, so each of those rules is kept in one place.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,18 @@ class Background:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def fail_all(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:
+    """Give each waiting future ``exc`` (a copy each: every waiter raises its own), or cancel
+    it when ``exc`` is a cancellation; futures already done are left as they are."""
+    for future in futures:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(copy.copy(exc))
 
 
 def unobserved(future: F) -> F:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,10 @@ import aiohttp
 import orjson
 from django.conf import settings
 
-from core.lifecycle import PerLoop
+from core.lifecycle import PerLoop, fail_all
 from registry.replica_keys import replica_api_key
 from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
+from serving.predict.protocol import HEADER_LENGTH, MANY_PATH, BadRequest, Part, frame_head, pack_many
 from serving.routing import Lease, ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)
@@ -193,6 +195,7 @@ async def dispatch(
     *,
     stream: bool,
     first_byte_by: float | None = None,
+    together: bool = False,
 ) -> tuple[Lease, Any]:
     """Send to the first replica that accepts the connection; try the next on connect failure.
 
@@ -204,10 +207,14 @@ async def dispatch(
     ``first_byte_by`` (loop time): an engine that has not begun to answer by then (no status
     line yet: hung, or too busy) is an ``EngineTimeout`` and a failure on its circuit.
     An error says which replicas the attempt went to (``APIError.replicas_tried``).
+    ``together`` (a predict worker's request, not streamed): it may travel with the other
+    predictions waiting for the same replica (``Together``); its answer is its own all the same.
     """
     tried: list[int] = []
     try:
-        return await _dispatch(router, replicas, path, payload, stream=stream, tried=tried, first_byte_by=first_byte_by)
+        return await _dispatch(
+            router, replicas, path, payload, stream=stream, tried=tried, first_byte_by=first_byte_by, together=together
+        )
     except APIError as exc:
         exc.replicas_tried = tuple(tried)  # the fallback tries other replicas
         raise
@@ -222,6 +229,7 @@ async def _dispatch(
     stream: bool,
     tried: list[int],
     first_byte_by: float | None,
+    together: bool = False,
 ) -> tuple[Lease, Any]:
     tries = settings.ENGINE_CONNECT_RETRIES + 1
     last_error: Exception | None = None
@@ -234,9 +242,13 @@ async def _dispatch(
         tried.append(replica.id)
         lease = router.lease(replica)
         timer = asyncio.timeout_at(first_byte_by)
+        response: aiohttp.ClientResponse | PartResponse
         try:
             async with timer:
-                response = await _send(replica, path, payload)
+                if together and isinstance(payload, RawBody):
+                    response = await _together_for(replica).send(path, payload)
+                else:
+                    response = await _send(replica, path, payload)
         except _NOT_SENT as exc:
             lease.release()
             router.record_failure(replica.id)
@@ -267,12 +279,11 @@ async def _dispatch(
                 response.release()
             raise engine_error(response.status, content)
         if stream:
+            assert isinstance(response, aiohttp.ClientResponse)
             router.record_success(replica.id)
             return lease, response
         try:
-            answer = EngineAnswer(
-                response.status, await response.read(), response.headers.get("inference-header-content-length")
-            )
+            answer = EngineAnswer(response.status, await response.read(), response.headers.get(HEADER_LENGTH))
         except (*_BROKEN, TimeoutError) as exc:
             lease.release()
             router.record_failure(replica.id)
@@ -289,6 +300,169 @@ async def _dispatch(
     if last_error is None:
         raise EngineUnavailable("No replica of this model is ready. Try again shortly.")
     raise EngineUnavailable(f"No replica of this model could be reached ({type(last_error).__name__}).")
+
+
+# --- predictions that travel together -------------------------------------------------------
+
+
+class PartResponse:
+    """A predict worker's answer to one request, read whole, as ``_dispatch`` reads a response."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, header_length: str | None) -> None:
+        self.status = status
+        self.body = body
+        self.headers = {HEADER_LENGTH: header_length} if header_length is not None else {}
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_Waiting = tuple[str, RawBody, "asyncio.Future[PartResponse]"]
+
+
+class Together:
+    """The predictions of this process waiting for one replica, sent together.
+
+    At most ``IN_FLIGHT`` calls to the replica are on their way at once. A prediction that
+    finds one free goes at once, alone, as the ordinary request it is; those that find none
+    wait, and go together as the next call (the worker's ``MANY_PATH``, at most
+    ``MAX_PARTS``), where the worker answers each as if it came alone, as soon as it is
+    ready (the answer streams: no prediction waits for another's batch). No timer: at low load
+    nothing waits; under load one HTTP exchange carries many predictions, which is where a
+    one-process gateway's CPU went (the worker call was measured at about a third of it per
+    prediction: docs/performance.md). A failed call fails each of its predictions as its own
+    request would have failed (each is judged, retried or fallen back by its caller).
+    """
+
+    IN_FLIGHT = 2
+    MAX_PARTS = 64
+
+    def __init__(self, replica: ReplicaRoute) -> None:
+        self.replica = replica
+        self.many = True  # False once the worker says it has no MANY_PATH (started by older code)
+        self._waiting: deque[_Waiting] = deque()
+        self._in_flight = 0
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def send(self, path: str, payload: RawBody) -> PartResponse:
+        future: asyncio.Future[PartResponse] = asyncio.get_running_loop().create_future()
+        self._waiting.append((path, payload, future))
+        self._launch()
+        return await future
+
+    def _launch(self) -> None:
+        while self._waiting and self._in_flight < self.IN_FLIGHT:
+            batch: list[_Waiting] = []
+            while self._waiting and len(batch) < self.MAX_PARTS:
+                waiting = self._waiting.popleft()
+                if not waiting[2].done():  # its caller gave up (timed out, cancelled): not sent
+                    batch.append(waiting)
+            if not batch:
+                return
+            self._in_flight += 1
+            call = asyncio.get_running_loop().create_task(self._call(batch))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+
+    async def _call(self, batch: list[_Waiting]) -> None:
+        try:
+            if len(batch) > 1 and self.many:
+                await self._together(batch)
+            else:
+                await asyncio.gather(*(self._alone(*waiting) for waiting in batch))
+        finally:
+            self._in_flight -= 1
+            self._launch()
+
+    async def _exchange(self, path: str, payload: RawBody) -> tuple[int, bytes, str | None]:
+        response = await _send(self.replica, path, payload)
+        try:
+            return response.status, await response.read(), response.headers.get(HEADER_LENGTH)
+        finally:
+            response.release()
+
+    async def _alone(self, path: str, payload: RawBody, future: asyncio.Future[PartResponse]) -> None:
+        try:
+            status, body, header_length = await self._exchange(path, payload)
+        except BaseException as exc:
+            fail_all([future], exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not future.done():
+            future.set_result(PartResponse(status, body, header_length))
+
+    async def _together(self, batch: list[_Waiting]) -> None:
+        futures = [future for *_, future in batch]
+        body = pack_many([Part(0, payload.headers.get(HEADER_LENGTH), payload.content) for _, payload, _ in batch])
+        try:
+            response = await _send(self.replica, MANY_PATH, RawBody(body, {"content-type": "application/octet-stream"}))
+            try:
+                if response.status == 404:  # a worker older than this path: each goes alone from now on
+                    self.many = False
+                    await asyncio.gather(*(self._alone(*waiting) for waiting in batch))
+                    return
+                if response.status != 200:  # the call itself was refused (a wrong key, say): so is each
+                    refused = PartResponse(response.status, await response.read(), None)
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(refused)
+                    return
+                await self._read_answers(response.content, futures)
+            finally:
+                response.release()
+        except BadRequest as exc:
+            unreadable = f"the worker's answer to several predictions is unreadable: {exc}"
+            fail_all(futures, aiohttp.ClientPayloadError(unreadable))
+        except BaseException as exc:  # what was answered stands; the rest fail with this
+            fail_all(futures, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    @staticmethod
+    async def _read_answers(reader: aiohttp.StreamReader, futures: list[asyncio.Future[PartResponse]]) -> None:
+        """Each part's answer as the worker streams it (``answer_frame``s), to its caller as soon
+        as its frame is whole (one read takes whatever frames have come)."""
+        answered: set[int] = set()
+        buffer = b""
+        while len(answered) < len(futures):
+            chunk = await reader.readany()
+            if not chunk:
+                raise aiohttp.ClientPayloadError(f"the worker answered {len(answered)} of {len(futures)} predictions")
+            buffer += chunk
+            while len(buffer) >= 4:
+                size = int.from_bytes(buffer[:4], "big")
+                if len(buffer) < 4 + size:
+                    break
+                index, status, header_length, length = frame_head(buffer[4 : 4 + size], len(futures))
+                if len(buffer) < 4 + size + length:
+                    break
+                if index in answered:
+                    raise BadRequest(f"part {index} answered twice")
+                answered.add(index)
+                body, buffer = buffer[4 + size : 4 + size + length], buffer[4 + size + length :]
+                if not futures[index].done():
+                    futures[index].set_result(PartResponse(status, body, header_length))
+
+
+_together_by_loop: PerLoop[dict[tuple[int, str], Together]] = PerLoop(dict)
+
+
+def _together_for(replica: ReplicaRoute) -> Together:
+    calls = _together_by_loop.get()
+    key = (replica.id, replica.endpoint)
+    together = calls.get(key)
+    if together is None:
+        together = calls[key] = Together(replica)
+    return together
 
 
 async def open_stream(

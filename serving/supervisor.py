@@ -198,6 +198,8 @@ def engine_command(deployment: Deployment, port: int) -> list[str]:
             "--port", str(port),
             "--threads", str(settings.WORKER_PREDICT_THREADS),
             "--framework", version.framework.strip().lower(),
+            # On a GPU host each slot is one GPU (CUDA_VISIBLE_DEVICES): the model runs there.
+            "--device", "cpu" if settings.WORKER_DEVICE == "cpu" else "cuda",
         ]  # fmt: skip
     launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
         sys.executable,

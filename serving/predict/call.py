@@ -273,7 +273,7 @@ class PredictCall:
             try:
                 async with asyncio.timeout_at(deadline + 1.0):
                     self._lease, answer = await engine.dispatch(
-                        router, replicas, self._path(), payload, stream=False, first_byte_by=deadline
+                        router, replicas, self._path(), payload, stream=False, first_byte_by=deadline, together=True
                     )
                 self._ran = True
                 return answer.content, answer.inference_header

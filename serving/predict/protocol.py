@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -380,3 +381,95 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+# --- several requests in one call (a gateway to its worker; not part of the protocol) --------
+#
+# A gateway sends the predictions that wait for the same replica together: one HTTP call to
+# ``MANY_PATH`` whose body is a 4-byte big-endian length, a JSON index of the parts
+# (``[status, inference-header length or null, byte length]`` each; status 0 in a request),
+# then the parts' bytes one after the other. The worker answers each part as it would the
+# same request sent alone (its own status: a 429 for one part leaves the others answered),
+# each as soon as it is ready (a part whose batch ran first does not wait for the others):
+# the answer streams frames, each a 4-byte big-endian length, a JSON head
+# ``[part index, status, inference-header length or null, byte length]`` and the bytes.
+
+MANY_PATH = "/internal/infer-many"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One request (status 0) or answer within a call to ``MANY_PATH``."""
+
+    status: int
+    header_length: str | None
+    body: bytes
+
+
+def pack_many(parts: Sequence[Part]) -> bytes:
+    index = orjson.dumps([[p.status, p.header_length, len(p.body)] for p in parts])
+    return b"".join([len(index).to_bytes(4, "big"), index, *(p.body for p in parts)])
+
+
+def unpack_many(body: bytes) -> list[Part]:
+    """The parts of a ``pack_many`` body; ``BadRequest`` when it is not one."""
+    size = int.from_bytes(body[:4], "big")
+    try:
+        index = orjson.loads(body[4 : 4 + size])
+    except orjson.JSONDecodeError:
+        raise BadRequest("The parts' index is not JSON.") from None
+    parts: list[Part] = []
+    offset = 4 + size
+    for entry in index if isinstance(index, list) else [None]:
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(entry[i], int) for i in (0, 2))):
+            raise BadRequest("Each part's index entry is [status, header length or null, length].")
+        status, header_length, length = entry
+        if header_length is not None and not isinstance(header_length, str):
+            raise BadRequest("A part's header length is a string or null.")
+        if length < 0 or offset + length > len(body):
+            raise BadRequest("A part is longer than the body.")
+        parts.append(Part(status, header_length, body[offset : offset + length]))
+        offset += length
+    if offset != len(body):
+        raise BadRequest("Bytes after the last part.")
+    return parts
+
+
+def answer_frame(index: int, part: Part) -> bytes:
+    """One part's answer, as the worker streams it."""
+    head = orjson.dumps([index, part.status, part.header_length, len(part.body)])
+    return b"".join([len(head).to_bytes(4, "big"), head, part.body])
+
+
+def frame_head(head: bytes, parts: int) -> tuple[int, int, str | None, int]:
+    """An answer frame's head: (part index, status, header length, byte length);
+    ``BadRequest`` when it is not one, or names no part of ``parts``."""
+    try:
+        entry = orjson.loads(head)
+    except orjson.JSONDecodeError:
+        raise BadRequest("An answer's head is not JSON.") from None
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and all(isinstance(entry[i], int) and entry[i] >= 0 for i in (0, 1, 3))
+        and (entry[2] is None or isinstance(entry[2], str))
+    ):
+        raise BadRequest("An answer's head is [part index, status, header length or null, length].")
+    if entry[0] >= parts:
+        raise BadRequest(f"An answer to part {entry[0]} of {parts}.")
+    return entry[0], entry[1], entry[2], entry[3]
+
+
+def unpack_answers(body: bytes, parts: int) -> dict[int, Part]:
+    """A whole streamed answer read at once: each part's answer by its index."""
+    answers: dict[int, Part] = {}
+    offset = 0
+    while offset < len(body):
+        size = int.from_bytes(body[offset : offset + 4], "big")
+        index, status, header_length, length = frame_head(body[offset + 4 : offset + 4 + size], parts)
+        start = offset + 4 + size
+        if start + length > len(body):
+            raise BadRequest("An answer is longer than the body.")
+        answers[index] = Part(status, header_length, body[start : start + length])
+        offset = start + length
+    return answers

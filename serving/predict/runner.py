@@ -24,7 +24,7 @@ class TorchScriptRunner:
     """A TorchScript module run on batches, as ``OnnxRunner`` runs a graph (torch releases the
     GIL in its kernels; its intra-op threads are the slot's cores)."""
 
-    def __init__(self, path: Path, signature: Signature, *, threads: int = 1) -> None:
+    def __init__(self, path: Path, signature: Signature, *, threads: int = 1, device: str = "cpu") -> None:
         import torch
 
         from registry.signatures import torch_dtype
@@ -32,7 +32,8 @@ class TorchScriptRunner:
         torch.set_num_threads(max(1, threads))
         self.signature = signature
         self._torch = torch
-        self._module = torch.jit.load(str(path), map_location="cpu").eval()
+        self.device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
+        self._module = torch.jit.load(str(path), map_location=self.device).eval()
         self._dtypes = [torch_dtype(spec.datatype) for spec in signature.inputs]
         self._outputs = [spec.name for spec in signature.outputs]
 
@@ -41,7 +42,9 @@ class TorchScriptRunner:
 
         rows = [len(next(iter(payload.values()))) for payload in payloads]
         inputs = [
-            self._torch.from_numpy(np.ascontiguousarray(np.concatenate([p[spec.name] for p in payloads]))).to(dtype)
+            self._torch.from_numpy(np.ascontiguousarray(np.concatenate([p[spec.name] for p in payloads])))
+            .to(self.device)
+            .to(dtype)
             for spec, dtype in zip(self.signature.inputs, self._dtypes, strict=True)
         ]
         with self._torch.inference_mode():
@@ -74,14 +77,21 @@ class Tokenize:
 
 
 class OnnxRunner:
-    def __init__(self, path: Path, signature: Signature, *, threads: int = 1, text: TextInput | None = None) -> None:
+    def __init__(
+        self, path: Path, signature: Signature, *, threads: int = 1, text: TextInput | None = None, device: str = "cpu"
+    ) -> None:
         import onnxruntime  # loaded by workers only
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = max(1, threads)
         options.inter_op_num_threads = 1
         self.signature = signature
-        self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # On a GPU slot, ONNX Runtime's CUDA provider where the installed build has it
+        # (onnxruntime-gpu); the CPU one otherwise, and for what CUDA does not run.
+        cuda = device == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+        self.device = "cuda" if cuda else "cpu"
+        self._session = onnxruntime.InferenceSession(str(path), options, providers=providers)
         self._outputs = [spec.name for spec in signature.outputs]
         graph_inputs = [arg.name for arg in self._session.get_inputs()]
         self._tokenize = Tokenize(text, path.parent, graph_inputs) if text is not None else None

@@ -13,6 +13,9 @@ Routes (all but ``/health`` require ``Authorization: Bearer <replica key>``):
 - ``POST /v2/models/{name}[/versions/{v}]/infer``: JSON or Triton's binary tensors in and
   out (``serving.predict.protocol``); a bad tensor is a 400 naming it, a full queue a 429,
   a request that waited past its deadline a 504, a failed batch a 500 (its requests only);
+- ``POST /internal/infer-many``: several such requests in one call, each answered as if sent
+  alone, as soon as it is ready (``serving.predict.protocol.MANY_PATH``: how a gateway sends
+  the predictions that wait for this replica together);
 - ``GET /v2/models/{name}``: the signature; ``GET /stats``: what the batcher formed (batch
   sizes, why each went, queue depth, refusals) for the console; ``GET /metrics``: Prometheus
   text (``predict:num_requests_running`` and ``…_waiting``, which the supervisor's drain reads).
@@ -37,12 +40,16 @@ from registry.signatures import Signature, TextInput, onnx_file, torchscript_fil
 from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
 from serving.predict.protocol import (
     HEADER_LENGTH,
+    MANY_PATH,
     BadRequest,
     BadTensor,
+    Part,
+    answer_frame,
     decode_inputs,
     encode_response,
     read_body,
     requested_outputs,
+    unpack_many,
 )
 from serving.predict.runner import OnnxRunner, TorchScriptRunner
 
@@ -65,6 +72,7 @@ class Worker:
         config: dict[str, Any],
         threads: int,
         framework: str = "onnx",
+        device: str = "cpu",
     ) -> None:
         self.name = name
         self.version = version
@@ -74,10 +82,13 @@ class Worker:
         # Each instance runs its batches on the slot's threads; instances share them.
         self.runner: OnnxRunner | TorchScriptRunner
         if framework == "torchscript":
-            self.runner = TorchScriptRunner(torchscript_file(artifact), self.signature, threads=threads)
+            self.runner = TorchScriptRunner(torchscript_file(artifact), self.signature, threads=threads, device=device)
         else:
             text = TextInput.from_json(config.get("tokenizer"))
-            self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads, text=text)
+            self.runner = OnnxRunner(onnx_file(artifact), self.signature, threads=threads, text=text, device=device)
+        if self.runner.device != device:
+            logger.warning("%s:%s asked for %s; runs on %s (not available here)", name, version, device,
+                           self.runner.device)  # fmt: skip
         self.batcher = DynamicBatcher(self.runner.run_batch, self.batcher_config)
         self.key = os.environ.get(KEY_ENV, "")
         self.running = 0
@@ -100,11 +111,13 @@ class Worker:
             return
         headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope["headers"]}
         if not self._authorized(headers.get("authorization")):
-            await _error(send, 401, "The replica's API key is required.", "invalid_api_key")
+            await _respond_part(send, _error(401, "The replica's API key is required.", "invalid_api_key"))
             return
         body = await _read(receive)
         if method == "POST" and path.startswith("/v2/models/") and path.endswith("/infer"):
-            await self._infer(send, body, headers.get(HEADER_LENGTH))
+            await _respond_part(send, await self._answer(body, headers.get(HEADER_LENGTH)))
+        elif method == "POST" and path == MANY_PATH:
+            await self._answer_many(send, body)
         elif method == "GET" and path.startswith("/v2/models/"):
             await _respond(send, 200, orjson.dumps(self.metadata()))
         elif method == "GET" and path == "/stats":
@@ -112,7 +125,7 @@ class Worker:
         elif method == "GET" and path == "/metrics":
             await _respond(send, 200, self.metrics().encode(), content_type=b"text/plain; version=0.0.4")
         else:
-            await _error(send, 404, f"No route {method} {path}.", "unknown_url")
+            await _respond_part(send, _error(404, f"No route {method} {path}.", "unknown_url"))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -135,41 +148,56 @@ class Worker:
 
     # --- inference -----------------------------------------------------------------------
 
-    async def _infer(self, send: Send, body: bytes, header_length: str | None) -> None:
+    async def _answer(self, body: bytes, header_length: str | None) -> Part:
+        """One inference request's answer: its tensors run in whatever batch forms."""
         self.requests += 1
         try:
             request = read_body(body, header_length)
             arrays, rows = decode_inputs(self.signature, request.get("inputs"))
             wanted = requested_outputs(self.signature, request)
         except (BadTensor, BadRequest) as exc:
-            await _error(send, 400, str(exc), "invalid_tensor", param=getattr(exc, "tensor", None))
-            return
+            return _error(400, str(exc), "invalid_tensor", param=getattr(exc, "tensor", None))
         self.running += 1
         try:
             outputs = await self.batcher.submit(arrays, rows)
         except QueueFull as exc:
-            await _error(send, 429, str(exc), "model_queue_full")
-            return
+            return _error(429, str(exc), "model_queue_full")
         except BatchTooLarge as exc:
-            await _error(send, 400, str(exc), "batch_too_large")
-            return
+            return _error(400, str(exc), "batch_too_large")
         except RequestTimedOut as exc:
-            await _error(send, 504, str(exc), "model_timeout")
-            return
+            return _error(504, str(exc), "model_timeout")
         except Exception as exc:
             self.failed += 1
             logger.exception("batch failed")
-            await _error(send, 500, f"The model failed: {exc}", "model_error")
-            return
+            return _error(500, f"The model failed: {exc}", "model_error")
         finally:
             self.running -= 1
         answer, length = encode_response(
             self.signature, outputs, wanted, model_name=self.name, model_version=self.version,
             request_id=request.get("id") if isinstance(request.get("id"), str) else None,
         )  # fmt: skip
-        extra = [(HEADER_LENGTH.encode(), str(length).encode())] if length is not None else []
-        content_type = b"application/octet-stream" if length is not None else b"application/json"
-        await _respond(send, 200, answer, content_type=content_type, extra=extra)
+        return Part(200, None if length is None else str(length), answer)
+
+    async def _answer_many(self, send: Send, body: bytes) -> None:
+        try:
+            parts = unpack_many(body)
+        except BadRequest as exc:
+            await _respond_part(send, _error(400, str(exc), "invalid_request"))
+            return
+        # Every part is in the batcher's queue before it forms a batch (the tasks start in
+        # order, before the batcher wakes); each answer goes out when its batch is done.
+        waiting = {asyncio.ensure_future(self._answer(p.body, p.header_length)): i for i, p in enumerate(parts)}
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream")]})  # fmt: skip
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                frames = b"".join(answer_frame(waiting.pop(task), task.result()) for task in done)
+                await send({"type": "http.response.body", "body": frames, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            for task in waiting:
+                task.cancel()
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -184,6 +212,7 @@ class Worker:
         stats = self.batcher.stats
         return {
             "batcher": self.batcher_config.as_json(),
+            "device": self.runner.device,
             "batch_sizes": {str(size): count for size, count in sorted(stats.batch_sizes.items())},
             "reasons": dict(stats.reasons),
             "queue_rows": self.batcher.queue_rows,
@@ -231,10 +260,17 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _error(send: Send, status: int, message: str, code: str, *, param: str | None = None) -> None:
+async def _respond_part(send: Send, part: Part) -> None:
+    if part.header_length is None:
+        await _respond(send, part.status, part.body)
+    else:
+        extra = [(HEADER_LENGTH.encode(), part.header_length.encode())]
+        await _respond(send, part.status, part.body, content_type=b"application/octet-stream", extra=extra)
+
+
+def _error(status: int, message: str, code: str, *, param: str | None = None) -> Part:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    await _respond(send, status, orjson.dumps(body))
+    return Part(status, None, orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,6 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1, help="the runtime's threads (the slot's cores)")
     parser.add_argument("--framework", default="onnx", choices=["onnx", "torchscript"])
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the slot's GPU (torch; onnxruntime-gpu)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -254,14 +293,14 @@ def main(argv: list[str] | None = None) -> None:
 
     worker = Worker(
         name=args.name, version=args.version, artifact=args.artifact, config=orjson.loads(args.config),
-        threads=args.threads, framework=args.framework,
+        threads=args.threads, framework=args.framework, device=args.device,
     )  # fmt: skip
     config = uvicorn.Config(
         worker, host=args.host, port=args.port, loop="uvloop", http="httptools", lifespan="on",
         log_level="warning", access_log=False,
     )  # fmt: skip
     server = uvicorn.Server(config)
-    logger.info("serving %s:%s on %s:%s", args.name, args.version, args.host, args.port)
+    logger.info("serving %s:%s on %s:%s (%s)", args.name, args.version, args.host, args.port, worker.runner.device)
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()

@@ -49,6 +49,67 @@ def _remaining(headroom: ledger.Headroom) -> tuple[int, int]:
     return headroom.requests.left, headroom.tokens.left
 
 
+class TestTogether:
+    """Concurrent admissions and settlements travel together (ledger.Coalesced): fewer script
+    runs than requests, and each request's outcome exactly as if it had gone alone."""
+
+    async def test_concurrent_admissions_share_runs_and_keep_their_own_outcomes(self, monkeypatch):
+        grant = _grant(rpm=5, concurrent=None)
+        runs = []
+        real = ledger._script
+
+        def counting(client):
+            script = real(client)
+
+            async def run(*, keys, args):
+                runs.append(args[0])
+                return await script(keys=keys, args=args)
+
+            return run
+
+        monkeypatch.setattr(ledger, "_script", counting)
+        drafts = [_draft(grant) for _ in range(12)]
+        outcomes = await asyncio.gather(
+            *(ledger.admit(grant=grant, draft=d, tokens=10, spend=Decimal(0), model_limit=100) for d in drafts),
+            return_exceptions=True,
+        )
+        admitted = [d for d, o in zip(drafts, outcomes, strict=True) if isinstance(o, ledger.Headroom)]
+        refused = [o for o in outcomes if isinstance(o, ledger.Refused)]
+        assert len(admitted) == 5  # the key's five requests a minute, not one more
+        assert len(refused) == 7
+        assert all(r.refusal.code == "rate_limit_exceeded" for r in refused)
+        admissions = runs.count("admit_many")
+        assert 1 <= admissions < len(drafts)
+
+        settled = await asyncio.gather(*(ledger.settle(replace(d, status_code=200)) for d in drafts))
+        assert sorted(settled) == [False] * 7 + [True] * 5  # the refused were never in flight
+        assert runs.count("settle_many") < len(drafts)
+        for draft in admitted:
+            assert len(_events_for(draft.request_id)) == 1
+        assert sync_redis().zcard(keys.model_queue(drafts[0].model)) == 0
+
+    async def test_a_redis_error_reaches_every_request_of_the_run(self, monkeypatch):
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        def broken(client):
+            async def run(*, keys, args):
+                await asyncio.sleep(0.01)
+                raise RedisConnectionError("Redis went away")
+
+            return run
+
+        monkeypatch.setattr(ledger, "_script", broken)
+        grant = _grant(concurrent=None)
+        drafts = [_draft(grant) for _ in range(4)]
+        outcomes = await asyncio.gather(
+            *(ledger.admit(grant=grant, draft=d, tokens=10, spend=Decimal(0), model_limit=100) for d in drafts),
+            *(ledger.settle(replace(d, status_code=200)) for d in drafts),
+            return_exceptions=True,
+        )
+        assert all(isinstance(o, ledger.LedgerUnavailable) for o in outcomes[:4]), outcomes
+        assert all(isinstance(o, RedisConnectionError) for o in outcomes[4:]), outcomes  # settle_or_defer's to judge
+
+
 class TestAdmission:
     async def test_a_retried_admission_is_charged_once(self):
         grant = _grant()

@@ -8,7 +8,19 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidInput
-from serving.predict.protocol import BadTensor, Signature, decode_inputs, encode_outputs
+from serving.predict.protocol import (
+    BadRequest,
+    BadTensor,
+    Part,
+    Signature,
+    answer_frame,
+    decode_inputs,
+    encode_outputs,
+    frame_head,
+    pack_many,
+    unpack_answers,
+    unpack_many,
+)
 
 DIGITS = Signature.from_json({
     "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}],
@@ -202,3 +214,36 @@ def test_agreement_compares_labels_item_by_item():
     scores = np.array([[0.1, 0.9, 0, 0], [0, 0, 0.8, 0.2], [0.5, 0, 0, 0.1]])
     assert agreement(primary, {"scores": scores}) == (3, 2)
     assert agreement(primary, {"label": np.array([1, 2])}) == (3, 0)  # an answer of another size agrees on nothing
+
+
+def test_several_requests_pack_into_one_body_and_back():
+    parts = [Part(0, "12", b"x" * 20), Part(0, None, b"{}"), Part(429, None, b"")]
+    assert unpack_many(pack_many(parts)) == parts
+    assert unpack_many(pack_many([])) == []
+
+
+def test_answers_stream_as_frames_in_any_order():
+    answers = {2: Part(200, "5", b"hello world"), 0: Part(429, None, b'{"error": {}}'), 1: Part(200, None, b"")}
+    body = b"".join(answer_frame(i, part) for i, part in answers.items())
+    assert unpack_answers(body, 3) == answers
+    with pytest.raises(BadRequest):
+        unpack_answers(body, 2)  # an answer to a part that was not sent
+    with pytest.raises(BadRequest):
+        unpack_answers(body[:-3], 3)  # cut short
+    with pytest.raises(BadRequest):
+        frame_head(b"[0, 200, 12, 1]", 1)  # a header length that is not a string
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x00\x00\x00\x03{1}",  # an index that is not JSON
+        b"\x00\x00\x00\x0c[[0,null,5]]abc",  # a part longer than the body
+        b"\x00\x00\x00\x0c[[0,null,1]]abc",  # bytes after the last part
+        b"\x00\x00\x00\x07[[0,5]]",  # an entry of the wrong shape
+        b"\x00\x00\x00\x0a[[0,12,1]]a",  # a header length that is not a string
+    ],
+)
+def test_a_body_of_parts_that_does_not_add_up_is_refused(body):
+    with pytest.raises(BadRequest):
+        unpack_many(body)

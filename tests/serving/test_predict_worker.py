@@ -12,10 +12,20 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from registry.small_models import build_digits
-from serving.predict.protocol import HEADER_LENGTH, decode_outputs, encode_request, read_body
+from serving.predict.protocol import (
+    HEADER_LENGTH,
+    MANY_PATH,
+    Part,
+    decode_outputs,
+    encode_request,
+    pack_many,
+    read_body,
+    unpack_answers,
+)
 from serving.predict.worker import KEY_ENV, Worker
 
 KEY = "replica-secret"
@@ -127,3 +137,34 @@ async def test_a_failed_batch_fails_only_its_requests(worker):
     assert failed.json()["error"]["code"] == "model_error"
     assert ok.status_code == 200
     assert stats["failed"] == 1
+
+
+async def test_several_requests_in_one_call_are_each_answered_as_if_alone(worker):
+    """The gateway's calls that carry several predictions (MANY_PATH): each part gets the
+    answer (and the status) it would get alone, in order; one bad part spoils no other."""
+    rng = np.random.default_rng(7)
+    inputs = [rng.uniform(0, 16, size=(rows, 64)).astype(np.float32) for rows in (1, 2, 1)]  # 4 rows: the queue's size
+    parts = []
+    for pixels in inputs:
+        body, length = encode_request({"pixels": pixels}, worker.signature)
+        parts.append(Part(0, str(length), body))
+    parts.insert(1, Part(0, None, orjson.dumps({"inputs": [tensor(1, width=10)]})))  # a bad tensor
+    async with client(worker) as c:
+        together = await c.post(MANY_PATH, content=pack_many(parts))
+        alone = []
+        for pixels in inputs:
+            body, length = encode_request({"pixels": pixels}, worker.signature)
+            headers = {HEADER_LENGTH: str(length)}
+            alone.append(await c.post("/v2/models/digits-mlp/infer", content=body, headers=headers))
+        garbled = await c.post(MANY_PATH, content=b"\x00\x00\x00\x05[1,2")
+    assert together.status_code == 200
+    by_index = unpack_answers(together.content, len(parts))
+    answers = [by_index[i] for i in range(len(parts))]
+    assert [a.status for a in answers] == [200, 400, 200, 200]
+    assert orjson.loads(answers[1].body)["error"]["param"] == "pixels"
+    for answer, single in zip([answers[0], *answers[2:]], alone, strict=True):
+        got = decode_outputs(worker.signature, read_body(answer.body, answer.header_length))
+        want = decode_outputs(worker.signature, read_body(single.content, single.headers[HEADER_LENGTH]))
+        np.testing.assert_array_equal(got["label"], want["label"])
+        np.testing.assert_allclose(got["probabilities"], want["probabilities"], rtol=1e-6)
+    assert garbled.status_code == 400
