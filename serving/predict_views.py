@@ -171,10 +171,9 @@ async def _grant(request: ApiRequest) -> KeyGrant:
 
 
 async def _predict(
-    request: ApiRequest, model: str, instances: object, version: str | None, *, endpoint: str
+    request: ApiRequest, grant: KeyGrant, model: str, instances: object, version: str | None, *, endpoint: str
 ) -> tuple[PredictCall, list[dict[str, Any]]]:
     started = time.perf_counter()
-    grant = await _grant(request)
     call = PredictCall(grant, request.request_id, endpoint=endpoint)
     request.on_close(call.close)
     await call.prepare(model, version=version)
@@ -204,8 +203,9 @@ def _version_param(data: dict[str, Any]) -> str | None:
 async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
     require_method(request, "POST")
+    grant = await _grant(request)  # a 401 before any word on the body
     data = json_object(request.body)
-    call, answers = await _predict(request, model, data.get("inputs"), _version_param(data), endpoint="predict")
+    call, answers = await _predict(request, grant, model, data.get("inputs"), _version_param(data), endpoint="predict")
     response = _json({
         "model": call.model.name,
         "model_version": call.version.version,
@@ -219,11 +219,12 @@ async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
 async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
     require_method(request, "POST")
+    grant = await _grant(request)
     data = json_object(request.body)
     model = model_name(data)
     if "input" not in data:
         raise InvalidRequest('input is required: one instance, e.g. {"text": "…"}.', param="input")
-    call, answers = await _predict(request, model, [data["input"]], _version_param(data), endpoint="predict")
+    call, answers = await _predict(request, grant, model, [data["input"]], _version_param(data), endpoint="predict")
     answer = answers[0]
     response = _json({
         "model": call.model.name,

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from django.http import HttpResponse, HttpResponseBase
 
+from accounts.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import InvalidRequest
 from serving.openai_views import annotate_answer, run_call, sse
@@ -37,7 +38,7 @@ SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_pena
 # --- generate ------------------------------------------------------------------------------
 
 
-async def _generate(request: ApiRequest, model: str, data: dict[str, Any]) -> HttpResponseBase:
+async def _generate(request: ApiRequest, grant: KeyGrant, model: str, data: dict[str, Any]) -> HttpResponseBase:
     started = time.perf_counter()
     prompt = data.get("prompt")
     if not isinstance(prompt, str) or not prompt:
@@ -45,7 +46,6 @@ async def _generate(request: ApiRequest, model: str, data: dict[str, Any]) -> Ht
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false.", param="stream")
-    grant = await authenticate(request.header("authorization"))
     route = await find_model(model)
     endpoint: Endpoint = CHAT if route.task in CHAT.tasks else COMPLETIONS
     body: dict[str, Any] = {"model": model, "stream": stream}
@@ -107,17 +107,19 @@ class _Tokens:
 async def generate(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/generate``."""
     require_method(request, "POST")
+    grant = await authenticate(request.header("authorization"))  # a 401 before any word on the body
     data = json_object(request.body)
-    return await _generate(request, model_name(data), data)
+    return await _generate(request, grant, model_name(data), data)
 
 
 async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
     """``POST /api/v1/models/{name}/generate``: the model from the path (one in the body must agree)."""
     require_method(request, "POST")
+    grant = await authenticate(request.header("authorization"))
     data = json_object(request.body)
     if data.get("model") not in (None, model):
         raise InvalidRequest(f"The body names the model `{data['model']}` but the path `{model}`.", param="model")
-    return await _generate(request, model, data)
+    return await _generate(request, grant, model, data)
 
 
 # --- embed ---------------------------------------------------------------------------------
@@ -126,6 +128,7 @@ async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
 async def embed(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/embed``."""
     require_method(request, "POST")
+    grant = await authenticate(request.header("authorization"))
     data = json_object(request.body)
     model = model_name(data)
     inputs = data.get("inputs")
@@ -133,7 +136,6 @@ async def embed(request: ApiRequest) -> HttpResponseBase:
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) and i for i in inputs):
         raise InvalidRequest("inputs is required: a list of non-empty texts.", param="inputs")
-    grant = await authenticate(request.header("authorization"))
     call = InferenceCall(EMBEDDINGS, grant, request.request_id)
     answer = await run_call(request, call, orjson.dumps({"model": model, "input": inputs}))
     assert answer is not None  # embeddings never stream

@@ -132,6 +132,7 @@ def test_the_version_page_shows_signature_batcher_and_batches(gateway, chromium,
     assert "64 rows" in page.locator("[data-batcher]").inner_text()
     bars = page.locator("[data-replica-batches] .batch-bar")
     assert bars.count() >= 1
+    assert "(on CPU)" in page.locator("[data-replica-batches] h3").first.inner_text()  # where the model ran
     screenshot(page, "small-models-version")
 
 

@@ -318,6 +318,23 @@ class TestTheSchema:
             "type": "http", "scheme": "bearer", "description": "an API key: `Authorization: Bearer sk-…`",
         }  # fmt: skip
 
+    def test_every_data_plane_route_is_in_it(self, schema):
+        import re
+
+        from serving.urls import urlpatterns
+
+        for pattern in urlpatterns:
+            path = "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
+            assert path in schema["paths"], path
+        infer = schema["paths"]["/v2/models/{model}/versions/{version}/infer"]["post"]
+        assert set(infer["requestBody"]["content"]) == {"application/json", "application/octet-stream"}
+        refused = infer["responses"]["400"]["content"]["application/json"]["schema"]
+        assert {"$ref": "#/components/schemas/ProtocolError"} in refused["oneOf"]  # the protocol's error body
+        assert schema["paths"]["/v2/health/ready"]["get"]["security"] == []  # no key, as KServe's probes
+        predict = schema["paths"]["/api/v1/predict"]["post"]
+        assert predict["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PredictRequest")
+        assert set(schema["components"]["schemas"]["PredictAnswer"]["required"]) >= {"prediction", "confidence"}
+
     def test_fields_that_can_be_null_say_so(self, schema):
         components = schema["components"]["schemas"]
         assert components["ApiKey"]["properties"]["rotated_to"]["nullable"] is True
