@@ -263,6 +263,9 @@ ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
 ENGINE_FALLBACK = envbool("ENGINE_FALLBACK", "true")
 # The largest /v1 request body accepted; larger ones get 413 before they are read.
 API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
+# The Files API (/v1/files, serving.files): the largest upload and the most requests in one file.
+FILES_MAX_BYTES = envint("FILES_MAX_BYTES", 100 * 1024 * 1024)
+FILES_MAX_LINES = envint("FILES_MAX_LINES", 50_000)
 # uvicorn processes serving the one port (console.servers): each a gateway of its own.
 GATEWAY_PROCESSES = max(1, envint("GATEWAY_PROCESSES", 1))
 # Django's own limit for the console and admin (the data plane reads bodies itself).

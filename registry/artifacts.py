@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.conf import settings
 from django.utils.module_loading import import_string
@@ -75,6 +75,18 @@ class ArtifactStore(ABC):
 
     @abstractmethod
     def exists(self, uri: str) -> bool: ...
+
+    @abstractmethod
+    def put_file(self, *, source: Path, key: str) -> StoredArtifact:
+        """Store one file (a customer's upload, a batch's output) as ``key``, whole or not at all."""
+
+    @abstractmethod
+    def open_file(self, uri: str) -> BinaryIO:
+        """A stored file, opened for reading."""
+
+    @abstractmethod
+    def delete_file(self, uri: str) -> None:
+        """Remove a stored file (nothing when it is gone already)."""
 
     def digest(self, uri: str) -> tuple[str, int]:
         """SHA-256 and size of the stored artifact (see ``directory_digest``).
@@ -138,6 +150,27 @@ class LocalArtifactStore(ArtifactStore):
     def exists(self, uri: str) -> bool:
         path = self.local_path(uri)
         return path.is_dir() and any(path.iterdir())
+
+    def put_file(self, *, source: Path, key: str) -> StoredArtifact:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Copied beside the target and renamed into place: a reader sees all of it or none.
+        fd, staging = tempfile.mkstemp(prefix=".incoming-", dir=target.parent)
+        os.close(fd)
+        try:
+            shutil.copyfile(source, staging)
+            os.chmod(staging, 0o644)
+            Path(staging).rename(target)
+        except BaseException:
+            Path(staging).unlink(missing_ok=True)
+            raise
+        return StoredArtifact(uri=f"{self.scheme}://{key}", sha256=file_sha256(target), size=target.stat().st_size)
+
+    def open_file(self, uri: str) -> BinaryIO:
+        return self.local_path(uri).open("rb")
+
+    def delete_file(self, uri: str) -> None:
+        self.local_path(uri).unlink(missing_ok=True)
 
 
 @lru_cache(maxsize=1)

@@ -61,15 +61,25 @@ class ClientGone(Exception):
     pass
 
 
-def _too_large() -> PayloadTooLarge:
-    limit = settings.API_MAX_BODY_BYTES
+# Paths whose bodies are uploads (the Files API's): their own, larger limit, with room for
+# the multipart envelope around the file.
+UPLOAD_PATHS = ("/v1/files",)
+
+
+def _body_limit(scope: Scope) -> int:
+    if scope["path"] in UPLOAD_PATHS and scope["method"] == "POST":
+        return int(settings.FILES_MAX_BYTES) + 1024 * 1024
+    return int(settings.API_MAX_BODY_BYTES)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"The request body is larger than this API accepts ({limit} bytes, {limit / 1024 / 1024:g} MiB).",
     )
 
 
 async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    limit = settings.API_MAX_BODY_BYTES
+    limit = _body_limit(scope)
     for name, value in scope["headers"]:
         if name.lower() == b"content-length":
             try:
@@ -79,7 +89,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
                     "Invalid Content-Length header.", status=400, type="invalid_request_error", code="invalid_header"
                 ) from None
             if declared > limit:
-                raise _too_large()  # refused before reading a byte of it
+                raise _too_large(limit)  # refused before reading a byte of it
     parts: list[bytes] = []
     size = 0
     while True:
@@ -89,7 +99,7 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _too_large()
+            raise _too_large(limit)
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)

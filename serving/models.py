@@ -169,3 +169,33 @@ class ShadowRecord(models.Model):
 
     def __str__(self) -> str:
         return f"shadow of {self.request_id} on {self.model}:{self.candidate_version} ({self.status_code})"
+
+
+class StoredFile(models.Model):
+    """A file of OpenAI's Files API (``/v1/files``): a batch's input (purpose ``batch``), and
+    later its output and errors. Its bytes live in the artifact store
+    (``registry.artifacts``: ``put_file``), under the organisation's folder; the row is the
+    index. An organisation sees only its own files, whichever of its keys uploaded them."""
+
+    PURPOSES = ("batch", "batch_output")
+
+    public_id = models.CharField(max_length=40, unique=True, help_text="`file-…`, the API's id")
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="files")
+    api_key = models.ForeignKey(
+        "accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="files",
+        help_text="the key that uploaded it (none for a file the platform wrote)",
+    )  # fmt: skip
+    purpose = models.CharField(max_length=20, choices=[(p, p) for p in PURPOSES])
+    filename = models.CharField(max_length=255)
+    bytes = models.BigIntegerField()
+    lines = models.PositiveIntegerField(help_text="its JSONL requests (or results)")
+    sha256 = models.CharField(max_length=64)
+    uri = models.CharField(max_length=500, help_text="where the artifact store keeps it")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "-created_at"], name="file_org_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.filename})"

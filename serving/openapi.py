@@ -482,6 +482,109 @@ _SMALL_SCHEMAS: dict[str, Any] = {
         "required": ["model", "embeddings", "dimensions"],
     },
 }
+_FILE_SCHEMAS: dict[str, Any] = {
+    "OpenAIFile": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "example": "file-3f0c…"},
+            "object": {"type": "string", "enum": ["file"]},
+            "bytes": {"type": "integer"},
+            "created_at": {"type": "integer"},
+            "expires_at": {"type": "integer", "nullable": True},
+            "filename": {"type": "string"},
+            "purpose": {"type": "string"},
+            "status": {"type": "string", "enum": ["processed"]},
+            "status_details": {"type": "string", "nullable": True},
+        },
+        "required": ["id", "object", "bytes", "created_at", "filename", "purpose", "status"],
+    },
+    "OpenAIFileList": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {"$ref": COMPONENT.format(model="OpenAIFile")}},
+            "has_more": {"type": "boolean"},
+            "first_id": {"type": "string", "nullable": True},
+            "last_id": {"type": "string", "nullable": True},
+        },
+        "required": ["object", "data", "has_more"],
+    },
+    "OpenAIFileDeleted": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["file"]},
+            "deleted": {"type": "boolean"},
+        },
+        "required": ["id", "object", "deleted"],
+    },
+    "OpenAIFileUpload": {
+        "type": "object",
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": "JSONL: one batch request per line"},
+            "purpose": {"type": "string", "enum": ["batch"]},
+        },
+        "required": ["file", "purpose"],
+    },
+}
+_FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def file_paths() -> dict[str, dict[str, Any]]:
+    """OpenAI's Files API (``serving.file_views``)."""
+    upload = _operation(
+        "openai_files_create", "Upload a batch input file", ok=_json_ok("OpenAIFile", "the file"),
+        errors=(400, *READ_ERRORS),
+    )  # fmt: skip
+    upload["requestBody"] = {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {"$ref": COMPONENT.format(model="OpenAIFileUpload")}}},
+    }
+    upload["description"] = (
+        f"Every line is checked (`{{custom_id, method: POST, url, body: {{model, …}}}}`); the first bad one "
+        f"refuses the file (400 naming the line). At most {settings.FILES_MAX_BYTES} bytes and "
+        f"{settings.FILES_MAX_LINES} requests."
+    )
+    list_parameters = [
+        {"name": "purpose", "in": "query", "schema": {"type": "string"}},
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
+        {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "a file id: the page after it"},
+        {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+    ]
+    listing = _operation(
+        "openai_files_list", "This organisation's files", ok=_json_ok("OpenAIFileList", "one page"),
+        errors=(400, *READ_ERRORS), parameters=list_parameters,
+    )  # fmt: skip
+    content_ok = {
+        "description": "the file's bytes, as uploaded",
+        "content": {"application/jsonl": {"schema": {"type": "string", "format": "binary"}}},
+    }
+    return {
+        "/v1/files": {"get": listing, "post": upload},
+        "/v1/files/{file_id}": {
+            "get": _operation(
+                "openai_files_retrieve",
+                "One file",
+                ok=_json_ok("OpenAIFile", "the file"),
+                errors=READ_ERRORS,
+                parameters=[_FILE_ID],
+            ),
+            "delete": _operation(
+                "openai_files_delete",
+                "Delete a file",
+                ok=_json_ok("OpenAIFileDeleted", "deleted"),
+                errors=READ_ERRORS,
+                parameters=[_FILE_ID],
+            ),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": _operation(
+                "openai_files_content", "A file's content", ok=content_ok, errors=READ_ERRORS, parameters=[_FILE_ID]
+            ),
+        },
+    }
+
+
 _PROTOCOL_ERROR = {
     "oneOf": [{"$ref": COMPONENT.format(model="ProtocolError")}, {"$ref": COMPONENT.format(model="OpenAIError")}]
 }
@@ -612,7 +715,7 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     """drf-spectacular postprocessing hook: the data plane's paths, schemas and bearer auth."""
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
-    added = {**_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **request_schemas()}
+    added = {**_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **_FILE_SCHEMAS, **request_schemas()}
     clash = sorted(set(added) & set(schemas))
     if clash:
         raise ValueError(f"data-plane schema names taken by the management API: {', '.join(clash)}")
@@ -625,6 +728,7 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     paths = result.setdefault("paths", {})
     paths.update(data_plane_paths())
     paths.update(small_model_paths())
+    paths.update(file_paths())
     result.setdefault("tags", [])
     if not any(tag.get("name") == TAG for tag in result["tags"]):
         result["tags"].append(

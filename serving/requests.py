@@ -34,15 +34,15 @@ class ApiRequest:
         self.closers.append(closer)
 
 
-def require_method(request: ApiRequest, method: str) -> None:
-    """A data-plane view answers one method; any other is a 405 naming the one it takes."""
-    if request.method != method:
+def require_method(request: ApiRequest, *methods: str) -> None:
+    """A data-plane view answers its methods; any other is a 405 naming those it takes."""
+    if request.method not in methods:
         raise APIError(
-            f"Method {request.method} is not allowed here; use {method}.",
+            f"Method {request.method} is not allowed here; use {' or '.join(methods)}.",
             status=405,
             type="invalid_request_error",
             code="method_not_allowed",
-            headers={"Allow": method},
+            headers={"Allow": ", ".join(methods)},
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import key_usage_views, openai_views, predict_views, seed_views
+from serving import file_views, key_usage_views, openai_views, predict_views, seed_views
 
 app_name = "dataplane"
 
@@ -15,6 +15,9 @@ urlpatterns = [
     path("v1/completions", openai_views.completions, name="completions"),
     path("v1/embeddings", openai_views.embeddings, name="embeddings"),
     path("v1/usage", key_usage_views.usage, name="usage"),
+    path("v1/files", file_views.files_root, name="files"),
+    path("v1/files/<str:file_id>", file_views.file_detail, name="file"),
+    path("v1/files/<str:file_id>/content", file_views.file_content, name="file-content"),
     path("api/v1/chat/completions", openai_views.chat_completions, name="api-chat-completions"),
     path("api/v1/completions", openai_views.completions, name="api-completions"),
     path("api/v1/embeddings", openai_views.embeddings, name="api-embeddings"),

@@ -1,0 +1,151 @@
+"""``/v1/files``: OpenAI's Files API over ``serving.files``, authenticated by an API key.
+
+``POST /v1/files`` (multipart: ``file``, ``purpose=batch``), ``GET /v1/files`` (``purpose``,
+``limit`` 1 to 10,000, ``after``, ``order``), ``GET`` and ``DELETE /v1/files/{id}``, and
+``GET /v1/files/{id}/content``. Errors in OpenAI's shape; another organisation's file is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from django.core.files.uploadedfile import TemporaryUploadedFile, UploadedFile
+from django.core.files.uploadhandler import TemporaryFileUploadHandler
+from django.http import HttpResponse
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
+
+from core.db import run_db
+from serving import files
+from serving.auth import authenticate
+from serving.errors import InvalidRequest, NotFound
+from serving.models import StoredFile
+from serving.requests import ApiRequest, require_method
+
+LIST_LIMIT_MAX = 10_000
+
+
+def _json(data: Any, *, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _refused(exc: files.BadFile) -> InvalidRequest:
+    return InvalidRequest(exc.message, param=exc.param, code="invalid_file")
+
+
+def _parse_upload(body: bytes, content_type: str) -> tuple[dict[str, str], UploadedFile | None]:
+    """The form's fields and its ``file`` (spooled to a temporary file by Django's parser)."""
+    meta = {"CONTENT_TYPE": content_type, "CONTENT_LENGTH": str(len(body))}
+    try:
+        fields, uploads = MultiPartParser(meta, io.BytesIO(body), [TemporaryFileUploadHandler()], "utf-8").parse()
+    except MultiPartParserError as exc:
+        raise InvalidRequest(f"The body is not a multipart form: {exc}.", code="invalid_multipart") from None
+    return {name: fields.get(name, "") for name in fields}, uploads.get("file")
+
+
+def _upload_path(upload: UploadedFile) -> tuple[Path, bool]:
+    """A local path of the upload (and whether it is ours to remove)."""
+    if isinstance(upload, TemporaryUploadedFile):
+        return Path(upload.temporary_file_path()), False
+    fd, name = tempfile.mkstemp(suffix=".jsonl")
+    with os.fdopen(fd, "wb") as out:
+        for chunk in upload.chunks():
+            out.write(chunk)
+    return Path(name), True
+
+
+def _create(body: bytes, content_type: str, organization_id: int, api_key_id: int) -> dict[str, Any]:
+    fields, upload = _parse_upload(body, content_type)
+    if upload is None:
+        raise InvalidRequest("file is required: the JSONL file, as a multipart form field.", param="file")
+    path, ours = _upload_path(upload)
+    try:
+        stored = files.file_create(
+            organization_id=organization_id, api_key_id=api_key_id, upload=path,
+            filename=upload.name or "upload.jsonl", purpose=fields.get("purpose", ""),
+        )  # fmt: skip
+    except files.BadFile as exc:
+        raise _refused(exc) from None
+    finally:
+        upload.close()
+        if ours:
+            path.unlink(missing_ok=True)
+    return files.file_object(stored)
+
+
+async def files_root(request: ApiRequest) -> HttpResponse:
+    """``GET`` lists, ``POST`` uploads."""
+    require_method(request, "GET", "POST")
+    grant = await authenticate(request.header("authorization"))
+    if request.method == "POST":
+        content_type = request.header("content-type") or ""
+        if not content_type.startswith("multipart/form-data"):
+            raise InvalidRequest("Upload the file as multipart/form-data (fields file and purpose).",
+                                 code="invalid_multipart")  # fmt: skip
+        # Parsing and checking a file of up to FILES_MAX_BYTES is work for a thread, not the loop.
+        created = await asyncio.to_thread(_create, request.body, content_type, grant.organization_id, grant.key_id)
+        return _json(created)
+    query = {name: values[-1] for name, values in parse_qs(request.query_string).items()}
+    try:
+        limit = int(query.get("limit", "10000"))
+    except ValueError:
+        raise InvalidRequest("limit must be a number.", param="limit") from None
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidRequest(f"limit must be between 1 and {LIST_LIMIT_MAX}.", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be asc or desc.", param="order")
+    try:
+        page, more = await run_db(
+            files.files_page, grant.organization_id, purpose=query.get("purpose") or None, limit=limit,
+            after=query.get("after") or None, newest_first=order == "desc",
+        )  # fmt: skip
+    except files.BadFile as exc:
+        raise _refused(exc) from None
+    data = [files.file_object(f) for f in page]
+    return _json({
+        "object": "list", "data": data, "has_more": more,
+        "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
+    })  # fmt: skip
+
+
+async def _owned(request: ApiRequest, file_id: str) -> StoredFile:
+    grant = await authenticate(request.header("authorization"))
+    found = await run_db(files.file_for_organization, grant.organization_id, file_id)
+    if found is None:
+        raise NotFound(f"No such file: {file_id}.", param="file_id", code="file_not_found")
+    return found
+
+
+async def file_detail(request: ApiRequest, file_id: str) -> HttpResponse:
+    """``GET`` the file object, ``DELETE`` the file."""
+    require_method(request, "GET", "DELETE")
+    found = await _owned(request, file_id)
+    if request.method == "DELETE":
+        await run_db(files.file_delete, file=found)
+        return _json({"id": found.public_id, "object": "file", "deleted": True})
+    return _json(files.file_object(found))
+
+
+async def file_content(request: ApiRequest, file_id: str) -> HttpResponse:
+    """``GET`` the file's bytes, as uploaded."""
+    require_method(request, "GET")
+    found = await _owned(request, file_id)
+
+    def read() -> bytes:
+        from registry.artifacts import get_artifact_store
+
+        with contextlib.closing(get_artifact_store().open_file(found.uri)) as handle:
+            return handle.read()
+
+    content = await asyncio.to_thread(read)
+    response = HttpResponse(content, content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    return response
