@@ -139,16 +139,24 @@ def start_worker(
     raise SystemExit("the worker did not become ready")
 
 
-def _client(args: tuple[str, bytes, int, int, float, float]) -> tuple[int, list[float], int]:
-    """One client process: ``connections`` closed-loop clients until ``stop`` (wall time)."""
-    url, body, length, connections, start, stop = args
+def _client(args: tuple[str, bytes, int, int, float, float, int]) -> tuple[int, list[float], int]:
+    """One client process: ``connections`` closed-loop clients until ``stop`` (wall time);
+    with ``parts`` > 1 each call carries that many predictions, as a gateway sends them
+    (``MANY_PATH``). Returns (predictions answered, call latencies, failed calls)."""
+    url, body, length, connections, start, stop, parts = args
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(length)}
+    if parts > 1:
+        from serving.predict.protocol import MANY_PATH, Part, pack_many
+
+        url = url.split("/v2/", 1)[0] + MANY_PATH
+        body = pack_many([Part(0, str(length), body)] * parts)
+        headers = {"content-type": "application/octet-stream"}
 
     async def run() -> tuple[int, list[float], int]:
         import aiohttp
 
         latencies: list[float] = []
         errors = 0
-        headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(length)}
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -164,12 +172,12 @@ def _client(args: tuple[str, bytes, int, int, float, float]) -> tuple[int, list[
                         latencies.append(time.perf_counter() - began)
 
             await asyncio.gather(*(loop() for _ in range(connections)))
-        return len(latencies), latencies, errors
+        return len(latencies) * parts, latencies, errors
 
     return asyncio.run(run())
 
 
-def measure(base: str, body: bytes, length: int, concurrency: int, duration: float) -> dict[str, Any]:
+def measure(base: str, body: bytes, length: int, concurrency: int, duration: float, parts: int = 1) -> dict[str, Any]:
     processes = min(concurrency, 8)
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     before = json.loads(urllib.request.urlopen(f"{base}/stats", timeout=5).read())
@@ -177,10 +185,11 @@ def measure(base: str, body: bytes, length: int, concurrency: int, duration: flo
     stop = start + duration
     url = f"{base}/v2/models/digits-cnn/infer"
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        results = pool.map(_client, [(url, body, length, share, start, stop) for share in shares])
+        results = pool.map(_client, [(url, body, length, share, start, stop, parts) for share in shares])
     after = json.loads(urllib.request.urlopen(f"{base}/stats", timeout=5).read())
     latencies = sorted(latency for _, each, _ in results for latency in each)
-    done = len(latencies)
+    done = sum(answered for answered, _, _ in results)
+    calls = len(latencies)
     sizes = {
         size: count - before["batch_sizes"].get(size, 0)
         for size, count in after["batch_sizes"].items()
@@ -189,8 +198,8 @@ def measure(base: str, body: bytes, length: int, concurrency: int, duration: flo
     return {
         "concurrency": concurrency,
         "throughput_rps": round(done / duration, 1),
-        "p50_ms": round(latencies[done // 2] * 1000, 2) if done else None,
-        "p99_ms": round(latencies[min(done - 1, int(done * 0.99))] * 1000, 2) if done else None,
+        "p50_ms": round(latencies[calls // 2] * 1000, 2) if calls else None,
+        "p99_ms": round(latencies[min(calls - 1, int(calls * 0.99))] * 1000, 2) if calls else None,
         "errors": sum(e for _, _, e in results),
         "batch_sizes": sizes,
         "device": after.get("device"),
@@ -203,6 +212,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--devices", nargs="+", default=["cuda", "cpu"])
+    parser.add_argument(
+        "--together", type=int, default=16,
+        help="also measure calls of this many predictions each, as a gateway sends them (0: not)",
+    )  # fmt: skip
     parser.add_argument("--cpu-threads", type=int, default=4, help="the CPU worker's threads (a slot's cores)")
     args = parser.parse_args()
     import numpy as np
@@ -230,6 +243,13 @@ def main() -> None:
                     row = {"device": device, "side": side, **measure(base, body, length, concurrency, args.duration)}
                     print(f"  {row}", flush=True)
                     rows.append(row)
+                if args.together > 1:
+                    # As many predictions in flight as at the largest concurrency, K to a call.
+                    calls = max(1, max(args.concurrency) // args.together)
+                    measured = measure(base, body, length, calls, args.duration, parts=args.together)
+                    row = {"device": device, "side": f"{side}, {args.together} per call", **measured}
+                    print(f"  {row}", flush=True)
+                    rows.append(row)
             finally:
                 process.terminate()
                 process.wait(30)
@@ -242,6 +262,13 @@ def main() -> None:
         for device in args.devices
         if (device, "batcher", top) in by and (device, "batch-1", top) in by
     }
+    if args.together > 1:
+        calls = max(1, top // args.together)
+        for device in args.devices:
+            together, alone = (device, f"batcher, {args.together} per call", calls), (device, "batch-1", top)
+            if together in by and alone in by:
+                name = f"{device}: batcher with {args.together} per call / batch-1 throughput, {top} in flight"
+                ratios[name] = round(by[together]["throughput_rps"] / max(0.1, by[alone]["throughput_rps"]), 2)
     report = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": gpu,
