@@ -1,4 +1,5 @@
-"""The data plane's tables in Django's admin: shadow policies (set through the service), shadow records (read-only)."""
+"""The data plane's tables in Django's admin: shadow policies (set through the service); shadow records
+and files, read-only."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from serving.models import ShadowPolicy, ShadowRecord
+from serving.models import ShadowPolicy, ShadowRecord, StoredFile
 from serving.services import shadow_policy_delete, shadow_policy_set
 
 
@@ -54,3 +55,22 @@ class ShadowRecordAdmin(admin.ModelAdmin[ShadowRecord]):
 
     def has_change_permission(self, request: HttpRequest, obj: ShadowRecord | None = None) -> bool:
         return False
+
+
+@admin.register(StoredFile)
+class StoredFileAdmin(admin.ModelAdmin[StoredFile]):
+    """Files of the Files API, read-only (customers upload and delete them through /v1/files)."""
+
+    list_display = ("public_id", "organization", "purpose", "filename", "bytes", "lines", "created_at")
+    list_filter = ("purpose",)
+    search_fields = ("public_id", "filename", "organization__name")
+    list_select_related = ("organization",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: StoredFile | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: StoredFile | None = None) -> bool:
+        return False  # the row indexes bytes in the artifact store: serving.files.file_delete removes both

@@ -103,3 +103,17 @@ def people(db: None) -> dict[str, Any]:
     return {
         name: users.create_user(username=name, password="pw-1234567890") for name in ("alice", "bob", "carol", "ml")
     }
+
+
+@pytest.fixture
+def store(settings, tmp_path) -> Iterator[Any]:
+    """A local artifact store of this test's own."""
+    from registry import artifacts
+
+    settings.ARTIFACT_STORE = {
+        "BACKEND": "registry.artifacts.LocalArtifactStore",
+        "OPTIONS": {"root": str(tmp_path / "store")},
+    }
+    artifacts.get_artifact_store.cache_clear()
+    yield artifacts.get_artifact_store()
+    artifacts.get_artifact_store.cache_clear()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,7 +10,6 @@ from rest_framework.test import APIClient
 
 from accounts.models import Role
 from accounts.services import membership_set, platform_organization
-from registry import artifacts
 from registry.models import Deployment, Model
 from tests.support.api import client_for
 from tests.support.registry import make_version
@@ -25,18 +23,6 @@ def people(alice_org) -> dict[str, Any]:
     membership_set(user=ml, organization=platform_organization(), role=Role.PLATFORM_ADMIN)
     membership_set(user=alice, organization=alice_org, role=Role.ORG_ADMIN)
     return {"ml": ml, "alice": alice, "anonymous": None}
-
-
-@pytest.fixture
-def store(settings, tmp_path) -> Iterator[artifacts.ArtifactStore]:
-    """A local artifact store of this test's own."""
-    settings.ARTIFACT_STORE = {
-        "BACKEND": "registry.artifacts.LocalArtifactStore",
-        "OPTIONS": {"root": str(tmp_path / "store")},
-    }
-    artifacts.get_artifact_store.cache_clear()
-    yield artifacts.get_artifact_store()
-    artifacts.get_artifact_store.cache_clear()
 
 
 @pytest.fixture

@@ -21,7 +21,10 @@ MAX_BYTES, MAX_LINES = 4096, 5
 @pytest.fixture(scope="module")
 def files_gateway(django_db_setup, tmp_path_factory) -> Iterator[Gateway]:
     gateway = start_gateway(
-        tmp_path_factory.mktemp("files-gateway"), FILES_MAX_BYTES=str(MAX_BYTES), FILES_MAX_LINES=str(MAX_LINES)
+        tmp_path_factory.mktemp("files-gateway"),
+        FILES_MAX_BYTES=str(MAX_BYTES),
+        FILES_MAX_LINES=str(MAX_LINES),
+        ARTIFACT_ROOT=str(tmp_path_factory.mktemp("files-store")),  # uploads kept apart from the models
     )
     yield gateway
     gateway.stop()
@@ -126,3 +129,24 @@ def test_the_list_pages_in_either_order(files_gateway, api_key):
     assert [f.id for f in client.files.list(order="desc")] == ids[::-1]
     with pytest.raises(openai.BadRequestError):
         client.files.list(limit=0)
+
+
+def test_the_admin_lists_files_read_only(tmp_path, store):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from accounts.services import organization_create
+    from serving.files import file_create
+
+    upload = tmp_path / "requests.jsonl"
+    upload.write_bytes(_jsonl(_line("a"), _line("b")))
+    org = organization_create(name="Files admin")
+    stored = file_create(organization_id=org.pk, api_key_id=None, upload=upload, filename="r.jsonl", purpose="batch")
+    assert (stored.lines, stored.bytes) == (2, upload.stat().st_size)
+    assert store.local_path(stored.uri).read_bytes() == upload.read_bytes()
+    root = get_user_model().objects.create_superuser(username="files-root", password="pw-1234567890")
+    client = Client()
+    client.force_login(root)
+    assert stored.public_id in client.get("/admin/serving/storedfile/").content.decode()
+    assert client.get(f"/admin/serving/storedfile/{stored.pk}/delete/").status_code == 403
+    assert client.get("/admin/serving/storedfile/add/").status_code == 403
