@@ -352,6 +352,10 @@ class Together:
         self._in_flight = 0
         self._calls: set[asyncio.Task[None]] = set()
 
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and self._in_flight == 0
+
     async def send(self, path: str, payload: RawBody) -> PartResponse:
         future: asyncio.Future[PartResponse] = asyncio.get_running_loop().create_future()
         self._waiting.append((path, payload, future))
@@ -456,11 +460,18 @@ class Together:
 _together_by_loop: PerLoop[dict[tuple[int, str], Together]] = PerLoop(dict)
 
 
+# Replicas come and go (hot-swaps, restarts): past this many, the idle ones are forgotten.
+TOGETHER_KEPT = 256
+
+
 def _together_for(replica: ReplicaRoute) -> Together:
     calls = _together_by_loop.get()
     key = (replica.id, replica.endpoint)
     together = calls.get(key)
     if together is None:
+        if len(calls) >= TOGETHER_KEPT:
+            for idle in [k for k, t in calls.items() if t.idle]:
+                del calls[idle]
         together = calls[key] = Together(replica)
     return together
 

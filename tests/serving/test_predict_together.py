@@ -163,3 +163,11 @@ async def test_a_call_cut_short_keeps_the_answers_given_and_fails_the_rest(serve
     assert len(answers) - len(failed) == alone + app.calls[MANY_PATH]
     assert failed
     assert all(isinstance(a, EngineFailed) for a in failed), failed
+
+
+async def test_idle_replicas_are_forgotten(monkeypatch):
+    """Replicas come and go: the gateway does not keep a line for each one it ever sent to."""
+    monkeypatch.setattr(engine, "TOGETHER_KEPT", 2)
+    made = [engine._together_for(ReplicaRoute(id=i, endpoint=f"http://r{i}", heartbeat_at=0.0)) for i in range(5)]
+    assert len(engine._together_by_loop.get()) <= 2
+    assert engine._together_for(ReplicaRoute(id=4, endpoint="http://r4", heartbeat_at=0.0)) is made[4]
