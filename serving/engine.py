@@ -22,7 +22,7 @@ from django.conf import settings
 from core.lifecycle import PerLoop, fail_all
 from registry.replica_keys import replica_api_key
 from serving.errors import APIError, EngineFailed, EngineTimeout, EngineUnavailable
-from serving.predict.protocol import HEADER_LENGTH, MANY_PATH, BadRequest, Part, frame_head, pack_many
+from serving.predict.protocol import HEADER_LENGTH, MANY_PATH, BadRequest, Part, pack_many, take_answers
 from serving.routing import Lease, ReplicaRoute, Router
 
 logger = logging.getLogger(__name__)
@@ -441,20 +441,13 @@ class Together:
             chunk = await reader.readany()
             if not chunk:
                 raise aiohttp.ClientPayloadError(f"the worker answered {len(answered)} of {len(futures)} predictions")
-            buffer += chunk
-            while len(buffer) >= 4:
-                size = int.from_bytes(buffer[:4], "big")
-                if len(buffer) < 4 + size:
-                    break
-                index, status, header_length, length = frame_head(buffer[4 : 4 + size], len(futures))
-                if len(buffer) < 4 + size + length:
-                    break
+            whole, buffer = take_answers(buffer + chunk, len(futures))
+            for index, part in whole:
                 if index in answered:
                     raise BadRequest(f"part {index} answered twice")
                 answered.add(index)
-                body, buffer = buffer[4 + size : 4 + size + length], buffer[4 + size + length :]
                 if not futures[index].done():
-                    futures[index].set_result(PartResponse(status, body, header_length))
+                    futures[index].set_result(PartResponse(part.status, part.body, part.header_length))
 
 
 _together_by_loop: PerLoop[dict[tuple[int, str], Together]] = PerLoop(dict)

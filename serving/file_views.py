@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
-from django.core.files.uploadedfile import TemporaryUploadedFile, UploadedFile
+from django.core.files.uploadedfile import TemporaryUploadedFile
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 
 from core.db import run_db
@@ -40,43 +38,29 @@ def _refused(exc: files.BadFile) -> InvalidRequest:
     return InvalidRequest(exc.message, param=exc.param, code="invalid_file")
 
 
-def _parse_upload(body: bytes, content_type: str) -> tuple[dict[str, str], UploadedFile | None]:
+def _parse_upload(body: bytes, content_type: str) -> tuple[QueryDict, TemporaryUploadedFile | None]:
     """The form's fields and its ``file`` (spooled to a temporary file by Django's parser)."""
     meta = {"CONTENT_TYPE": content_type, "CONTENT_LENGTH": str(len(body))}
     try:
         fields, uploads = MultiPartParser(meta, io.BytesIO(body), [TemporaryFileUploadHandler()], "utf-8").parse()
     except MultiPartParserError as exc:
         raise InvalidRequest(f"The body is not a multipart form: {exc}.", code="invalid_multipart") from None
-    return {name: fields.get(name, "") for name in fields}, uploads.get("file")
-
-
-def _upload_path(upload: UploadedFile) -> tuple[Path, bool]:
-    """A local path of the upload (and whether it is ours to remove)."""
-    if isinstance(upload, TemporaryUploadedFile):
-        return Path(upload.temporary_file_path()), False
-    fd, name = tempfile.mkstemp(suffix=".jsonl")
-    with os.fdopen(fd, "wb") as out:
-        for chunk in upload.chunks():
-            out.write(chunk)
-    return Path(name), True
+    return fields, uploads.get("file")
 
 
 def _create(body: bytes, content_type: str, organization_id: int, api_key_id: int) -> dict[str, Any]:
     fields, upload = _parse_upload(body, content_type)
     if upload is None:
         raise InvalidRequest("file is required: the JSONL file, as a multipart form field.", param="file")
-    path, ours = _upload_path(upload)
     try:
         stored = files.file_create(
-            organization_id=organization_id, api_key_id=api_key_id, upload=path,
+            organization_id=organization_id, api_key_id=api_key_id, upload=Path(upload.temporary_file_path()),
             filename=upload.name or "upload.jsonl", purpose=fields.get("purpose", ""),
         )  # fmt: skip
     except files.BadFile as exc:
         raise _refused(exc) from None
     finally:
-        upload.close()
-        if ours:
-            path.unlink(missing_ok=True)
+        upload.close()  # removes the temporary file
     return files.file_object(stored)
 
 

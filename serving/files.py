@@ -13,13 +13,11 @@ organisation's key does (a 404, as for a file that does not exist).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 
 from registry.artifacts import get_artifact_store
@@ -38,54 +36,48 @@ class BadFile(ValueError):
         self.param = param
 
 
-def _line_error(number: int, raw: bytes) -> str | None:
-    """Why line ``number`` is not a batch request (None: it is one)."""
+def _custom_id(raw: bytes) -> str:
+    """A batch request line's custom_id; ``ValueError`` saying why the line is not one."""
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return "is not JSON"
+        raise ValueError("is not JSON") from None
     if not isinstance(line, dict):
-        return "is not a JSON object"
+        raise ValueError("is not a JSON object")
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return "has no custom_id (a non-empty string that names the request in the results)"
+        raise ValueError("has no custom_id (a non-empty string that names the request in the results)")
     if line.get("method") != "POST":
-        return 'has no method "POST"'
+        raise ValueError('has no method "POST"')
     if line.get("url") not in BATCH_URLS:
-        return f"has url {line.get('url')!r}; a batch runs {', '.join(BATCH_URLS)}"
+        raise ValueError(f"has url {line.get('url')!r}; a batch runs {', '.join(BATCH_URLS)}")
     body = line.get("body")
     if not isinstance(body, dict):
-        return "has no body (the request's JSON object)"
+        raise ValueError("has no body (the request's JSON object)")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        return "has no body.model"
-    return None
-
-
-def _lines(handle: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    for number, raw in enumerate(handle, start=1):
-        if raw.strip():
-            yield number, raw
+        raise ValueError("has no body.model")
+    return custom_id
 
 
 def check_batch_file(handle: BinaryIO) -> int:
     """The number of requests in a batch input file; ``BadFile`` naming its first bad line."""
     seen: set[str] = set()
-    count = 0
-    for number, raw in _lines(handle):
-        why = _line_error(number, raw)
-        if why is not None:
-            raise BadFile(f"Line {number} {why}.")
-        custom_id = orjson.loads(raw)["custom_id"]
+    for number, raw in enumerate(handle, start=1):
+        if not raw.strip():
+            continue
+        try:
+            custom_id = _custom_id(raw)
+        except ValueError as why:
+            raise BadFile(f"Line {number} {why}.") from None
         if custom_id in seen:
             raise BadFile(f"Line {number} repeats custom_id {custom_id!r}: each request's must be unique.")
         seen.add(custom_id)
-        count += 1
-        if count > settings.FILES_MAX_LINES:
+        if len(seen) > settings.FILES_MAX_LINES:
             raise BadFile(f"The file has more than {settings.FILES_MAX_LINES} requests.")
-    if count == 0:
+    if not seen:
         raise BadFile("The file has no request: one JSON object per line.")
-    return count
+    return len(seen)
 
 
 def file_create(
@@ -111,8 +103,7 @@ def file_create(
 
 def file_delete(*, file: StoredFile) -> None:
     """Remove the index row, then the bytes (a row never names bytes that are gone)."""
-    with transaction.atomic():
-        file.delete()
+    file.delete()
     get_artifact_store().delete_file(file.uri)
 
 

@@ -460,16 +460,27 @@ def frame_head(head: bytes, parts: int) -> tuple[int, int, str | None, int]:
     return entry[0], entry[1], entry[2], entry[3]
 
 
+def take_answers(buffer: bytes, parts: int) -> tuple[list[tuple[int, Part]], bytes]:
+    """The whole answer frames at the start of ``buffer`` (part index, answer), and what is
+    left after them (a frame not all there yet)."""
+    answers: list[tuple[int, Part]] = []
+    offset = 0
+    while len(buffer) - offset >= 4:
+        size = int.from_bytes(buffer[offset : offset + 4], "big")
+        start = offset + 4 + size
+        if len(buffer) < start:
+            break
+        index, status, header_length, length = frame_head(buffer[offset + 4 : start], parts)
+        if len(buffer) < start + length:
+            break
+        answers.append((index, Part(status, header_length, buffer[start : start + length])))
+        offset = start + length
+    return answers, buffer[offset:]
+
+
 def unpack_answers(body: bytes, parts: int) -> dict[int, Part]:
     """A whole streamed answer read at once: each part's answer by its index."""
-    answers: dict[int, Part] = {}
-    offset = 0
-    while offset < len(body):
-        size = int.from_bytes(body[offset : offset + 4], "big")
-        index, status, header_length, length = frame_head(body[offset + 4 : offset + 4 + size], parts)
-        start = offset + 4 + size
-        if start + length > len(body):
-            raise BadRequest("An answer is longer than the body.")
-        answers[index] = Part(status, header_length, body[start : start + length])
-        offset = start + length
-    return answers
+    answers, rest = take_answers(body, parts)
+    if rest:
+        raise BadRequest("An answer is longer than the body.")
+    return dict(answers)
