@@ -311,8 +311,9 @@ class Coalesced:
     """Concurrent calls of one ledger step (``admit`` or ``settle``), sent to Redis together.
 
     A call goes at once while fewer than ``IN_FLIGHT`` script runs are on their way; those
-    that arrive while they are wait and go together as the next script run (``MANY`` in ledger.lua, at most ``MAX_ITEMS``), which
-    runs each request's step exactly as it would run alone, in order. No timer: a call on
+    that arrive meanwhile wait and go together as the next script run (``MANY`` in
+    ledger.lua, at most ``MAX_ITEMS``), which runs each request's step exactly as it would
+    run alone, in order. No timer: a call on
     its own costs what it did, and under load one round trip carries many requests. (The
     two ledger calls per request were measured at about half of a one-process gateway's
     CPU per prediction: bench/predict_suite.py, docs/performance.md.) Each request keeps
