@@ -92,6 +92,10 @@ class Organization(Limits):
         validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1))],
         help_text="applied to invoice subtotals, e.g. 0.2000 for 20 %",
     )  # fmt: skip
+    webhook_secret = models.CharField(
+        max_length=80, blank=True, default="",
+        help_text="signs the webhooks sent to its addresses (`whsec_…`; made on first use, rotatable)",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

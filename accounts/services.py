@@ -363,6 +363,30 @@ def organization_update(*, organization: Organization, actor: Actor = None, **ch
     return organization
 
 
+WEBHOOK_SECRET_PREFIX = "whsec_"
+
+
+def organization_webhook_secret(*, organization_id: int, rotate: bool = False) -> str:
+    """The secret that signs the organisation's webhooks (serving.webhooks), made on first use;
+    ``rotate`` replaces it at once (receivers then accept the old and new one for a while).
+
+    The first use sets it with an UPDATE guarded on the empty value and reads it back, so two
+    concurrent first uses (a batch's callback and the portal) agree on one secret rather
+    than each signing with its own. Organization.DoesNotExist for an unknown id.
+    """
+    fresh = WEBHOOK_SECRET_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+    organizations = Organization.objects.filter(pk=organization_id)
+    if rotate:
+        if not organizations.update(webhook_secret=fresh):
+            raise Organization.DoesNotExist(f"no organisation {organization_id}")
+        return fresh
+    current = organizations.values_list("webhook_secret", flat=True).get()
+    if current:
+        return current
+    organizations.filter(webhook_secret="").update(webhook_secret=fresh)
+    return organizations.values_list("webhook_secret", flat=True).get()
+
+
 # --- Members and invitations ----------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ price it was charged at.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
@@ -44,8 +45,8 @@ class PriceSerializer(serializers.ModelSerializer[Price]):
         model = Price
         fields = [
             "id", "model", "version", "input_per_million", "output_per_million", "cached_input_per_million",
-            "per_thousand_inferences", "cached_per_thousand_inferences", "currency", "effective_from", "effective_to",
-            "created_at",
+            "per_thousand_inferences", "cached_per_thousand_inferences", "batch_percent", "currency", "effective_from",
+            "effective_to", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -62,6 +63,10 @@ class PriceSetSerializer(serializers.Serializer[Any]):
         "price of a thousand inferences answered from the result cache (default: the inference price)",
         required=False,
     )
+    batch_percent = serializers.DecimalField(
+        max_digits=5, decimal_places=2, min_value=Decimal(0), max_value=Decimal(100), required=False,
+        help_text="what batch jobs' requests pay, in percent of each price (default 50)",
+    )  # fmt: skip
     effective_from = serializers.DateTimeField(required=False, help_text="default: now")
     currency = serializers.CharField(required=False, max_length=3)
 

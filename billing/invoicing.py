@@ -4,7 +4,8 @@ and the invoice side of reconciliation.
 The rounding rule (docs/architecture.md, "The money path"):
 
 - a line is one model's tokens of one kind (input = prompt - cached, output, cached) at
-  one price, for one month; its amount = quantity * unit price per million / 10^6,
+  one price, for one month; batch jobs' usage (``UsageRecord.batch``) has lines of its own,
+  at the price's ``batch_percent`` of each unit price; its amount = quantity * unit price per million / 10^6,
   computed exactly in Decimal and rounded **once, half up, to cents**;
 - subtotal = the sum of the rounded usage and adjustment lines (no further rounding);
 - credit = min(subtotal, the plan's ``included_credit``), shown as a ``credit`` line of
@@ -37,7 +38,7 @@ from django.db.models.functions import TruncMonth
 
 from accounts.models import Organization, Plan
 from billing.models import Invoice, InvoiceLine, Price, UsageRecord
-from billing.pricing import charged_tokens_sql
+from billing.pricing import batch_unit_price, charged_tokens_sql
 
 CENT = Decimal("0.01")
 ZERO = Decimal("0.00")
@@ -139,6 +140,7 @@ class LineDraft:
     unit_price: Decimal
     amount: Decimal
     description: str
+    batch: bool = False
 
     def as_line(self, invoice: Invoice) -> InvoiceLine:
         return InvoiceLine(
@@ -146,6 +148,7 @@ class LineDraft:
             kind=self.kind,
             model=self.model,
             token_kind=self.token_kind,
+            batch=self.batch,
             usage_period=self.usage_period,
             price_id=self.price_id,
             quantity=self.quantity,
@@ -164,9 +167,11 @@ class Totals:
     total: Decimal
 
 
-def _description(*, model: str, token_kind: str, period: dt.date, kind: str, price: Price | None) -> str:
+def _description(
+    *, model: str, token_kind: str, period: dt.date, kind: str, price: Price | None, batch: bool = False
+) -> str:
     # The unit price has its own column; lines of one model at two prices differ there.
-    what = f"{model}, {InvoiceLine.TokenKind(token_kind).label.lower()}"
+    what = f"{model}, {'batch ' if batch else ''}{InvoiceLine.TokenKind(token_kind).label.lower()}"
     late = f", late usage of {period_label(period)}" if kind == InvoiceLine.Kind.ADJUSTMENT else ""
     unpriced = ", unpriced" if price is None else ""
     return f"{what}{late}{unpriced}"[:255]
@@ -183,7 +188,7 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
     """
     groups = (
         records.annotate(month=TruncMonth("created_at", tzinfo=dt.UTC))
-        .values("month", "model", "price_id")
+        .values("month", "model", "price_id", "batch")
         .annotate(
             # Tokens by the price each is charged at: billing.pricing's one rule.
             **{kind: Sum(RawSQL(sql, ())) for kind, sql in _CHARGED.items()},
@@ -209,18 +214,26 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
             if quantity == 0:
                 continue
             unit_price: Decimal = getattr(price, price_field) if price is not None else Decimal(0)
+            if row["batch"] and price is not None:
+                unit_price = batch_unit_price(unit_price, price.batch_percent)
             lines.append(
                 LineDraft(
                     kind=kind,
                     model=row["model"],
                     token_kind=token_kind,
+                    batch=row["batch"],
                     usage_period=usage_period,
                     price_id=price.pk if price is not None else None,
                     quantity=quantity,
                     unit_price=unit_price,
                     amount=line_amount(quantity=quantity, unit_price=unit_price, exponent=exponent),
                     description=_description(
-                        model=row["model"], token_kind=token_kind, period=usage_period, kind=kind, price=price
+                        model=row["model"],
+                        token_kind=token_kind,
+                        period=usage_period,
+                        kind=kind,
+                        price=price,
+                        batch=row["batch"],
                     ),
                 )
             )
@@ -235,6 +248,7 @@ def usage_lines(records: QuerySet[UsageRecord], *, period: dt.date) -> list[Line
             line.model,
             effective.get(line.price_id, epoch) if line.price_id is not None else epoch,
             line.price_id or 0,
+            line.batch,
             token_order[InvoiceLine.TokenKind(line.token_kind)],
         )
     )

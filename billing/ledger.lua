@@ -256,7 +256,8 @@ end
 -- KEYS[1] in-flight hash, KEYS[2] usage stream, KEYS[3] the admission hour's counters,
 -- KEYS[4] the request's swept marker
 -- ARGV[1] request id, ARGV[2] tokens used, ARGV[3] spend used (micro-units),
--- ARGV[4] test clock key or "", ARGV[5] "sweep" when the sweeper settles it (else ""),
+-- ARGV[4] test clock key or "", ARGV[5] "sweep" when the sweeper settles it, "release" to
+-- give the request back with nothing used and no event (else ""),
 -- ARGV[6..] the usage event's field/value pairs
 local function settle(KEYS, ARGV)
   local rid = ARGV[1]
@@ -269,7 +270,7 @@ local function settle(KEYS, ARGV)
     -- goes out again as revision 1, which the persister puts in place of the first. The
     -- marker is taken once, so a correction is written at most once.
     local marker = redis.call("GET", KEYS[4])
-    if not marker or ARGV[5] == "sweep" then
+    if not marker or ARGV[5] == "sweep" or ARGV[5] == "release" then
       return false
     end
     redis.call("DEL", KEYS[4])
@@ -310,6 +311,10 @@ local function settle(KEYS, ARGV)
       redis.call("SET", KEYS[4], cjson.encode({month = s.month, scopes = prefixes, tokens = used, spend = spent}),
         "EX", 7 * 86400)
     end
+  end
+  if ARGV[5] == "release" then
+    -- Given back unrun (a batch line's attempt that will be tried again): no event.
+    return 1
   end
   local id = redis.call("XADD", KEYS[2], "*", unpack(event_fields(ARGV, 6, "0")))
   redis.call("HINCRBY", KEYS[3], "events", 1)

@@ -105,6 +105,9 @@ class UsageEvent:
     # The items a predict request carried (rows of its batch dimension): what a small model
     # is metered and priced by. 0 for a token model's request.
     inferences: int = 0
+    # A line of a batch job (``serving.batches``): priced at its price's batch percent,
+    # billed on lines of its own, never charged to the interactive per-minute limits.
+    batch: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -169,6 +172,7 @@ class UsageEvent:
             error_code=_error_code(text.get("error_code") or ""),
             revision=count("revision") if text.get("revision") else 0,
             inferences=count("inferences") if text.get("inferences") else 0,
+            batch=text.get("batch") == "True",
         )
 
 
@@ -387,11 +391,15 @@ def _scope_spec(name: str, ident: int, limits: ScopeLimits) -> dict[str, Any]:
     }
 
 
-def _scopes(grant: KeyGrant) -> list[dict[str, Any]]:
-    return [
+def _scopes(grant: KeyGrant, *, batch: bool = False) -> list[dict[str, Any]]:
+    scopes = [
         _scope_spec("key", grant.key_id, grant.key_limits),
         _scope_spec("org", grant.organization_id, grant.org_limits),
     ]
+    if batch:  # a batch line meets the month's budgets only, none of the per-minute limits
+        for scope in scopes:
+            scope.update(rpm=0, tpm=0, ipm=0, conc=0)
+    return scopes
 
 
 def inflight_entry(draft: UsageEvent) -> dict[str, str]:
@@ -425,17 +433,20 @@ async def admit(
     anyway (a no-op when it did not). ``rpm_paid``: its request was already taken from the
     per-minute buckets (``take_request``), so it is not charged again. ``inferences``: a
     small model's items, charged to the inferences-per-minute buckets (exact at admission,
-    never refunded).
+    never refunded). A batch line's draft (``draft.batch``) is charged to the month's token
+    quota and spend cap only, not to any per-minute limit or the model's queue; the sweeper
+    leaves its entry to the batch, which gives it back (``release``) or settles it.
     """
     presence.ensure_started()
+    batch = draft.batch
     spec = {
-        "scopes": _scopes(grant),
+        "scopes": _scopes(grant, batch=batch),
         "tokens": tokens,
         "inferences": inferences,
         "spend": micros_up(spend),
         "ttl": int(settings.ENGINE_REQUEST_TIMEOUT) + 60,
         "org": grant.organization_id,
-        "model_key": keys.model_queue(draft.model),
+        "model_key": "" if batch else keys.model_queue(draft.model),
         "model_limit": model_limit,
         "rpm_paid": rpm_paid,
     }
@@ -511,6 +522,15 @@ def _settle_args(event: UsageEvent, *, sweep: bool = False) -> list[str | bytes 
     for name, value in event.to_fields().items():
         argv += [name, value]
     return argv
+
+
+async def release(request_id: uuid.UUID) -> bool:
+    """Give an admitted request back unrun: its reservation returned, its places freed, and no
+    usage event (a batch line's attempt that is tried again later under another id). False
+    when it is not in flight. Raises RedisError."""
+    rid = str(request_id)
+    keys_ = [keys.inflight_requests(), keys.usage_stream(), keys.usage_counts("released"), keys.swept_request(rid)]
+    return bool(await _script(async_redis())(keys=keys_, args=["settle", rid, 0, 0, _clock(), "release"]))
 
 
 async def settle(event: UsageEvent) -> bool:
@@ -706,6 +726,8 @@ def sweep_lost_requests() -> int:
             continue
         gateway = str(entry.get("gateway", ""))
         seen.add(gateway)
+        if entry.get("batch") == "True":
+            continue  # a batch line's: its batch gives it back or settles it (serving.batches)
         age = now - admitted
         overdue = age > settings.ENGINE_REQUEST_TIMEOUT + 60
         if not overdue and not dead(gateway):

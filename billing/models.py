@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from accounts.models import MONEY_DECIMAL_PLACES, MONEY_MAX_DIGITS, ApiKey, Organization
@@ -64,6 +64,7 @@ class UsageRecord(models.Model):
     revision = models.PositiveSmallIntegerField(
         default=0, help_text="1 when the gateway's own settlement corrected the sweeper's (billing.ledger)"
     )
+    batch = models.BooleanField(default=False, help_text="a line of a batch job, at the batch price")
     inferences = models.PositiveIntegerField(
         default=0, help_text="items a predict request carried (its batch size); 0 for a token model's request"
     )
@@ -203,6 +204,13 @@ class Price(models.Model):
         default=Decimal(0),
         validators=[MinValueValidator(Decimal(0))],
         help_text="for inferences answered from the exact result cache",
+    )
+    batch_percent = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal(50),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))],
+        help_text="what a batch job's request pays, in percent of each of these prices",
     )
     currency = models.CharField(max_length=3, help_text="ISO 4217, the platform's billing currency")
     effective_from = models.DateTimeField()
@@ -401,6 +409,7 @@ class InvoiceLine(models.Model):
     model = models.CharField(max_length=255, blank=True)
     token_kind = models.CharField(max_length=20, choices=TokenKind.choices, blank=True)
     usage_period = models.DateField(null=True, blank=True, help_text="the month the usage belongs to")
+    batch = models.BooleanField(default=False, help_text="batch jobs' usage, at the price's batch percent")
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     quantity = models.PositiveBigIntegerField(default=0, help_text="tokens")
     unit_price = models.DecimalField(

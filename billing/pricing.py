@@ -18,7 +18,7 @@ every cost question the gateway asks (reservation, charge, savings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_CEILING, Decimal
 
 from billing.models import CacheOutcome, Price
@@ -91,6 +91,7 @@ class PriceQuote:
     effective_to: float | None
     per_thousand_inferences: Decimal = Decimal(0)
     cached_per_thousand_inferences: Decimal = Decimal(0)
+    batch_percent: Decimal = Decimal(100)
 
     @classmethod
     def of(cls, price: Price) -> PriceQuote:
@@ -105,6 +106,20 @@ class PriceQuote:
             effective_to=price.effective_to.timestamp() if price.effective_to else None,
             per_thousand_inferences=price.per_thousand_inferences,
             cached_per_thousand_inferences=price.cached_per_thousand_inferences,
+            batch_percent=price.batch_percent,
+        )
+
+    def for_batch(self) -> PriceQuote:
+        """The same price as a batch job's line pays it: each unit price at ``batch_percent``
+        (``batch_unit_price``, as its invoice line has it)."""
+        pct = self.batch_percent
+        return replace(
+            self,
+            input_per_million=batch_unit_price(self.input_per_million, pct),
+            output_per_million=batch_unit_price(self.output_per_million, pct),
+            cached_input_per_million=batch_unit_price(self.cached_input_per_million, pct),
+            per_thousand_inferences=batch_unit_price(self.per_thousand_inferences, pct),
+            cached_per_thousand_inferences=batch_unit_price(self.cached_per_thousand_inferences, pct),
         )
 
     def in_effect(self, when: float) -> bool:
@@ -175,6 +190,11 @@ def request_cost(
         input_tokens * input_per_million + output_tokens * output_per_million + cached_tokens * cached_input_per_million
     )
     return total / PER_MILLION
+
+
+def batch_unit_price(unit_price: Decimal, percent: Decimal) -> Decimal:
+    """A unit price as batch jobs pay it: ``percent`` of it, exact (no rounding)."""
+    return unit_price * percent / 100
 
 
 def micros_up(amount: Decimal) -> int:

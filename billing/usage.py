@@ -211,6 +211,7 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         error_code=event.error_code,
         revision=event.revision,
         inferences=event.inferences,
+        batch=event.batch,
     )
 
 

@@ -222,7 +222,11 @@ CELERY_TIMEZONE = "UTC"
 #             import (minutes), e-mail (an SMTP server may hang), invoice drafting, rollups,
 #             reconciliation, the semantic-cache purge. Each catches up from where it stopped,
 #             so minutes of lag there are harmless.
-CELERY_TASK_QUEUES = [Queue(name, Exchange(name), routing_key=name) for name in ("metering", "control", "slow")]
+#   batch:    batch jobs' lines (serving.batches) and webhooks (serving.webhooks): hours of work
+#             at a low priority, never in front of anything above.
+CELERY_TASK_QUEUES = [
+    Queue(name, Exchange(name), routing_key=name) for name in ("metering", "control", "slow", "batch")
+]
 # A route naming no known queue fails when sent instead of filling a queue no worker reads.
 CELERY_TASK_CREATE_MISSING_QUEUES = False
 # A task left out of the routes (tests/console/test_celery_queues.py fails for it) lands here.
@@ -238,6 +242,7 @@ CELERY_TASK_ROUTES = {
                  "billing.tasks.budget_alerts_notify_pending", "billing.tasks.usage_rollups_build",
                  "billing.tasks.usage_reconcile", "billing.tasks.usage_reconcile_month",
                  "serving.tasks.cache_purge_expired"),
+        "batch": ("serving.tasks.batch_work", "serving.tasks.webhooks_deliver"),
     }.items()
     for task in tasks
 }  # fmt: skip
@@ -266,6 +271,41 @@ API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
 # The Files API (/v1/files, serving.files): the largest upload and the most requests in one file.
 FILES_MAX_BYTES = envint("FILES_MAX_BYTES", 100 * 1024 * 1024)
 FILES_MAX_LINES = envint("FILES_MAX_LINES", 50_000)
+# Batch output and error files are kept this long, then deleted (OpenAI keeps them 30 days).
+FILES_OUTPUT_RETENTION_DAYS = envint("FILES_OUTPUT_RETENTION_DAYS", 30)
+
+# --- Batch jobs (serving.batches) ----------------------------------------------------------
+# A batch's completion windows (OpenAI's is "24h"; more may be offered as "<n>h").
+BATCH_COMPLETION_WINDOWS = tuple(os.environ.get("BATCH_COMPLETION_WINDOWS", "24h").split(","))
+# Lines an organisation may have waiting or running in its unfinished batches, all together.
+BATCH_MAX_ENQUEUED_LINES = envint("BATCH_MAX_ENQUEUED_LINES", 200_000)
+# A worker's lines in flight per routable replica of a model while no interactive request
+# is; each interactive request in flight on the model takes one of them back.
+BATCH_SLOTS_PER_REPLICA = envint("BATCH_SLOTS_PER_REPLICA", 4)
+# ... but never fewer than this per model with work (0: a batch waits out interactive load).
+BATCH_MIN_SLOTS = envint("BATCH_MIN_SLOTS", 1)
+# How long a worker's claim on a running line lasts; renewed while it runs. A line whose
+# claim ran out (its worker died) is given back and run again.
+BATCH_LEASE_SECONDS = envfloat("BATCH_LEASE_SECONDS", 30.0)
+# How many times a line is tried when its engine fails (5xx, gone) before it fails.
+BATCH_MAX_ATTEMPTS = envint("BATCH_MAX_ATTEMPTS", 5)
+# How long one batch_work run goes on before it hands over to the next tick.
+BATCH_WORK_SECONDS = envfloat("BATCH_WORK_SECONDS", 50.0)
+# vLLM's request priority for batch lines (interactive requests have 0; lower runs first),
+# sent only while the engines run with --scheduling-policy priority (ENGINE_SCHEDULING_POLICY).
+BATCH_ENGINE_PRIORITY = envint("BATCH_ENGINE_PRIORITY", 10)
+
+# --- Webhooks (serving.webhooks) -----------------------------------------------------------
+# Host names webhooks may go to whatever they resolve to (e.g. an internal receiver).
+WEBHOOK_ALLOWED_HOSTS = tuple(h for h in os.environ.get("WEBHOOK_ALLOWED_HOSTS", "").split(",") if h)
+# Whether webhooks may go to private, loopback or link-local addresses (never by default).
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = envbool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "false")
+WEBHOOK_TIMEOUT = envfloat("WEBHOOK_TIMEOUT", 10.0)
+# Retries: BACKOFF * 2**(attempt-1) seconds apart, at most an hour, until MAX_ATTEMPTS.
+WEBHOOK_BACKOFF_SECONDS = envfloat("WEBHOOK_BACKOFF_SECONDS", 10.0)
+WEBHOOK_MAX_ATTEMPTS = envint("WEBHOOK_MAX_ATTEMPTS", 8)
+# A receiver refuses a signature older than this (what docs/webhooks.md tells them).
+WEBHOOK_TOLERANCE_SECONDS = envint("WEBHOOK_TOLERANCE_SECONDS", 300)
 # uvicorn processes serving the one port (console.servers): each a gateway of its own.
 GATEWAY_PROCESSES = max(1, envint("GATEWAY_PROCESSES", 1))
 # Django's own limit for the console and admin (the data plane reads bodies itself).
@@ -355,6 +395,11 @@ CELERY_BEAT_SCHEDULE = {
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (rollout.canary).
     "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),
+    # Batch jobs: start, resume, run, expire and finish them (serving.batches); a run works
+    # until there is nothing to do or BATCH_WORK_SECONDS pass, and a new batch starts one at once.
+    "batch-work": every(envfloat("BATCH_TICK_SECONDS", 5.0), "serving.tasks.batch_work"),
+    # Webhooks due (new, or a retry whose backoff has passed).
+    "webhooks-deliver": every(envfloat("WEBHOOK_TICK_SECONDS", 5.0), "serving.tasks.webhooks_deliver"),
 }
 
 # --- Semantic cache (serving/semcache) ---------------------------------------------------
@@ -403,6 +448,12 @@ VLLM_GPU_MEMORY_UTILIZATION = envfloat("VLLM_GPU_MEMORY_UTILIZATION", 0.85)
 # Upper bound on a replica's context; the model's own max_seq_len applies when smaller.
 ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
 ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
+# vLLM's scheduling policy for the engines runworkers starts: "priority" lets interactive
+# requests (priority 0) go before batch jobs' lines (BATCH_ENGINE_PRIORITY), which vLLM
+# preempts for them; "fcfs" is vLLM's default (first come, first served).
+ENGINE_SCHEDULING_POLICY = os.environ.get("ENGINE_SCHEDULING_POLICY", "priority")
+if ENGINE_SCHEDULING_POLICY not in ("priority", "fcfs"):
+    raise ValueError("ENGINE_SCHEDULING_POLICY must be priority or fcfs")
 # The program a replica runs (its arguments follow). Empty: vLLM's OpenAI server.
 WORKER_ENGINE_LAUNCHER = os.environ.get("WORKER_ENGINE_LAUNCHER", "")
 # Small models (framework onnx) run in the platform's predict worker, not vLLM: each uses

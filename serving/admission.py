@@ -11,6 +11,11 @@ The one admission contract of the data plane, shared by the LLM requests
   settles it, a no-op in the ledger when it did not).
 - ``settle`` writes the request's usage event exactly once (``ledger.settle_or_defer``:
   retried until Redis is back) after waiting for an admission still in flight.
+
+A batch job's line (``batch=True``) is admitted against the month's budgets only, and its
+settlement is left to its batch (``serving.batches``): ``settle`` keeps the event
+(``deferred``), which the batch writes once the line's answer is stored, or gives the line
+back (``ledger.release``) to run it again.
 """
 
 from __future__ import annotations
@@ -62,11 +67,13 @@ def model_limit(model: ModelRoute, grant: KeyGrant) -> int:
 class Admission:
     """One request's admission and settlement (see the module)."""
 
-    __slots__ = ("_task", "admitted", "grant", "maybe_admitted", "model", "rate_limits")
+    __slots__ = ("_task", "admitted", "batch", "deferred", "grant", "maybe_admitted", "model", "rate_limits")
 
-    def __init__(self, grant: KeyGrant, model: ModelRoute) -> None:
+    def __init__(self, grant: KeyGrant, model: ModelRoute, *, batch: bool = False) -> None:
         self.grant = grant
         self.model = model
+        self.batch = batch
+        self.deferred: UsageEvent | None = None  # a batch line's event, for its batch to write
         self.rate_limits: Headroom | None = None  # the key's limits once admitted
         self.maybe_admitted = False  # the ledger may hold the request (admitted, or outcome unknown)
         self.admitted = False
@@ -112,6 +119,11 @@ class Admission:
         outcome is unknown (the ledger settles it if it landed)."""
         if not self.maybe_admitted:
             return False
+        if self.batch:
+            self.deferred = event
+            if self.admitted:
+                metrics.IN_FLIGHT.labels(event.model).dec()
+            return self.admitted
         written = await ledger.settle_or_defer(event, admitted=self.admitted)
         metrics.USAGE_EVENTS.labels("written" if written else "deferred").inc()
         if not self.admitted:

@@ -32,13 +32,14 @@ ERRORS: dict[int, str] = {
     403: "the key may not use this model",
     404: "no such path (or the engine's own 404)",
     405: "this path does not take that method (see `Allow`)",
+    409: "the object's state does not allow it (a batch that has finished cannot be cancelled)",
     413: "the body is larger than the API accepts",
     429: "a rate limit, quota, budget or the model's queue refused it (see `Retry-After`)",
     502: "the engine failed after taking the request",
     503: "no replica is ready, or the platform's database, Redis or limiter is unavailable",
     504: "the engine sent no token in time, or the request ran past its time limit",
 }
-INFERENCE_ERRORS = tuple(ERRORS)
+INFERENCE_ERRORS = tuple(status for status in ERRORS if status != 409)
 READ_ERRORS = (401, 404, 405, 413, 503)
 
 _ERROR_SCHEMAS: dict[str, Any] = {
@@ -482,6 +483,21 @@ _SMALL_SCHEMAS: dict[str, Any] = {
         "required": ["model", "embeddings", "dimensions"],
     },
 }
+def _page_of(item: str) -> dict[str, Any]:
+    """OpenAI's cursor-paged list of ``item`` objects."""
+    return {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {"$ref": COMPONENT.format(model=item)}},
+            "has_more": {"type": "boolean"},
+            "first_id": {"type": "string", "nullable": True},
+            "last_id": {"type": "string", "nullable": True},
+        },
+        "required": ["object", "data", "has_more"],
+    }
+
+
 _FILE_SCHEMAS: dict[str, Any] = {
     "OpenAIFile": {
         "type": "object",
@@ -498,17 +514,7 @@ _FILE_SCHEMAS: dict[str, Any] = {
         },
         "required": ["id", "object", "bytes", "created_at", "filename", "purpose", "status"],
     },
-    "OpenAIFileList": {
-        "type": "object",
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {"type": "array", "items": {"$ref": COMPONENT.format(model="OpenAIFile")}},
-            "has_more": {"type": "boolean"},
-            "first_id": {"type": "string", "nullable": True},
-            "last_id": {"type": "string", "nullable": True},
-        },
-        "required": ["object", "data", "has_more"],
-    },
+    "OpenAIFileList": _page_of("OpenAIFile"),
     "OpenAIFileDeleted": {
         "type": "object",
         "properties": {
@@ -528,6 +534,179 @@ _FILE_SCHEMAS: dict[str, Any] = {
     },
 }
 _FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_STAMP = {"type": "integer", "nullable": True}
+_BATCH_SCHEMAS: dict[str, Any] = {
+    "OpenAIBatchCreate": {
+        "type": "object",
+        "properties": {
+            "input_file_id": {"type": "string", "description": "a file uploaded with purpose `batch`"},
+            "endpoint": {
+                "type": "string",
+                "enum": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/v1/predict"],
+            },
+            "completion_window": {"type": "string", "enum": ["24h"]},
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "nullable": True},
+        },
+        "required": ["input_file_id", "endpoint", "completion_window"],
+    },
+    "OpenAIBatch": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "example": "batch_6c1a…"},
+            "object": {"type": "string", "enum": ["batch"]},
+            "endpoint": {"type": "string"},
+            "model": {"type": "string", "nullable": True},
+            "errors": {"type": "object", "nullable": True},
+            "input_file_id": {"type": "string"},
+            "completion_window": {"type": "string"},
+            "status": {
+                "type": "string",
+                "enum": [
+                    "validating",
+                    "failed",
+                    "in_progress",
+                    "finalizing",
+                    "completed",
+                    "expired",
+                    "cancelling",
+                    "cancelled",
+                ],
+            },
+            "output_file_id": {"type": "string", "nullable": True},
+            "error_file_id": {"type": "string", "nullable": True},
+            "created_at": {"type": "integer"},
+            **{
+                name: _STAMP
+                for name in (
+                    "in_progress_at",
+                    "expires_at",
+                    "finalizing_at",
+                    "completed_at",
+                    "failed_at",
+                    "expired_at",
+                    "cancelling_at",
+                    "cancelled_at",
+                )
+            },
+            "request_counts": {
+                "type": "object",
+                "properties": {n: {"type": "integer"} for n in ("total", "completed", "failed")},
+                "required": ["total", "completed", "failed"],
+            },
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "nullable": True},
+        },
+        "required": [
+            "id",
+            "object",
+            "endpoint",
+            "input_file_id",
+            "completion_window",
+            "status",
+            "created_at",
+            "request_counts",
+        ],
+    },
+    "OpenAIBatchList": _page_of("OpenAIBatch"),
+    "SeedBatchCreate": {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "inputs": {
+                "type": "array",
+                "minItems": 1,
+                "items": {},
+                "description": "one request each: a prompt or {messages} (chat), a text (embeddings), an instance "
+                "(small models)",
+            },
+            "params": {"type": "object", "description": "fields every request gets, e.g. max_tokens"},
+            "callback_url": {"type": "string", "description": "a signed webhook goes here when the batch ends"},
+        },
+        "required": ["model", "inputs"],
+    },
+    "SeedBatchCreated": {
+        "type": "object",
+        "properties": {
+            "batch_id": {"type": "string"},
+            "status": {"type": "string"},
+            "estimated_time": {"type": "integer", "description": "seconds, from the model's measured throughput"},
+            "input_file_id": {"type": "string"},
+        },
+        "required": ["batch_id", "status", "estimated_time"],
+    },
+    "SeedBatch": {
+        "type": "object",
+        "properties": {
+            "batch_id": {"type": "string"},
+            "status": {"type": "string"},
+            "model": {"type": "string", "nullable": True},
+            "progress": {
+                "type": "object",
+                "properties": {n: {"type": "integer"} for n in ("total", "completed", "failed")},
+            },
+            "output_file_id": {"type": "string", "nullable": True},
+            "error_file_id": {"type": "string", "nullable": True},
+            "created_at": {"type": "integer"},
+            "expires_at": {"type": "integer", "nullable": True},
+        },
+        "required": ["batch_id", "status", "progress"],
+    },
+}
+
+
+def batch_paths() -> dict[str, dict[str, Any]]:
+    """OpenAI's Batch API and the seeds' batch (``serving.batch_views``)."""
+    create = _operation(
+        "openai_batches_create", "Create a batch", ok=_json_ok("OpenAIBatch", "the batch, validating"),
+        errors=(400, 429, *READ_ERRORS), body="OpenAIBatchCreate",
+    )  # fmt: skip
+    create["description"] = (
+        "Runs every request of the input file offline, each exactly once, at the batch price; the output "
+        "and error files list the answers by custom_id when it ends."
+    )
+    listing = _operation(
+        "openai_batches_list", "This organisation's batches, newest first", ok=_json_ok("OpenAIBatchList", "one page"),
+        errors=(400, *READ_ERRORS), parameters=[
+            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+            {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "a batch id"},
+        ],
+    )  # fmt: skip
+    seed = _operation(
+        "seed_batch_create", "Run many inputs as one batch (the seeds' shape)", ok=_json_ok("SeedBatchCreated", ""),
+        errors=(400, 403, 429, *READ_ERRORS), body="SeedBatchCreate",
+    )  # fmt: skip
+    seed["responses"]["202"] = {**seed["responses"].pop("200"), "description": "queued"}
+    return {
+        "/v1/batches": {"get": listing, "post": create},
+        "/v1/batches/{batch_id}": {
+            "get": _operation(
+                "openai_batches_retrieve",
+                "One batch",
+                ok=_json_ok("OpenAIBatch", "the batch"),
+                errors=READ_ERRORS,
+                parameters=[_BATCH_ID],
+            ),
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": _operation(
+                "openai_batches_cancel",
+                "Cancel a batch",
+                ok=_json_ok("OpenAIBatch", "cancelling"),
+                errors=(409, *READ_ERRORS),
+                parameters=[_BATCH_ID],
+            ),
+        },
+        "/api/v1/batch": {"post": seed},
+        "/api/v1/batch/{batch_id}": {
+            "get": _operation(
+                "seed_batch_retrieve",
+                "A batch's progress (the seeds' shape)",
+                ok=_json_ok("SeedBatch", "its progress"),
+                errors=READ_ERRORS,
+                parameters=[_BATCH_ID],
+            ),
+        },
+    }
 
 
 def file_paths() -> dict[str, dict[str, Any]]:
@@ -715,7 +894,10 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     """drf-spectacular postprocessing hook: the data plane's paths, schemas and bearer auth."""
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
-    added = {**_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **_FILE_SCHEMAS, **request_schemas()}
+    added = {
+        **_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **_FILE_SCHEMAS, **_BATCH_SCHEMAS,
+        **request_schemas(),
+    }  # fmt: skip
     clash = sorted(set(added) & set(schemas))
     if clash:
         raise ValueError(f"data-plane schema names taken by the management API: {', '.join(clash)}")
@@ -729,6 +911,7 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     paths.update(data_plane_paths())
     paths.update(small_model_paths())
     paths.update(file_paths())
+    paths.update(batch_paths())
     result.setdefault("tags", [])
     if not any(tag.get("name") == TAG for tag in result["tags"]):
         result["tags"].append(

@@ -126,10 +126,13 @@ class InferenceCall:
     """One request's life. Drive it as prepare → admit → complete() or start_stream()/chunks(),
     and always ``close(status)`` in a ``finally`` (idempotent; a no-op once settled)."""
 
-    def __init__(self, endpoint: Endpoint, grant: KeyGrant, request_id: uuid.UUID) -> None:
+    def __init__(self, endpoint: Endpoint, grant: KeyGrant, request_id: uuid.UUID, *, batch: bool = False) -> None:
         self.endpoint = endpoint
         self.grant = grant
         self.request_id = request_id
+        # A batch job's line (serving.batches): the batch price, no per-minute limits, and its
+        # settlement left to the batch (``serving.admission``).
+        self.batch = batch
         self.status: int | None = None  # set when settled
         self.failed = False  # a stream ended with an error event
         self.prompt_tokens = 0
@@ -236,7 +239,7 @@ class InferenceCall:
         # A large body pays its place in the per-minute request bucket before its prompt is
         # counted (a 4 MB prompt is about a second of CPU), so it cannot be repeated for free.
         large = len(raw_body) > settings.PROMPT_COUNT_INLINE_BYTES
-        if large:
+        if large and not self.batch:
             await self._take_request()
         try:
             _refuse_by_lower_bound(body, data, counter, max_len)
@@ -269,19 +272,21 @@ class InferenceCall:
                 per_choice = limit if limit is not None else max(1, max_len - longest)
                 reserved = prompt_bound + prompts * body.n * per_choice
         except InvalidRequest:
-            if not self._rpm_paid:  # refused after it was counted: it still counts as a request
+            if not self._rpm_paid and not self.batch:  # refused after it was counted: it still counts as a request
                 with contextlib.suppress(ledger.LedgerUnavailable):
                     await ledger.take_request(self.grant, force=True)
             raise
 
         # Charged at the price in effect when the request arrived (its record's created_at),
         # for the whole request, whatever happens later.
-        price = version.price_at(self._admitted_at.timestamp())
+        price = self._price_of(version)
         if price is not None:
             self._reserved_spend = price.reservation(prompt_tokens=prompt_bound, output_tokens=reserved - prompt_bound)
 
         payload = engine_payload(data)
         payload["model"] = model.name
+        if self.batch and settings.ENGINE_SCHEDULING_POLICY == "priority":
+            payload["priority"] = settings.BATCH_ENGINE_PRIORITY  # after interactive requests
         if isinstance(body, ChatCompletionRequest | CompletionRequest) and body.stream:
             # Always ask for usage, cumulative on every chunk: a stream cut short is still
             # metered with the tokens actually produced.
@@ -294,6 +299,10 @@ class InferenceCall:
         self.prompt_exact = exact
         self._reserved = reserved
         self.price = price
+
+    def _price_of(self, version: VersionRoute) -> PriceQuote | None:
+        price = version.price_at(self._admitted_at.timestamp())
+        return price.for_batch() if price is not None and self.batch else price
 
     @property
     def stream(self) -> bool:
@@ -431,10 +440,15 @@ class InferenceCall:
         """Charge the limits and register the request in flight, in one atomic step
         (``serving.admission``: a caller cancelled meanwhile leaves it to finish, and ``close``
         settles it). Raises RateLimited (429) when a limit, budget or the model's queue refuses it."""
-        self._admission = Admission(self.grant, self.model)
+        self._admission = Admission(self.grant, self.model, batch=self.batch)
         return await self._admission.admit(
             self._event(0, draft=True), tokens=self._reserved, spend=self._reserved_spend, rpm_paid=self._rpm_paid
         )
+
+    @property
+    def deferred_event(self) -> UsageEvent | None:
+        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
+        return self._admission.deferred if self._admission is not None else None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -524,7 +538,7 @@ class InferenceCall:
             # Metered as the version that answers, at its price; its answer is not cached
             # under the scope (and version) the request was looked up in.
             self.version = version
-            self.price = version.price_at(self._admitted_at.timestamp())
+            self.price = self._price_of(version)
             self._may_store = False
         return replicas
 
@@ -791,6 +805,7 @@ class InferenceCall:
             cache=self.cache_outcome,
             finish_reason="" if draft else self.finish_reason,
             error_code="" if draft else (self.error_code or error_code_of(status)),
+            batch=self.batch,
         )
 
     async def close(self, status: int) -> None:

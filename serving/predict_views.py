@@ -216,23 +216,39 @@ async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     return response
 
 
-async def predict(request: ApiRequest) -> HttpResponse:
-    """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
-    require_method(request, "POST")
-    grant = await _grant(request)
-    data = json_object(request.body)
+async def predict_answer(call: PredictCall, data: dict[str, Any]) -> dict[str, Any]:
+    """The seeds' one-instance prediction (``{"model", "input", "params"}``) run by ``call``:
+    its answer's body. Shared by ``/api/v1/predict`` and batch jobs' lines (``serving.batches``)."""
+    started = time.perf_counter()
     model = model_name(data)
     if "input" not in data:
         raise InvalidRequest('input is required: one instance, e.g. {"text": "…"}.', param="input")
-    call, answers = await _predict(request, grant, model, [data["input"]], _version_param(data), endpoint="predict")
-    answer = answers[0]
-    response = _json({
+    await call.prepare(model, version=_version_param(data))
+    try:
+        tensors = instances_to_tensors(call.signature, [data["input"]])
+    except BadTensor as exc:
+        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+    call.take_inputs(tensors)
+    outputs = await call.run()
+    answer = predictions(outputs, call.version.labels, call.rows)[0]
+    call.stage_ms["total"] = (time.perf_counter() - started) * 1000
+    return {
         "model": call.model.name,
         "model_version": call.version.version,
         "prediction": answer.get("prediction"),
         "confidence": answer.get("confidence"),
         "outputs": answer["outputs"],
         "latency_ms": round(call.stage_ms["total"], 2),
-    })  # fmt: skip
+    }
+
+
+async def predict(request: ApiRequest) -> HttpResponse:
+    """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
+    require_method(request, "POST")
+    grant = await _grant(request)
+    data = json_object(request.body)
+    call = PredictCall(grant, request.request_id, endpoint="predict")
+    request.on_close(call.close)
+    response = _json(await predict_answer(call, data))
     _annotate(response, call)
     return response

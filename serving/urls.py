@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import file_views, key_usage_views, openai_views, predict_views, seed_views
+from serving import batch_views, file_views, key_usage_views, openai_views, predict_views, seed_views
 
 app_name = "dataplane"
 
@@ -18,6 +18,9 @@ urlpatterns = [
     path("v1/files", file_views.files_root, name="files"),
     path("v1/files/<str:file_id>", file_views.file_detail, name="file"),
     path("v1/files/<str:file_id>/content", file_views.file_content, name="file-content"),
+    path("v1/batches", batch_views.batches_root, name="batches"),
+    path("v1/batches/<str:batch_id>", batch_views.batch_detail, name="batch"),
+    path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="batch-cancel"),
     path("api/v1/chat/completions", openai_views.chat_completions, name="api-chat-completions"),
     path("api/v1/completions", openai_views.completions, name="api-completions"),
     path("api/v1/embeddings", openai_views.embeddings, name="api-embeddings"),
@@ -38,6 +41,8 @@ urlpatterns = [
     path("api/v1/generate", seed_views.generate, name="api-generate"),
     path("api/v1/models/<str:model>/generate", seed_views.model_generate, name="api-model-generate"),
     path("api/v1/embed", seed_views.embed, name="api-embed"),
+    path("api/v1/batch", batch_views.seed_batch, name="api-batch"),
+    path("api/v1/batch/<str:batch_id>", batch_views.seed_batch_detail, name="api-batch-detail"),
 ]
 
 # Paths the data plane's ASGI entry serves itself (serving.asgi, answered in OpenAI's error
@@ -45,6 +50,6 @@ urlpatterns = [
 # paths that end in one of DATA_PLANE_MODEL_ACTIONS.
 DATA_PLANE_PREFIXES = (
     "/v1/", "/v2", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage", "/api/v1/predict",
-    "/api/v1/generate", "/api/v1/embed",
+    "/api/v1/generate", "/api/v1/embed", "/api/v1/batch",
 )  # fmt: skip
 DATA_PLANE_MODEL_ACTIONS = ("/predict", "/generate")

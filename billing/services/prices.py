@@ -33,6 +33,18 @@ def _price_value(field: str, value: Any) -> Decimal:
     return amount
 
 
+def _percent(field: str, value: Decimal | str) -> Decimal:
+    try:
+        amount = Decimal(value)
+    except (InvalidOperation, TypeError, ValueError):
+        raise InvalidInput(field, "must be a number") from None
+    if not amount.is_finite() or not 0 <= amount <= 100:
+        raise InvalidInput(field, "must be between 0 and 100")
+    if amount != amount.quantize(Decimal("0.01")):
+        raise InvalidInput(field, "has at most 2 decimal places")
+    return amount
+
+
 def price_set(
     *,
     model: Model,
@@ -41,6 +53,7 @@ def price_set(
     cached_input_per_million: Decimal | str | None = None,
     per_thousand_inferences: Decimal | str = Decimal(0),
     cached_per_thousand_inferences: Decimal | str | None = None,
+    batch_percent: Decimal | str = Decimal(50),
     version: ModelVersion | None = None,
     effective_from: datetime | None = None,
     currency: str | None = None,
@@ -52,7 +65,8 @@ def price_set(
     on are charged the new price on every gateway (each reloads its prices at once).
     Cached input tokens cost ``cached_input_per_million`` (default: the input price). A small
     model's requests cost ``per_thousand_inferences`` per thousand items, those answered from
-    the result cache ``cached_per_thousand_inferences`` (default: the same).
+    the result cache ``cached_per_thousand_inferences`` (default: the same). A batch job's
+    requests pay ``batch_percent`` of each (default 50: half price).
     """
     if version is not None and version.model_id != model.pk:
         raise InvalidInput("version", f"{version} is not a version of {model}")
@@ -74,6 +88,7 @@ def price_set(
             "cached_per_thousand_inferences",
             per_thousand_inferences if cached_per_thousand_inferences is None else cached_per_thousand_inferences,
         ),
+        "batch_percent": _percent("batch_percent", batch_percent),
     }
     with transaction.atomic():
         Model.objects.select_for_update().get(pk=model.pk)  # one price change of a model at a time

@@ -115,10 +115,13 @@ class PredictCall:
     """Drive it as ``prepare`` → ``take_inputs`` → ``run``; always ``close(status)`` in a
     ``finally`` (idempotent; a no-op once settled)."""
 
-    def __init__(self, grant: KeyGrant, request_id: uuid.UUID, *, endpoint: str = "predict") -> None:
+    def __init__(
+        self, grant: KeyGrant, request_id: uuid.UUID, *, endpoint: str = "predict", batch: bool = False
+    ) -> None:
         self.grant = grant
         self.request_id = request_id
         self.endpoint = endpoint
+        self.batch = batch  # a batch job's line: as InferenceCall's
         self.cache = MISS
         self.rows = 0
         self.arrays: Arrays = {}
@@ -164,7 +167,11 @@ class PredictCall:
             raise EngineUnavailable(f"`{model.name}` version `{chosen.version}` has no usable signature.")
         self.model = model
         self.version = chosen
-        self.price = chosen.price_at(self._admitted_at.timestamp())
+        self.price = self._price_of(chosen)
+
+    def _price_of(self, version: VersionRoute) -> PriceQuote | None:
+        price = version.price_at(self._admitted_at.timestamp())
+        return price.for_batch() if price is not None and self.batch else price
 
     @property
     def signature(self) -> Any:
@@ -257,10 +264,15 @@ class PredictCall:
         """Charge the limits and register the request in flight (``serving.admission``: a
         caller cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
         spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
-        self._admission = Admission(self.grant, self.model)
+        self._admission = Admission(self.grant, self.model, batch=self.batch)
         return await self._admission.admit(
             self._event(0, draft=True), tokens=0, spend=Decimal(spend), inferences=self.rows
         )
+
+    @property
+    def deferred_event(self) -> UsageEvent | None:
+        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
+        return self._admission.deferred if self._admission is not None else None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -319,7 +331,7 @@ class PredictCall:
         metrics.FALLBACKS.labels(self.model.name, self.version.version, version.version, exc.code or "").inc()
         if version is not self.version:
             self.version = version
-            self.price = version.price_at(self._admitted_at.timestamp())
+            self.price = self._price_of(version)
         return replicas
 
     def _outputs(self, content: bytes, header: str | None) -> Arrays:
@@ -365,6 +377,7 @@ class PredictCall:
             cache=self.cache,
             error_code=self._error_code(status, draft=draft, error=error),
             inferences=inferences,
+            batch=self.batch,
         )
 
     def _error_code(self, status: int, *, draft: bool, error: APIError | None) -> str:

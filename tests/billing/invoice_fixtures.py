@@ -41,8 +41,10 @@ def record(
     cached: int = 0,
     price: Price | None = None,
     model: str = "chat-model",
+    batch: bool = False,
 ) -> UsageRecord:
-    """One request's usage, costed at ``price`` as the gateway would (exact, unrounded)."""
+    """One request's usage, costed at ``price`` as the gateway would (exact, unrounded; a
+    batch job's line at the price's batch percent)."""
     cost = Decimal(0)
     if price is not None:
         cost = request_cost(
@@ -53,6 +55,8 @@ def record(
             output_tokens=completion,
             cached_tokens=cached,
         )
+        if batch:
+            cost = cost * price.batch_percent / 100
     return UsageRecord.objects.create(
         request_id=uuid.uuid4(),
         api_key=key,
@@ -68,4 +72,5 @@ def record(
         created_at=at(when) if isinstance(when, str) else when,
         price=price,
         cost=cost,
+        batch=batch,
     )

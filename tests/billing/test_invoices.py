@@ -177,6 +177,22 @@ class TestWhichUsage:
         ]
         assert invoice.subtotal == Decimal("4.40")
 
+    def test_batch_usage_has_its_own_lines_at_the_batch_percent(self, key, model):
+        p = price(model, "2026-09-01", "10", "20")  # batch_percent: 50 by default
+        record(key, "2026-10-05", prompt=100_000, completion=50_000, price=p)
+        record(key, "2026-10-06", prompt=200_000, completion=100_000, price=p, batch=True)
+        invoice = invoice_draft(organization=key.organization, period=OCT)
+        assert lines_of(invoice) == [
+            ("usage", "chat-model", "input", 100_000, Decimal("10"), Decimal("1.00")),
+            ("usage", "chat-model", "output", 50_000, Decimal("20"), Decimal("1.00")),
+            ("usage", "chat-model", "input", 200_000, Decimal("5"), Decimal("1.00")),
+            ("usage", "chat-model", "output", 100_000, Decimal("10"), Decimal("1.00")),
+        ]
+        batch_lines = invoice.lines.filter(batch=True)
+        assert batch_lines.count() == 2
+        assert all("batch" in line.description for line in batch_lines)
+        assert invoiced_usage(period=OCT, organization=key.organization).ok  # re-priced the same
+
     def test_unpriced_usage_is_a_visible_line_at_zero(self, key):
         record(key, "2026-10-05", prompt=30, completion=12)
         invoice = invoice_draft(organization=key.organization, period=OCT)

@@ -1,0 +1,842 @@
+"""Batch jobs: the requests of an uploaded file run offline, each exactly once, at the batch price.
+
+OpenAI's Batch API (``/v1/batches``, ``serving.batch_views``) and the seeds' ``/api/v1/batch``
+create a ``Batch`` from a file of requests (``serving.files``). Celery's ``batch`` queue does
+the rest (``serving.tasks.batch_work`` → ``work``): it validates the file into ``BatchLine``
+rows (validating → in_progress), runs the lines through the same request scripts as
+interactive traffic (``InferenceCall``, ``PredictCall``: routing, canaries, the caches,
+metering) at a low priority, and when no line is left to run writes the output and error
+files in line order (finalizing → completed; or expired, cancelled).
+
+Exactly once, whoever dies:
+
+- A worker claims lines (``SELECT … FOR UPDATE SKIP LOCKED``): running, with a lease it
+  renews while they run, and an attempt number. Attempt *k* of line *i* is the request
+  ``uuid5(batch, i, k)`` in the ledger.
+- A line's answer is written (conditionally: still running, same attempt) *before* its usage
+  event; the event is written once the answer is stored, and kept on the row until then
+  (``metered``), so a worker that dies between the two leaves it for the next tick to write.
+  The ledger writes an event once per request id, so writing it twice changes nothing.
+- A line whose worker died (its lease ran out) goes back to pending; its attempt's admission
+  is given back (``ledger.release``: no event, nothing charged) and it runs again as the
+  next attempt. The sweeper of lost gateways leaves batch lines' admissions to this.
+- An engine that fails or vanishes mid-line gives the line back the same way, up to
+  ``BATCH_MAX_ATTEMPTS``; a request the model refuses (4xx) is an answer: it fails, in the
+  error file, metered as interactive traffic would be.
+
+A batch whose organisation reaches a spend cap or token quota stops taking lines: the rest
+end in the error file as ``insufficient_quota`` (nothing is overspent: each line is
+admitted against the budgets like any request). Cancel stops new lines at once; lines in
+flight finish. At the completion window's end the batch expires: lines done are kept, the
+rest end as ``batch_expired``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from accounts.grants import KeyGrant
+from accounts.models import ApiKey, Organization
+from billing import ledger
+from billing.ledger import UsageEvent
+from core import keys
+from core.db import run_db
+from core.redis import async_redis
+from core.transitions import check_transition
+from registry.artifacts import get_artifact_store
+from serving.errors import APIError
+from serving.files import BATCH_URLS
+from serving.models import Batch, BatchLine, StoredFile
+from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, InferenceCall, status_of
+from serving.predict.call import PredictCall
+from serving.routing import find_model, router
+
+logger = logging.getLogger(__name__)
+
+# The request ids of batch lines: uuid5 of this and "<batch>/<line>/<attempt>".
+LINE_NAMESPACE = uuid.UUID("6f1d2b5e-6c1a-4a8e-9d55-0c7b3a1e2f40")
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}
+PREDICT_URL = "/api/v1/predict"
+UNFINISHED = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING, Batch.Status.FINALIZING)
+# Why a line that never ran ends in the error file, by the batch's stop reason.
+NOT_RUN = {
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
+    "insufficient_quota": (
+        "insufficient_quota",
+        "This request was not executed: the organization reached its spend cap or token quota.",
+    ),
+    "key_revoked": ("api_key_revoked", "This request was not executed: the batch's API key was revoked."),
+}
+# Failures an engine (or the platform) may not repeat: the line is given back and tried again.
+RETRYABLE = frozenset({500, 502, 503, 504})
+
+
+class BadBatch(ValueError):
+    """A batch the API refuses (``status`` 400, or 429 for a full queue); ``param`` names the field."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+def line_request_id(batch_public_id: str, index: int, attempt: int) -> uuid.UUID:
+    return uuid.uuid5(LINE_NAMESPACE, f"{batch_public_id}/{index}/{attempt}")
+
+
+# --- create, cancel ------------------------------------------------------------------------
+
+
+def _window_hours(window: str) -> int:
+    if window not in settings.BATCH_COMPLETION_WINDOWS:
+        raise BadBatch(
+            f"completion_window must be one of {', '.join(repr(w) for w in settings.BATCH_COMPLETION_WINDOWS)}.",
+            param="completion_window",
+        )
+    try:
+        hours = int(window.removesuffix("h"))
+    except ValueError:
+        raise BadBatch(f"completion_window {window!r} is not a number of hours.", param="completion_window") from None
+    return hours
+
+
+def _check_metadata(metadata: object) -> dict[str, str]:
+    """OpenAI's rule: at most 16 pairs, keys up to 64 characters, values up to 512."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise BadBatch("metadata must be an object of at most 16 key-value pairs.", param="metadata")
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+            raise BadBatch(
+                "metadata's keys are strings of at most 64 characters, its values strings of at most 512.",
+                param="metadata",
+            )
+    return dict(metadata)
+
+
+def enqueued_lines(organization_id: int) -> int:
+    """Lines the organisation's unfinished batches have still to run."""
+    validating = Batch.objects.filter(organization_id=organization_id, status=Batch.Status.VALIDATING).aggregate(
+        n=Sum("total")
+    )
+    to_run = BatchLine.objects.filter(
+        batch__organization_id=organization_id,
+        batch__status__in=UNFINISHED,
+        status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING],
+    ).count()
+    return int(validating["n"] or 0) + to_run
+
+
+def enqueued_lines_of_model(model: str) -> int:
+    """Lines of the model that batches in progress have still to run (all organisations)."""
+    return BatchLine.objects.filter(
+        batch__model=model, batch__status=Batch.Status.IN_PROGRESS,
+        status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING],
+    ).count()  # fmt: skip
+
+
+def batch_create(
+    *,
+    organization_id: int,
+    api_key_id: int,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str = "24h",
+    metadata: object = None,
+    callback_url: str = "",
+) -> Batch:
+    """A new batch (validating) of the organisation's input file; ``BadBatch`` says why not.
+    A batch worker starts on it as soon as the transaction commits."""
+    if endpoint not in BATCH_URLS:
+        raise BadBatch(f"endpoint must be one of {', '.join(BATCH_URLS)}.", param="endpoint")
+    hours = _window_hours(completion_window)
+    meta = _check_metadata(metadata)
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise BadBatch("input_file_id is required: the id of a file uploaded with purpose 'batch'.",
+                       param="input_file_id")  # fmt: skip
+    with transaction.atomic():
+        # One creation per organisation at a time: the enqueued-lines limit holds under races.
+        Organization.objects.select_for_update().filter(pk=organization_id).first()
+        file = StoredFile.objects.filter(organization_id=organization_id, public_id=input_file_id).first()
+        if file is None:
+            raise BadBatch(f"No file {input_file_id!r} of yours.", param="input_file_id", code="file_not_found")
+        if file.purpose != "batch":
+            raise BadBatch(f"File {input_file_id!r} has purpose {file.purpose!r}; a batch reads 'batch' files.",
+                           param="input_file_id")  # fmt: skip
+        waiting = enqueued_lines(organization_id)
+        if waiting + file.lines > settings.BATCH_MAX_ENQUEUED_LINES:
+            raise BadBatch(
+                f"Your organization has {waiting} batch requests waiting; {file.lines} more would pass its limit "
+                f"of {settings.BATCH_MAX_ENQUEUED_LINES}. Try again when some batches have finished.",
+                status=429,
+                code="enqueued_limit_exceeded",
+            )
+        batch = Batch.objects.create(
+            public_id="batch_" + secrets.token_hex(12),
+            organization_id=organization_id,
+            api_key_id=api_key_id,
+            endpoint=endpoint,
+            input_file=file,
+            input_file_public_id=file.public_id,
+            completion_window=completion_window,
+            metadata=meta,
+            callback_url=callback_url,
+            total=file.lines,
+            expires_at=timezone.now() + timedelta(hours=hours),
+        )
+        transaction.on_commit(wake_workers)
+    return batch
+
+
+def wake_workers() -> None:
+    """Queue a batch_work run now rather than at the next tick (never raises: the beat comes anyway)."""
+    from celery import current_app
+
+    try:
+        current_app.send_task("serving.tasks.batch_work")
+    except Exception:  # the broker is away: the beat's next tick starts it
+        logger.warning("could not queue batch work; the next tick will", exc_info=True)
+
+
+def batch_cancel(*, batch: Batch) -> Batch:
+    """Stop a batch: no line starts from now on; those in flight finish; then it is cancelled
+    with what was done in its output file. A batch already finished is left as it is (409)."""
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().get(pk=batch.pk)
+        if locked.status in (Batch.Status.CANCELLING, Batch.Status.CANCELLED):
+            return locked
+        if locked.status not in (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS):
+            raise BadBatch(f"Batch {locked.public_id} is {locked.status}; it can no longer be cancelled.", status=409)
+        check_transition(locked, Batch.Status.CANCELLING)
+        locked.cancelling_at = timezone.now()
+        locked.stop_reason = locked.stop_reason or "cancelled"
+        locked.save(update_fields=["status", "cancelling_at", "stop_reason"])
+        transaction.on_commit(wake_workers)
+    return locked
+
+
+# --- reads -----------------------------------------------------------------------------------
+
+
+def batch_for_organization(organization_id: int, public_id: str) -> Batch | None:
+    return (
+        Batch.objects.select_related("input_file", "output_file", "error_file")
+        .filter(organization_id=organization_id, public_id=public_id)
+        .first()
+    )
+
+
+def batches_page(organization_id: int | None, *, limit: int, after: str | None) -> tuple[list[Batch], bool]:
+    """One page of batches, newest first (one organisation's, or all of them for None), and
+    whether more follow."""
+    batches = Batch.objects.all() if organization_id is None else Batch.objects.filter(organization_id=organization_id)
+    batches = batches.select_related("input_file", "output_file", "error_file", "organization")
+    batches = batches.order_by("-created_at", "-pk")
+    if after:
+        cursor = batches.filter(public_id=after).first()
+        if cursor is None:
+            raise BadBatch(f"after names no batch of yours: {after!r}.", param="after")
+        batches = batches.filter(
+            Q(created_at__lt=cursor.created_at) | Q(created_at=cursor.created_at, pk__lt=cursor.pk)
+        )
+    rows = list(batches[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def _stamp(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def request_counts(batch: Batch) -> dict[str, int]:
+    """Total, completed and failed lines; live from the lines while the batch runs."""
+    if batch.status in (Batch.Status.VALIDATING, Batch.Status.FAILED) or batch.status in _FINAL:
+        return {"total": batch.total, "completed": batch.completed, "failed": batch.failed}
+    counts = dict(
+        BatchLine.objects.filter(batch=batch, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED])
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return {"total": batch.total, "completed": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
+
+
+_FINAL = (Batch.Status.COMPLETED, Batch.Status.EXPIRED, Batch.Status.CANCELLED)
+
+
+def batch_object(batch: Batch) -> dict[str, Any]:
+    """The batch as OpenAI's API shows it."""
+    errors = {"object": "list", "data": batch.errors} if batch.errors else None
+    return {
+        "id": batch.public_id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model or None,
+        "errors": errors,
+        "input_file_id": batch.input_file_public_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file.public_id if batch.output_file else None,
+        "error_file_id": batch.error_file.public_id if batch.error_file else None,
+        "created_at": _stamp(batch.created_at),
+        "in_progress_at": _stamp(batch.in_progress_at),
+        "expires_at": _stamp(batch.expires_at),
+        "finalizing_at": _stamp(batch.finalizing_at),
+        "completed_at": _stamp(batch.completed_at),
+        "failed_at": _stamp(batch.failed_at),
+        "expired_at": _stamp(batch.expired_at),
+        "cancelling_at": _stamp(batch.cancelling_at),
+        "cancelled_at": _stamp(batch.cancelled_at),
+        "request_counts": request_counts(batch),
+        "metadata": batch.metadata or None,
+    }
+
+
+# --- validation: the file becomes lines --------------------------------------------------------
+
+
+def _read_lines(file: StoredFile) -> Iterator[dict[str, Any]]:
+    with get_artifact_store().open_file(file.uri) as handle:
+        for raw in handle:
+            if raw.strip():
+                yield orjson.loads(raw)
+
+
+def validate_one() -> bool:
+    """Validate one batch waiting for it (its lines written, in_progress; or failed, with the
+    errors OpenAI's shape gives). All in one transaction: a worker that dies midway leaves it
+    validating for the next. False when none was waiting."""
+    with transaction.atomic():
+        batch = (
+            Batch.objects.select_for_update(skip_locked=True)
+            .filter(status=Batch.Status.VALIDATING)
+            .order_by("created_at")
+            .first()
+        )
+        if batch is None:
+            return False
+        errors: list[dict[str, Any]] = []
+        lines: list[BatchLine] = []
+        model = ""
+        file = batch.input_file
+        if file is None:
+            errors.append({"code": "file_not_found", "message": "The input file was deleted.", "param": None,
+                           "line": None})  # fmt: skip
+        else:
+            for index, line in enumerate(_read_lines(file)):
+                number = index + 1
+                if line.get("url") != batch.endpoint:
+                    errors.append({
+                        "code": "mismatched_endpoint", "param": "url", "line": number,
+                        "message": f"Line {number} has url {line.get('url')!r}; this batch runs {batch.endpoint}.",
+                    })  # fmt: skip
+                named = line["body"].get("model")
+                if model and named != model:
+                    errors.append({
+                        "code": "mismatched_model", "param": "body.model", "line": number,
+                        "message": f"Line {number} asks for model {named!r}; a batch runs one model ({model!r}).",
+                    })  # fmt: skip
+                model = model or named
+                if len(errors) >= 10:
+                    break
+                lines.append(BatchLine(batch=batch, index=index, custom_id=line["custom_id"], body=line["body"]))
+        now = timezone.now()
+        if errors:
+            check_transition(batch, Batch.Status.FAILED)
+            batch.errors, batch.failed_at = errors, now
+            batch.save(update_fields=["status", "errors", "failed_at"])
+            transaction.on_commit(lambda: _announce(batch.pk))
+            return True
+        BatchLine.objects.bulk_create(lines, batch_size=2000)
+        check_transition(batch, Batch.Status.IN_PROGRESS)
+        batch.model, batch.total, batch.in_progress_at = model, len(lines), now
+        batch.save(update_fields=["status", "model", "total", "in_progress_at"])
+    return True
+
+
+# --- claiming and leases (sync; each a short transaction) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    line_id: int
+    batch_id: int
+    batch_public_id: str
+    api_key_id: int
+    endpoint: str
+    index: int
+    attempt: int
+    body: dict[str, Any]
+
+    @property
+    def request_id(self) -> uuid.UUID:
+        return line_request_id(self.batch_public_id, self.index, self.attempt)
+
+    @property
+    def previous_request_id(self) -> uuid.UUID | None:
+        return line_request_id(self.batch_public_id, self.index, self.attempt - 1) if self.attempt > 1 else None
+
+
+def runnable_models() -> dict[str, list[int]]:
+    """Batches with lines to run, by model (oldest first): in progress, not stopped, not expired."""
+    out: dict[str, list[int]] = defaultdict(list)
+    pending = BatchLine.objects.filter(batch=OuterRef("pk"), status=BatchLine.Status.PENDING)
+    rows = (
+        Batch.objects.filter(status=Batch.Status.IN_PROGRESS, stop_reason="", expires_at__gt=timezone.now())
+        .filter(Exists(pending))
+        .order_by("created_at")
+        .values_list("model", "pk")
+    )
+    for model, pk in rows:
+        out[model].append(pk)
+    return out
+
+
+def claim(*, batch_ids: list[int], owner: str, limit: int) -> list[Claimed]:
+    """Take up to ``limit`` pending lines of these batches (in order) for ``owner``."""
+    if limit <= 0 or not batch_ids:
+        return []
+    lease = timezone.now() + timedelta(seconds=settings.BATCH_LEASE_SECONDS)
+    claimed: list[Claimed] = []
+    with transaction.atomic():
+        live = dict(
+            Batch.objects.filter(
+                pk__in=batch_ids, status=Batch.Status.IN_PROGRESS, stop_reason="", expires_at__gt=timezone.now()
+            ).values_list("pk", "public_id")
+        )
+        for batch_id in batch_ids:
+            if batch_id not in live or len(claimed) >= limit:
+                continue
+            rows = list(
+                BatchLine.objects.select_for_update(skip_locked=True)
+                .filter(batch_id=batch_id, status=BatchLine.Status.PENDING)
+                .order_by("index")[: limit - len(claimed)]
+            )
+            if not rows:
+                continue
+            ids = [r.pk for r in rows]
+            BatchLine.objects.filter(pk__in=ids).update(
+                status=BatchLine.Status.RUNNING, attempts=F("attempts") + 1, lease_until=lease, owner=owner
+            )
+            batch = Batch.objects.only("api_key_id", "endpoint").get(pk=batch_id)
+            claimed += [
+                Claimed(
+                    r.pk, batch_id, live[batch_id], batch.api_key_id, batch.endpoint, r.index, r.attempts + 1, r.body
+                )
+                for r in rows
+            ]
+    return claimed
+
+
+def renew_leases(*, owner: str) -> int:
+    until = timezone.now() + timedelta(seconds=settings.BATCH_LEASE_SECONDS)
+    return BatchLine.objects.filter(owner=owner, status=BatchLine.Status.RUNNING).update(lease_until=until)
+
+
+def reclaim_lost() -> list[uuid.UUID]:
+    """Give back lines whose worker's lease ran out (it died, or lost the database): pending
+    again. Returns their attempts' request ids, for the ledger to release (after this commits,
+    so a late worker can no longer store that attempt's answer)."""
+    released: list[uuid.UUID] = []
+    with transaction.atomic():
+        rows = list(
+            BatchLine.objects.select_for_update(skip_locked=True)
+            .filter(status=BatchLine.Status.RUNNING, lease_until__lt=timezone.now())
+            .select_related("batch")
+            .only("pk", "index", "attempts", "batch__public_id")[:1000]
+        )
+        if rows:
+            BatchLine.objects.filter(pk__in=[r.pk for r in rows]).update(
+                status=BatchLine.Status.PENDING, owner="", lease_until=None
+            )
+            released = [line_request_id(r.batch.public_id, r.index, r.attempts) for r in rows]
+            logger.warning("gave back %d batch lines whose worker stopped renewing them", len(rows))
+    return released
+
+
+def store_answer(
+    line: Claimed, *, owner: str, succeeded: bool, status_code: int, response: Any, error: Any,
+    event: UsageEvent | None,
+) -> bool:  # fmt: skip
+    """Write a line's answer if it is still this owner's attempt (False: it was given back)."""
+    done = BatchLine.Status.SUCCEEDED if succeeded else BatchLine.Status.FAILED
+    return bool(
+        BatchLine.objects.filter(
+            pk=line.line_id, status=BatchLine.Status.RUNNING, owner=owner, attempts=line.attempt
+        ).update(
+            status=done, status_code=status_code, response=response, error=error,
+            usage_event=event.to_fields() if event is not None else None, metered=event is None,
+            finished_at=timezone.now(), lease_until=None,
+        )
+    )  # fmt: skip
+
+
+def give_back(line: Claimed, *, owner: str, exhausted_error: Any = None, status_code: int = 0) -> bool:
+    """Put a line back to pending (its engine failed; tried again later), or, past
+    BATCH_MAX_ATTEMPTS, fail it with ``exhausted_error``. False when it was not this owner's."""
+    mine = BatchLine.objects.filter(pk=line.line_id, status=BatchLine.Status.RUNNING, owner=owner,
+                                    attempts=line.attempt)  # fmt: skip
+    if line.attempt >= settings.BATCH_MAX_ATTEMPTS:
+        return bool(mine.update(
+            status=BatchLine.Status.FAILED, status_code=status_code, response=None, error=exhausted_error,
+            metered=True, finished_at=timezone.now(), lease_until=None,
+        ))  # fmt: skip
+    return bool(mine.update(status=BatchLine.Status.PENDING, owner="", lease_until=None))
+
+
+def mark_metered(line_id: int) -> None:
+    BatchLine.objects.filter(pk=line_id).update(metered=True, usage_event=None)
+
+
+def unmetered(limit: int = 500) -> list[tuple[int, dict[str, str] | None]]:
+    return list(
+        BatchLine.objects.filter(
+            metered=False, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED]
+        ).values_list("pk", "usage_event")[:limit]
+    )
+
+
+def stop_batch(batch_id: int, reason: str) -> None:
+    """No more lines of this batch start (a cap reached, its key revoked); it finalizes."""
+    Batch.objects.filter(pk=batch_id, stop_reason="").update(stop_reason=reason)
+
+
+def expire_due() -> int:
+    return Batch.objects.filter(
+        status__in=[Batch.Status.IN_PROGRESS], stop_reason="", expires_at__lte=timezone.now()
+    ).update(stop_reason="expired")
+
+
+# --- finalizing: the output and error files ----------------------------------------------------
+
+
+def _result_line(batch: Batch, line: BatchLine) -> dict[str, Any]:
+    request_id = line_request_id(batch.public_id, line.index, max(1, line.attempts))
+    out: dict[str, Any] = {"id": f"batch_req_{request_id.hex}", "custom_id": line.custom_id}
+    if line.status in (BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED) and line.response is not None:
+        out["response"] = {"status_code": line.status_code, "request_id": request_id.hex, "body": line.response}
+        out["error"] = None
+    elif line.status == BatchLine.Status.FAILED:
+        out["response"] = None
+        out["error"] = line.error
+    else:  # never ran (or was given back): why, from the batch's stop
+        code, message = NOT_RUN.get(batch.stop_reason, NOT_RUN["cancelled"])
+        out["response"] = None
+        out["error"] = {"code": code, "message": message}
+    return out
+
+
+def _write_file(batch: Batch, rows: Iterator[dict[str, Any]], name: str) -> StoredFile | None:
+    store = get_artifact_store()
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as handle:
+        path = Path(handle.name)
+        count = 0
+        for row in rows:
+            handle.write(orjson.dumps(row) + b"\n")
+            count += 1
+    try:
+        if count == 0:
+            return None
+        public_id = "file-" + secrets.token_hex(12)
+        stored = store.put_file(source=path, key=f"files/{batch.organization_id}/{public_id}.jsonl")
+        return StoredFile.objects.create(
+            public_id=public_id, organization_id=batch.organization_id, api_key=None, purpose="batch_output",
+            filename=f"{batch.public_id}_{name}.jsonl", bytes=stored.size, lines=count, sha256=stored.sha256,
+            uri=stored.uri, expires_at=timezone.now() + timedelta(days=settings.FILES_OUTPUT_RETENTION_DAYS),
+        )  # fmt: skip
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def finalize_ready() -> int:
+    """Finish each batch with nothing left to run (or stopped, with nothing running) whose
+    every answer is metered: output and error files in line order, counts, final status."""
+    done = 0
+    candidates = Batch.objects.filter(status__in=[Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING])
+    for batch_id in candidates.values_list("pk", flat=True):
+        if _finalize(batch_id):
+            done += 1
+    return done
+
+
+def _finalize(batch_id: int) -> bool:
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update(skip_locked=True).filter(pk=batch_id).first()
+        if batch is None or batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING):
+            return False
+        lines = BatchLine.objects.filter(batch=batch)
+        stopped = bool(batch.stop_reason) or batch.status == Batch.Status.CANCELLING
+        busy = lines.filter(status=BatchLine.Status.RUNNING).exists()
+        if busy or (not stopped and lines.filter(status=BatchLine.Status.PENDING).exists()):
+            return False
+        if lines.filter(metered=False, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED]).exists():
+            return False  # an answer's usage event is still to be written (the next tick does)
+        now = timezone.now()
+        if batch.status == Batch.Status.IN_PROGRESS:
+            check_transition(batch, Batch.Status.FINALIZING)
+            batch.finalizing_at = now
+        ordered = lines.order_by("index")
+        succeeded = ordered.filter(status=BatchLine.Status.SUCCEEDED, status_code__lt=400)
+        output = _write_file(batch, (_result_line(batch, line) for line in succeeded.iterator(2000)), "output")
+        failed_rows = ordered.exclude(pk__in=succeeded.values("pk"))
+        errors = _write_file(batch, (_result_line(batch, line) for line in failed_rows.iterator(2000)), "errors")
+        batch.output_file, batch.error_file = output, errors
+        batch.completed = output.lines if output else 0
+        batch.failed = errors.lines if errors else 0
+        final = {"expired": Batch.Status.EXPIRED, "cancelled": Batch.Status.CANCELLED}.get(
+            batch.stop_reason, Batch.Status.COMPLETED
+        )
+        if batch.status == Batch.Status.CANCELLING:
+            final = Batch.Status.CANCELLED
+        check_transition(batch, final)
+        setattr(batch, f"{final}_at", now)
+        batch.save()
+        transaction.on_commit(lambda: _announce(batch_id))
+    return True
+
+
+def _announce(batch_id: int) -> None:
+    """Tell the batch's callback_url it ended (the seeds' webhook), when it has one."""
+    batch = Batch.objects.filter(pk=batch_id).first()
+    if batch is None or not batch.callback_url:
+        return
+    from serving.webhooks import webhook_enqueue
+
+    webhook_enqueue(
+        organization_id=batch.organization_id, url=batch.callback_url, event=f"batch.{batch.status}",
+        payload={"type": f"batch.{batch.status}", "created_at": int(time.time()), "data": batch_object(batch)},
+        batch_id=batch.pk,
+    )  # fmt: skip
+
+
+# --- the worker (async) -------------------------------------------------------------------------
+
+
+def _grant(api_key_id: int) -> KeyGrant | None:
+    api_key = ApiKey.objects.filter(pk=api_key_id).first()
+    if api_key is None or not api_key.is_active:
+        return None
+    return KeyGrant.of(api_key)
+
+
+async def _interactive_in_flight(model: str) -> int:
+    """Interactive requests of the model in flight on every gateway (the ledger's model queue;
+    batch lines never join it)."""
+    try:
+        return int(await async_redis().zcard(keys.model_queue(model)))
+    except RedisError:
+        return 0
+
+
+async def batch_share(model: str) -> int:
+    """How many lines of the model a worker may have in flight now: BATCH_SLOTS_PER_REPLICA
+    per routable replica, less one per interactive request in flight, at least BATCH_MIN_SLOTS."""
+    try:
+        route = await find_model(model)
+        replicas = sum(len(router.routable(v)) for v in route.versions)
+    except APIError:
+        return settings.BATCH_MIN_SLOTS  # the lines fail on their own, each with its error
+    share = settings.BATCH_SLOTS_PER_REPLICA * replicas - await _interactive_in_flight(model)
+    return max(settings.BATCH_MIN_SLOTS, share)
+
+
+@dataclass
+class Outcome:
+    status: int
+    response: Any = None
+    error: APIError | None = None
+    event: UsageEvent | None = None
+
+
+async def _execute(line: Claimed, grant: KeyGrant) -> Outcome:
+    """Run one line through the interactive request script, its settlement left to us."""
+    body = {k: v for k, v in line.body.items() if k not in ("stream", "stream_options")}
+    if line.endpoint == PREDICT_URL:
+        from serving.predict_views import predict_answer
+
+        call = PredictCall(grant, line.request_id, batch=True)
+        try:
+            answer = await predict_answer(call, body)
+            return Outcome(200, answer, event=call.deferred_event)
+        except BaseException as exc:
+            await call.close(status_of(exc))
+            if not isinstance(exc, APIError):
+                raise
+            return Outcome(exc.status, exc.body(), exc, call.deferred_event)
+    inference = InferenceCall(ENDPOINTS[line.endpoint], grant, line.request_id, batch=True)
+    try:
+        data = await inference.run(orjson.dumps(body))
+        assert data is not None  # never a stream
+        return Outcome(200, data, event=inference.deferred_event)
+    except BaseException as exc:
+        await inference.close(status_of(exc))
+        if not isinstance(exc, APIError):
+            raise
+        return Outcome(exc.status, exc.body(), exc, inference.deferred_event)
+
+
+async def _settle(event: UsageEvent) -> None:
+    await ledger.settle_or_defer(event)
+
+
+async def run_line(line: Claimed, grant: KeyGrant | None, *, owner: str) -> None:
+    """One attempt of one line, start to end (see the module for the order of writes)."""
+    if line.previous_request_id is not None:  # its last attempt's admission, if never given back
+        with contextlib.suppress(RedisError):
+            await ledger.release(line.previous_request_id)
+    if grant is None:
+        await run_db(stop_batch, line.batch_id, "key_revoked")
+        await run_db(give_back, line, owner=owner)
+        return
+    try:
+        outcome = await _execute(line, grant)
+    except Exception as exc:  # a defect here must not stop the batch: the line is given back
+        logger.exception("batch line %s/%s failed unexpectedly", line.batch_public_id, line.index)
+        outcome = Outcome(500, error=APIError(f"The platform failed running this request: {exc}"))
+    if outcome.status == 429 and outcome.error is not None and outcome.error.code == "insufficient_quota":
+        await run_db(stop_batch, line.batch_id, "insufficient_quota")
+        await _release(line)
+        await run_db(give_back, line, owner=owner)
+        return
+    if outcome.status in RETRYABLE or outcome.status == 429:
+        await _release(line)
+        error = outcome.error.detail() if outcome.error is not None else None
+        await run_db(give_back, line, owner=owner, exhausted_error=error, status_code=outcome.status)
+        return
+    event = outcome.event
+    stored = await run_db(
+        store_answer, line, owner=owner, succeeded=outcome.status < 400, status_code=outcome.status,
+        response=outcome.response, error=outcome.error.detail() if outcome.error is not None else None, event=event,
+    )  # fmt: skip
+    if not stored:  # given back meanwhile (our lease ran out): another attempt answers it
+        await _release(line)
+        return
+    if event is not None:
+        await _settle(event)
+        await run_db(mark_metered, line.line_id)
+
+
+async def _release(line: Claimed) -> None:
+    try:
+        await ledger.release(line.request_id)
+    except RedisError:
+        logger.warning("could not release %s; its next attempt will", line.request_id)
+
+
+async def meter_leftovers() -> int:
+    """Write the usage events of answers stored by a worker that died before writing them."""
+    rows = await run_db(unmetered)
+    for line_id, fields in rows:
+        if fields:
+            await _settle(UsageEvent.from_fields(fields))
+        await run_db(mark_metered, line_id)
+    return len(rows)
+
+
+async def housekeeping() -> None:
+    """What any worker does first: give back lost lines, meter leftovers, validate, expire, finalize."""
+    for request_id in await run_db(reclaim_lost):
+        with contextlib.suppress(RedisError):
+            await ledger.release(request_id)
+    await meter_leftovers()
+    while await run_db(validate_one):
+        pass
+    await run_db(expire_due)
+    await run_db(finalize_ready)
+
+
+def deliver_webhooks() -> int:
+    """The webhooks due (the batch queue's worker is busy with ``work`` while there are
+    batches, so it sends them alongside, in a thread of their own)."""
+    from serving.webhooks import webhooks_deliver_due
+
+    try:
+        return webhooks_deliver_due(limit=20, budget_seconds=20)
+    except Exception:  # a defect or an outage must not stop batch work: the next tick retries
+        logger.warning("could not deliver webhooks", exc_info=True)
+        return 0
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+async def work(*, seconds: float, owner: str | None = None) -> int:
+    """Run batch lines for about ``seconds`` (then finish those in flight): the share each
+    model gives batch work (``batch_share``), oldest batch first. Returns lines run."""
+    owner = owner or worker_id()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    running: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
+    grants: dict[int, tuple[float, KeyGrant | None]] = {}
+    ran = 0
+    next_housekeeping = next_renewal = 0.0
+    webhooks: asyncio.Future[int] | None = None
+
+    async def grant_of(api_key_id: int) -> KeyGrant | None:
+        cached = grants.get(api_key_id)
+        if cached is None or loop.time() - cached[0] > settings.API_KEY_CACHE_SECONDS:
+            cached = grants[api_key_id] = (loop.time(), await run_db(_grant, api_key_id))
+        return cached[1]
+
+    try:
+        while loop.time() < deadline:
+            now = loop.time()
+            if now >= next_housekeeping:
+                await housekeeping()
+                next_housekeeping = now + 2.0
+                if webhooks is None or webhooks.done():
+                    webhooks = asyncio.ensure_future(run_db(deliver_webhooks))
+            if now >= next_renewal:
+                await run_db(renew_leases, owner=owner)
+                next_renewal = now + settings.BATCH_LEASE_SECONDS / 3
+            started = 0
+            for model, batch_ids in (await run_db(runnable_models)).items():
+                free = await batch_share(model) - len(running[model])
+                for line in await run_db(claim, batch_ids=batch_ids, owner=owner, limit=free):
+                    task = asyncio.ensure_future(run_line(line, await grant_of(line.api_key_id), owner=owner))
+                    running[model].add(task)
+                    task.add_done_callback(running[model].discard)
+                    started += 1
+            ran += started
+            busy = [t for tasks in running.values() for t in tasks]
+            if busy:
+                await asyncio.wait(busy, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+            elif not started:
+                await asyncio.sleep(0.5)
+        while busy := [t for tasks in running.values() for t in tasks]:
+            await asyncio.wait(busy, timeout=settings.BATCH_LEASE_SECONDS / 3)
+            await run_db(renew_leases, owner=owner)
+        await housekeeping()
+        if webhooks is not None:
+            await webhooks
+        await run_db(deliver_webhooks)
+    finally:
+        for tasks in running.values():
+            for task in tasks:
+                task.cancel()
+    return ran
