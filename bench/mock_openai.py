@@ -4,7 +4,8 @@ A raw ASGI app (no framework): every chat or completion request gets a fixed ans
 once, as JSON or, with ``"stream": true``, as ``--tokens`` SSE chunks (one content chunk
 per token, a usage chunk when the request asks for ``stream_options.include_usage``, then
 ``[DONE]``), each chunk its own write so the gateway relays real chunks. /health and
-/v1/models answer too, so the gateway's health checks and vLLM's clients are satisfied.
+/v1/models answer too, so the gateway's health checks and vLLM's clients are satisfied;
+/stats counts the requests answered.
 
     .venv/bin/python bench/mock_openai.py --port 9100 --tokens 8
 
@@ -26,6 +27,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 PROMPT_TOKENS = 12
 TOKENS = 8  # set by --tokens
+REQUESTS = 0  # chat and completion requests answered (GET /stats)
 WORD = "hello"
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -93,6 +95,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         return
     path = scope["path"]
     if scope["method"] == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+        global REQUESTS
+        REQUESTS += 1
         request = orjson.loads(await _body(receive))
         model = str(request.get("model", "mock"))
         if request.get("stream"):
@@ -108,6 +112,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await _body(receive)
     if path == "/health":
         status, body = 200, b""
+    elif path == "/stats":
+        status, body = 200, orjson.dumps({"requests": REQUESTS})
     elif path == "/v1/models":
         status, body = 200, orjson.dumps({"object": "list", "data": [{"id": "mock", "object": "model"}]})
     else:

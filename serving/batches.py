@@ -66,7 +66,7 @@ from core.redis import async_redis
 from core.transitions import check_transition
 from registry.artifacts import get_artifact_store
 from serving.errors import APIError
-from serving.files import BATCH_URLS
+from serving.files import BATCH_URLS, files_purge_expired
 from serving.models import Batch, BatchLine, StoredFile
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, InferenceCall, status_of
 from serving.predict.call import PredictCall
@@ -758,7 +758,8 @@ async def meter_leftovers() -> int:
 
 
 async def housekeeping() -> None:
-    """What any worker does first: give back lost lines, meter leftovers, validate, expire, finalize."""
+    """What any worker does first: give back lost lines, meter leftovers, validate, expire,
+    finalize, and delete files past their retention."""
     for request_id in await run_db(reclaim_lost):
         with contextlib.suppress(RedisError):
             await ledger.release(request_id)
@@ -767,6 +768,7 @@ async def housekeeping() -> None:
         pass
     await run_db(expire_due)
     await run_db(finalize_ready)
+    await run_db(files_purge_expired)
 
 
 def deliver_webhooks() -> int:

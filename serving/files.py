@@ -107,6 +107,17 @@ def file_delete(*, file: StoredFile) -> None:
     get_artifact_store().delete_file(file.uri)
 
 
+def files_purge_expired(*, limit: int = 200) -> int:
+    """Delete files past their ``expires_at`` (batch output and error files, after
+    FILES_OUTPUT_RETENTION_DAYS); at most ``limit`` a run. How many went."""
+    from django.utils import timezone
+
+    expired = list(StoredFile.objects.filter(expires_at__lte=timezone.now()).order_by("expires_at")[:limit])
+    for file in expired:
+        file_delete(file=file)
+    return len(expired)
+
+
 # --- reads -----------------------------------------------------------------------------------
 
 

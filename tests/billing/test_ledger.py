@@ -141,6 +141,28 @@ class TestAdmission:
         assert "concurrent" in refused.value.refusal.message
         assert _remaining(await ledger.peek(grant)) == (9, 900)
 
+    async def test_a_batch_line_meets_budgets_only_and_is_given_back_without_an_event(self):
+        grant = _grant(rpm=1, tpm=50, concurrent=1)
+        held = _draft(grant)  # the key's one request a minute and one place, taken
+        await ledger.admit(grant=grant, draft=held, tokens=40, spend=Decimal(0), model_limit=10)
+        line = replace(_draft(grant), batch=True)
+        # Above the per-minute requests, tokens and concurrency: a batch line meets none of them.
+        await ledger.admit(grant=grant, draft=line, tokens=500, spend=Decimal(0), model_limit=10)
+        assert _remaining(await ledger.peek(grant)) == (0, 10)  # the interactive buckets untouched
+        assert sync_redis().zcard(keys.model_queue(line.model)) == 1  # only the interactive request
+        ledger.sweep_lost_requests()  # whatever its gateway: the sweeper leaves it to its batch
+        assert _entry(line.request_id) is not None
+        [budget_key] = sync_redis().keys(f"{keys.limit_scope('key', grant.key_id)}:b:*")
+        budget = sync_redis().hgetall(budget_key)
+        assert int(budget[b"rt"]) == 540  # reserved against the month's quota
+        assert await ledger.release(line.request_id)
+        assert not await ledger.release(line.request_id)  # once
+        assert _entry(line.request_id) is None
+        budget = sync_redis().hgetall(budget_key)
+        assert (int(budget[b"rt"]), int(budget.get(b"ut", 0))) == (40, 0)  # returned whole, nothing used
+        assert _events_for(line.request_id) == []  # and never metered
+        assert not await ledger.settle(replace(line, status_code=200))  # nothing left to settle
+
     def test_the_event_schema_round_trips(self):
         draft = _draft(_grant())
         event = replace(draft, ttft_ms=12, cached_tokens=3, status_code=499)

@@ -1,0 +1,285 @@
+"""Batch jobs (issue 21): throughput, exactly-once counts, and what a batch costs interactive traffic.
+
+``fake``: a 10,000-line chat batch against the mock engine (bench/mock_openai.py), through the
+platform's own parts: a gateway takes the upload and the batch (the unmodified openai SDK),
+``--workers`` Celery batch workers (``celery worker -Q batch``, as runplatform starts them) run
+it. Reported: lines per second from in_progress to completed, and the counts that must hold:
+output lines, distinct custom_ids, requests the engine saw, usage records of the batch's lines
+and usage events on the ledger's stream for them (each exactly the line count: 0 duplicates).
+Isolated like the other suites: its own database, Redis database and artifact store.
+
+``engine``: the platform as ``make run`` starts it (``manage.py runplatform``, real vLLM serving
+SmolLM2 on this machine's CPU) and, on its one replica: interactive streamed chat requests
+(``--clients`` at a time) measured alone, then again while a ``--lines``-line batch of the same
+model runs; TTFT p50/p99 of each, the batch's lines per second, and its counts.
+
+    .venv/bin/python bench/batch_suite.py fake --lines 10000 --workers 2
+    .venv/bin/python bench/batch_suite.py engine --lines 200 --clients 2 --requests 40
+
+Writes bench/results/batch-<part>-<time>.json; docs/performance.md has a run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx
+import mock_suite
+import orjson
+from mock_suite import ROOT, report_start, spawn, write_report
+
+DATABASE = "inference_bench_batch"
+REDIS_DB = 5  # the platform uses 0, the soak 8, the predict bench 7, the test sessions 9 to 15
+NAMESPACE = "ip-bench-batch"
+
+
+def chat_lines(model: str, count: int, *, max_tokens: int) -> bytes:
+    return b"".join(
+        orjson.dumps({
+            "custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "max_tokens": max_tokens, "temperature": 0,
+                     "messages": [{"role": "user", "content": f"Write one short sentence about the number {i}."}]},
+        }) + b"\n"
+        for i in range(count)
+    )  # fmt: skip
+
+
+def batch_workers(count: int, workdir: Path, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "batch", "--concurrency", "1",
+               "--pool", "solo", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"]  # fmt: skip
+    return [
+        spawn([*command, "--hostname", f"bench-batch-{i}@%h"], workdir / f"batch-worker-{i}.log", env)
+        for i in range(count)
+    ]
+
+
+def run_batch(base: str, key: str, content: bytes, *, poke: bool, timeout: float) -> dict[str, Any]:
+    """Upload, create, wait (sending batch_work every second when ``poke``: no beat runs);
+    the batch's figures and its output."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=2, timeout=120)
+    uploaded = client.files.create(file=("bench.jsonl", content), purpose="batch")
+    created = time.time()
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + timeout
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"batch {batch.id} still {batch.status} after {timeout} s")
+        if poke:
+            from console.celery import app
+
+            app.send_task("serving.tasks.batch_work", expires=5)
+        time.sleep(1)
+        batch = client.batches.retrieve(batch.id)
+    output = client.files.content(batch.output_file_id).read().splitlines() if batch.output_file_id else []
+    errors = client.files.content(batch.error_file_id).read().splitlines() if batch.error_file_id else []
+    counts = batch.request_counts
+    assert counts is not None
+    started = batch.in_progress_at or int(created)
+    seconds = max(1, (batch.completed_at or int(time.time())) - started)
+    rows = [orjson.loads(line) for line in output]
+    return {
+        "batch": batch.id,
+        "status": batch.status,
+        "lines": counts.total,
+        "completed": counts.completed,
+        "failed": counts.failed,
+        "seconds_in_progress": seconds,
+        "seconds_total": round(time.time() - created, 1),
+        "lines_per_s": round(counts.completed / seconds, 1),
+        "output_lines": len(rows),
+        "error_lines": len(errors),
+        "distinct_custom_ids": len({r["custom_id"] for r in rows}),
+        "all_200": all(r["response"]["status_code"] == 200 for r in rows),
+    }
+
+
+def metering_counts(batch_id: str, lines: int) -> dict[str, int]:
+    """Usage records and usage-stream events of the batch's lines (any attempt), and how many
+    lines have more than one record."""
+    from billing.models import UsageRecord
+    from billing.usage import persist_usage_stream
+    from core import keys
+    from core.redis import sync_redis
+    from serving.batches import line_request_id
+    from serving.models import BatchLine
+
+    attempts = dict(BatchLine.objects.filter(batch__public_id=batch_id).values_list("index", "attempts"))
+    by_line = {
+        str(line_request_id(batch_id, i, a)): i for i in range(lines) for a in range(1, max(1, attempts.get(i, 1)) + 1)
+    }
+    events = 0  # on the stream before the persister takes them (nothing else runs it here)
+    entries: Any = sync_redis().xrange(keys.usage_stream(), count=10**7)
+    for _id, fields in entries:
+        if fields.get(b"request_id", b"").decode() in by_line:
+            events += 1
+    while persist_usage_stream():
+        pass
+    records = UsageRecord.objects.filter(request_id__in=list(by_line)).values_list("request_id", "batch")
+    per_line: dict[int, int] = {}
+    for request_id, _batch in records:
+        index = by_line[str(request_id)]
+        per_line[index] = per_line.get(index, 0) + 1
+    return {
+        "usage_records": sum(per_line.values()),
+        "lines_metered": len(per_line),
+        "duplicate_records": sum(n - 1 for n in per_line.values()),
+        "usage_events_on_stream": events,
+        "batch_flag_on_all": int(all(flag for _rid, flag in records)),
+    }
+
+
+# --- fake: 10,000 lines against the mock engine ------------------------------------------------
+
+
+def fake(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    mock_suite.isolate(database=DATABASE, redis_db=REDIS_DB, namespace=NAMESPACE, artifacts="bench-batch/artifacts")
+    mock_suite.database_prepare(DATABASE)
+    from core.redis import sync_redis
+
+    sync_redis().flushdb()  # this bench's own Redis database: a clean stream and queue
+    mock = mock_suite.start_mock(workdir, tokens=8)
+    key = mock_suite.setup_platform(mock.base, tokenizer=False)
+    env = {
+        "REPLICA_STALE_AFTER": "31536000",  # the mock has no supervisor sending heartbeats
+        "BATCH_SLOTS_PER_REPLICA": str(args.slots),
+        "BATCH_WORK_SECONDS": "30",
+        "PYTHONUNBUFFERED": "1",
+    }
+    gateway = mock_suite.start_gateway("uvicorn", workdir, key)
+    workers = batch_workers(args.workers, workdir, env)
+    try:
+        result = run_batch(gateway.base, key, chat_lines(mock_suite.MODEL, args.lines, max_tokens=8), poke=True,
+                           timeout=args.timeout)  # fmt: skip
+        result["engine_requests"] = mock_requests(mock.base)
+        result.update(metering_counts(result["batch"], args.lines))
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for process in (gateway.proc, mock.proc):
+            process.terminate()
+        mock_suite.retire_mock_model()
+    result.update(workers=args.workers, slots_per_replica=args.slots)
+    return result
+
+
+def mock_requests(base: str) -> int | None:
+    try:
+        return int(httpx.get(f"{base}/stats", timeout=5).json()["requests"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+# --- engine: SmolLM2 on vLLM, interactive TTFT with and without a batch --------------------------
+
+
+async def ttft_run(base: str, key: str, model: str, clients: int, requests: int) -> list[float]:
+    """``requests`` streamed chat completions, ``clients`` at a time: each one's TTFT (s)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    times: list[float] = []
+    queue = list(range(requests))
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while queue:
+            i = queue.pop()
+            prompt = f"Say something about the colour number {i}."
+            body = {"model": model, "stream": True, "max_tokens": 16, "temperature": 0,
+                    "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+            started = time.perf_counter()
+            async with http.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as answer:
+                answer.raise_for_status()
+                async for line in answer.aiter_lines():
+                    if line.startswith("data: ") and '"content"' in line:
+                        times.append(time.perf_counter() - started)
+                        break
+                async for _ in answer.aiter_bytes():
+                    pass
+
+    async with httpx.AsyncClient(timeout=120) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return times
+
+
+def quantiles(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered) * 1000, 1), "p99_ms": round(p99 * 1000, 1)}
+
+
+def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from engine_suite import start_platform
+
+    os.environ["ENGINE_SCHEDULING_POLICY"] = args.policy
+    os.environ["BATCH_MIN_SLOTS"] = str(args.min_slots)
+    proc, base = start_platform(workdir / "runplatform.log")
+    try:
+        key = mock_suite.bench_key()
+        asyncio.run(ttft_run(base, key, args.model, args.clients, 4))  # warm up
+        alone = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests))
+        content = chat_lines(args.model, args.lines, max_tokens=16)
+        import threading
+
+        outcome: dict[str, Any] = {}
+        runner = threading.Thread(
+            target=lambda: outcome.update(run_batch(base, key, content, poke=False, timeout=args.timeout))
+        )
+        runner.start()
+        time.sleep(args.settle)  # the batch validated and running at its share
+        during = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests))
+        runner.join()
+        outcome.update(metering_counts(outcome["batch"], args.lines))
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(120)
+    return {
+        "policy": args.policy,
+        "min_slots": args.min_slots,
+        "clients": args.clients,
+        "ttft_alone": quantiles(alone),
+        "ttft_with_batch": quantiles(during),
+        "p99_ratio": round(quantiles(during)["p99_ms"] / quantiles(alone)["p99_ms"], 3),
+        "batch": outcome,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parts = parser.add_subparsers(dest="part", required=True)
+    one = parts.add_parser("fake")
+    one.add_argument("--lines", type=int, default=10_000)
+    one.add_argument("--workers", type=int, default=2)
+    one.add_argument("--slots", type=int, default=32, help="BATCH_SLOTS_PER_REPLICA (the mock has one replica)")
+    one.add_argument("--timeout", type=float, default=1800)
+    two = parts.add_parser("engine")
+    two.add_argument("--model", default="smollm2-135m-instruct")
+    two.add_argument("--lines", type=int, default=200)
+    two.add_argument("--clients", type=int, default=2)
+    two.add_argument("--requests", type=int, default=40)
+    two.add_argument("--policy", choices=["priority", "fcfs"], default="priority")
+    two.add_argument("--min-slots", type=int, default=1)
+    two.add_argument("--settle", type=float, default=10.0, help="seconds between the batch's start and measuring")
+    two.add_argument("--timeout", type=float, default=3600)
+    args = parser.parse_args()
+    workdir = ROOT / "var" / "bench-batch"
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = report_start(args)
+    report["result"] = fake(args, workdir) if args.part == "fake" else engine(args, workdir)
+    out = write_report(f"batch-{args.part}", report)
+    print(orjson.dumps(report["result"], option=orjson.OPT_INDENT_2).decode())
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Batch jobs' services without processes: the enqueued-lines limit, request ids, the files'
+retention, and the batch's own share of a model's replicas."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+from django.utils import timezone
+
+from accounts.services import api_key_create, organization_create
+from serving import batches
+from serving.files import file_create, files_purge_expired
+from serving.models import Batch, BatchLine, StoredFile
+
+pytestmark = pytest.mark.django_db
+
+
+def _upload(tmp_path: Path, organization_id: int, lines: int) -> StoredFile:
+    path = tmp_path / f"in-{lines}.jsonl"
+    line = {"method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "x"}}
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": f"c{i}", **line}) + b"\n" for i in range(lines)))
+    return file_create(organization_id=organization_id, api_key_id=None, upload=path, filename="in.jsonl",
+                       purpose="batch")  # fmt: skip
+
+
+def test_an_organisation_cannot_queue_more_lines_than_its_limit(settings, store, tmp_path):
+    settings.BATCH_MAX_ENQUEUED_LINES = 5
+    org = organization_create(name="Batch limit")
+    key = api_key_create(organization=org, name="k").api_key
+    first = _upload(tmp_path, org.pk, 3)
+    batch = batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
+                                 endpoint="/v1/embeddings")  # fmt: skip
+    assert batches.enqueued_lines(org.pk) == 3
+    with pytest.raises(batches.BadBatch) as refused:
+        batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
+                             endpoint="/v1/embeddings")  # fmt: skip
+    assert refused.value.status == 429
+    assert refused.value.code == "enqueued_limit_exceeded"
+    # Lines done no longer count: once validated and two finished, two more fit.
+    Batch.objects.filter(pk=batch.pk).update(status=Batch.Status.IN_PROGRESS)
+    BatchLine.objects.bulk_create([
+        BatchLine(batch=batch, index=i, custom_id=f"c{i}", body={}, status="succeeded" if i < 2 else "pending")
+        for i in range(3)
+    ])  # fmt: skip
+    assert batches.enqueued_lines(org.pk) == 1
+    batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=_upload(tmp_path, org.pk, 4)
+                         .public_id, endpoint="/v1/embeddings")  # fmt: skip
+    other = organization_create(name="Batch limit, another")
+    other_file = _upload(tmp_path, other.pk, 5)  # another organisation's limit is its own
+    other_key = api_key_create(organization=other, name="k").api_key
+    batches.batch_create(organization_id=other.pk, api_key_id=other_key.pk, input_file_id=other_file.public_id,
+                         endpoint="/v1/embeddings")  # fmt: skip
+
+
+def test_each_attempt_of_each_line_has_its_own_request_id():
+    ids = {batches.line_request_id("batch_a", i, k) for i in range(50) for k in range(1, 4)}
+    assert len(ids) == 150
+    assert batches.line_request_id("batch_a", 7, 2) == batches.line_request_id("batch_a", 7, 2)
+    assert batches.line_request_id("batch_a", 7, 2) != batches.line_request_id("batch_b", 7, 2)
+
+
+def test_output_files_are_deleted_after_their_retention(store, tmp_path):
+    org = organization_create(name="Batch retention")
+    kept, gone = _upload(tmp_path, org.pk, 1), _upload(tmp_path, org.pk, 2)
+    StoredFile.objects.filter(pk=gone.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    StoredFile.objects.filter(pk=kept.pk).update(expires_at=timezone.now() + timedelta(days=1))
+    path = store.local_path(gone.uri)
+    assert path.exists()
+    assert files_purge_expired() == 1
+    assert not StoredFile.objects.filter(pk=gone.pk).exists()
+    assert not path.exists()
+    assert StoredFile.objects.filter(pk=kept.pk).exists()
