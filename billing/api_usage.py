@@ -73,6 +73,10 @@ class DailyUsageSerializer(serializers.Serializer[DailyUsage]):
     cost = serializers.DecimalField(
         max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES, help_text="exact, not rounded"
     )
+    batch_requests = serializers.IntegerField(help_text="of `requests`: batch jobs' lines")
+    batch_cost = serializers.DecimalField(
+        max_digits=EXACT_MAX_DIGITS, decimal_places=EXACT_DECIMAL_PLACES, help_text="of `cost`: batch jobs' lines'"
+    )
     currency = serializers.SerializerMethodField()
 
     def get_object(self, row: DailyUsage) -> str:

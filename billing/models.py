@@ -256,6 +256,7 @@ class UsageRollup(models.Model):
     model = models.CharField(max_length=255)
     model_version = models.CharField(max_length=50)
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="rollups")
+    batch = models.BooleanField(default=False, help_text="batch jobs' lines (at the batch price)")
     requests = models.PositiveBigIntegerField(default=0)
     errors = models.PositiveBigIntegerField(default=0, help_text="requests whose status was not 2xx")
     input_tokens = models.PositiveBigIntegerField(default=0, help_text="prompt tokens not served from a cache")
@@ -282,7 +283,7 @@ class UsageRollup(models.Model):
         ordering = ["-start"]
         constraints = [
             models.UniqueConstraint(
-                fields=["period", "start", "api_key", "model", "model_version", "price"],
+                fields=["period", "start", "api_key", "model", "model_version", "price", "batch"],
                 name="uniq_rollup_bucket",
                 nulls_distinct=False,
             )

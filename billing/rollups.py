@@ -75,12 +75,12 @@ _CHARGED = charged_tokens_sql("u")
 # they saved: their tokens at the input and output prices, less what they were charged.
 _REBUILD_SQL = f"""
 WITH fresh AS (
-    SELECT organization_id, api_key_id, model, model_version, price_id,
+    SELECT organization_id, api_key_id, model, model_version, price_id, batch,
            requests, errors, input_tokens, output_tokens, cached_tokens, inferences, cost, cache_hits, saved,
            latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
            ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms
     FROM (
-        SELECT organization_id, api_key_id, model, model_version, price_id,
+        SELECT organization_id, api_key_id, model, model_version, price_id, batch,
                count(*) AS requests,
                count(*) FILTER (WHERE status_code NOT BETWEEN 200 AND 299) AS errors,
                sum({_CHARGED["input"]}) AS input_tokens,
@@ -94,12 +94,12 @@ WITH fresh AS (
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms) AS ttft
         FROM {_RECORDS} u LEFT JOIN {_PRICES} p ON p.id = u.price_id
         WHERE u.created_at >= %(start)s AND u.created_at < %(end)s
-        GROUP BY organization_id, api_key_id, model, model_version, price_id
+        GROUP BY organization_id, api_key_id, model, model_version, price_id, batch
     ) grouped
 ), written AS (
-    INSERT INTO {_ROLLUPS} AS r (period, start, api_key_id, model, model_version, price_id, {", ".join(_VALUES)},
-                                 updated_at)
-    SELECT %(period)s, %(start)s, api_key_id, model, model_version, price_id, {", ".join(_VALUES)}, now()
+    INSERT INTO {_ROLLUPS} AS r (period, start, api_key_id, model, model_version, price_id, batch,
+                                 {", ".join(_VALUES)}, updated_at)
+    SELECT %(period)s, %(start)s, api_key_id, model, model_version, price_id, batch, {", ".join(_VALUES)}, now()
     FROM fresh
     ON CONFLICT ON CONSTRAINT {_BUCKET_CONSTRAINT} DO UPDATE
     SET {", ".join(f"{name} = EXCLUDED.{name}" for name in _VALUES)}, updated_at = EXCLUDED.updated_at
@@ -111,7 +111,7 @@ WITH fresh AS (
     WHERE r.period = %(period)s AND r.start = %(start)s AND NOT EXISTS (
         SELECT 1 FROM fresh f
         WHERE f.api_key_id = r.api_key_id AND f.model = r.model AND f.model_version = r.model_version
-              AND f.price_id IS NOT DISTINCT FROM r.price_id
+              AND f.price_id IS NOT DISTINCT FROM r.price_id AND f.batch = r.batch
     )
     RETURNING 1
 )

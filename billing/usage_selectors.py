@@ -70,6 +70,8 @@ class DailyUsage:
     api_key_id: int | None = None
     api_key_name: str = ""
     api_key_prefix: str = ""
+    batch_requests: int = 0  # of ``requests``: batch jobs' lines
+    batch_cost: Decimal = Decimal(0)  # of ``cost``: theirs, at the batch price
 
     def cursor(self) -> UsageCursor:
         return UsageCursor(self.date, self.model, self.api_key_id)
@@ -113,7 +115,14 @@ def _daily(
         rows = rows.filter(position)
     order = ["start", "model", *(["api_key_id"] if by_key else [])]
     group = [*order, *(["api_key__name", "api_key__prefix"] if by_key else [])]
-    found = list(rows.values(*group).annotate(**{name: Sum(name) for name in _SUMS}).order_by(*order)[: limit + 1])
+    batch = Q(batch=True)
+    found = list(
+        rows.values(*group)
+        # Before the sums, which take the names of the columns they add up.
+        .annotate(batch_requests=Sum("requests", filter=batch), batch_cost=Sum("cost", filter=batch))
+        .annotate(**{name: Sum(name) for name in _SUMS})
+        .order_by(*order)[: limit + 1]
+    )
     page = [
         DailyUsage(
             date=row["start"].astimezone(UTC).date(),
@@ -127,6 +136,8 @@ def _daily(
             api_key_id=row.get("api_key_id"),
             api_key_name=row.get("api_key__name", ""),
             api_key_prefix=row.get("api_key__prefix", ""),
+            batch_requests=int(row["batch_requests"] or 0),
+            batch_cost=Decimal(row["batch_cost"] or 0),
         )
         for row in found[:limit]
     ]

@@ -104,6 +104,8 @@ def _entry(row: DailyUsage) -> dict[str, Any]:
         "output_tokens": row.output_tokens,
         "cached_tokens": row.cached_tokens,
         "cost": f"{row.cost.quantize(_EXACT):f}",
+        "batch_requests": row.batch_requests,
+        "batch_cost": f"{row.batch_cost.quantize(_EXACT):f}",
         "currency": settings.BILLING_CURRENCY,
     }
 

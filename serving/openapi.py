@@ -187,6 +187,8 @@ _RESPONSE_SCHEMAS: dict[str, Any] = {
             "output_tokens": {"type": "integer"},
             "cached_tokens": {"type": "integer"},
             "cost": {"type": "string", "description": "a decimal amount, exact to 12 places"},
+            "batch_requests": {"type": "integer", "description": "of requests: batch jobs' lines"},
+            "batch_cost": {"type": "string", "description": "of cost: batch jobs' lines', at the batch price"},
             "currency": {"type": "string"},
         },
         "required": [
@@ -483,6 +485,8 @@ _SMALL_SCHEMAS: dict[str, Any] = {
         "required": ["model", "embeddings", "dimensions"],
     },
 }
+
+
 def _page_of(item: str) -> dict[str, Any]:
     """OpenAI's cursor-paged list of ``item`` objects."""
     return {

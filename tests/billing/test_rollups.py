@@ -106,6 +106,20 @@ class TestNumbers:
         assert (other.requests, other.errors, other.ttft_p50_ms) == (1, 1, None)
         assert one(key, start=T0, price=price).cost == Decimal("0.000020")
 
+    def test_batch_lines_have_rows_of_their_own_and_their_share_in_the_daily_usage(self, key):
+        make_record(key, at=T0, model="a", cost="0.000010")
+        make_record(key, at=T0, model="a", cost="0.000004", batch=True)
+        make_record(key, at=T0 + HOUR, model="a", cost="0.000004", batch=True)
+        rollups_build(now=RUN)
+        hourly = UsageRollup.objects.filter(api_key=key, period="hour", start=T0).order_by("batch")
+        assert [(r.batch, r.requests, r.cost) for r in hourly] == [
+            (False, 1, Decimal("0.000010")), (True, 1, Decimal("0.000004")),
+        ]  # fmt: skip
+        [day] = usage_daily_for_key(api_key_id=key.pk, start=T0.date(), end=T0.date()).rows
+        assert (day.requests, day.cost, day.batch_requests, day.batch_cost) == (
+            3, Decimal("0.000018"), 2, Decimal("0.000008"),
+        )  # fmt: skip
+
     def test_input_tokens_never_go_below_zero(self, key):
         make_record(key, at=T0, prompt=3, cached=5)  # an engine that reported more cached than prompt
         rollups_build(now=RUN)

@@ -110,7 +110,8 @@ class TestOwnUsage:
         entry = body["data"][-1]
         assert entry == {
             "object": "usage.daily", "date": str(today), "model": "alpha", "requests": 4, "errors": 1,
-            "input_tokens": 40, "output_tokens": 20, "cached_tokens": 8, "cost": "0.001235000000", "currency": "USD",
+            "input_tokens": 40, "output_tokens": 20, "cached_tokens": 8, "cost": "0.001235000000", "batch_requests": 0,
+            "batch_cost": "0.000000000000", "currency": "USD",
         }  # fmt: skip
 
     def test_other_keys_are_invisible(self, usage_gateway, tenants):
