@@ -69,7 +69,8 @@ test: lint typecheck pytest
 # The benchmark suite (docs/performance.md): the gateway against a mock engine beside
 # LiteLLM's proxy, scale-out and soak (bench/mock_suite.py), then through the real engine
 # (bench/engine_suite.py starts the platform itself). wrk comes from Debian, LiteLLM is
-# installed in its own virtualenv on first use. Tables are printed and kept in bench/results/.
+# installed in its own virtualenv on first use. Then the small models (bench/predict_suite.py)
+# and batch jobs (bench/batch_suite.py). Tables are printed and kept in bench/results/.
 LITELLM_VENV := bench/.venv-litellm
 LITELLM_VERSION ?= 1.108.7
 bench: bootstrap
@@ -79,6 +80,8 @@ bench: bootstrap
 	$(PY) bench/mock_suite.py --only overhead scale-out soak $(BENCH_ARGS)
 	$(PY) bench/engine_suite.py --start-platform $(ENGINE_BENCH_ARGS)
 	$(PY) bench/predict_suite.py $(PREDICT_BENCH_ARGS)
+	$(PY) bench/batch_suite.py fake $(BATCH_BENCH_ARGS)
+	$(PY) bench/batch_suite.py engine $(BATCH_ENGINE_BENCH_ARGS)
 
 # The soak of issue 18 (bench/soak.py, docs/reliability.md): 100,000 mixed requests (JSON, SSE,
 # WebSocket, embeddings, cache hits, 429s) against the fake engine, in a database and Redis

@@ -279,11 +279,20 @@ FILES_OUTPUT_RETENTION_DAYS = envint("FILES_OUTPUT_RETENTION_DAYS", 30)
 BATCH_COMPLETION_WINDOWS = tuple(os.environ.get("BATCH_COMPLETION_WINDOWS", "24h").split(","))
 # Lines an organisation may have waiting or running in its unfinished batches, all together.
 BATCH_MAX_ENQUEUED_LINES = envint("BATCH_MAX_ENQUEUED_LINES", 200_000)
-# A worker's lines in flight per routable replica of a model while no interactive request
-# is; each interactive request in flight on the model takes one of them back.
+# A worker's lines in flight per routable replica of a model that no interactive request
+# holds: each interactive request in flight on the model takes a replica's share back.
 BATCH_SLOTS_PER_REPLICA = envint("BATCH_SLOTS_PER_REPLICA", 4)
-# ... but never fewer than this per model with work (0: a batch waits out interactive load).
-BATCH_MIN_SLOTS = envint("BATCH_MIN_SLOTS", 1)
+# After interactive requests of a model were last seen in flight, batch lines wait this long
+# before taking its replicas again (the gap between two requests is not idle capacity).
+BATCH_YIELD_SECONDS = envfloat("BATCH_YIELD_SECONDS", 2.0)
+# Lines of a model kept in flight whatever the interactive load: 0 (the default) lets a batch
+# wait out interactive traffic (within its completion window); 1 keeps it moving, slowly.
+BATCH_MIN_SLOTS = envint("BATCH_MIN_SLOTS", 0)
+# Lines beyond the share when interactive requests arrive stop at once (their engine request
+# is cancelled, vLLM aborts it) and run again later, uncounted as a failure.
+BATCH_PREEMPT = envbool("BATCH_PREEMPT", "true")
+# How often a worker with lines in flight looks for interactive requests on their models.
+BATCH_YIELD_POLL_SECONDS = envfloat("BATCH_YIELD_POLL_SECONDS", 0.05)
 # How long a worker's claim on a running line lasts; renewed while it runs. A line whose
 # claim ran out (its worker died) is given back and run again.
 BATCH_LEASE_SECONDS = envfloat("BATCH_LEASE_SECONDS", 30.0)

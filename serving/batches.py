@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import math
 import os
 import secrets
 import socket
@@ -495,11 +497,18 @@ def store_answer(
     )  # fmt: skip
 
 
-def give_back(line: Claimed, *, owner: str, exhausted_error: Any = None, status_code: int = 0) -> bool:
+def give_back(
+    line: Claimed, *, owner: str, exhausted_error: Any = None, status_code: int = 0, failure: bool = True
+) -> bool:
     """Put a line back to pending (its engine failed; tried again later), or, past
-    BATCH_MAX_ATTEMPTS, fail it with ``exhausted_error``. False when it was not this owner's."""
+    BATCH_MAX_ATTEMPTS failures, fail it with ``exhausted_error``; ``failure=False``: it did
+    not fail (its batch stopped, or it yielded to interactive requests), it is only put back.
+    False when it was not this owner's."""
     mine = BatchLine.objects.filter(pk=line.line_id, status=BatchLine.Status.RUNNING, owner=owner,
                                     attempts=line.attempt)  # fmt: skip
+    if not failure:
+        return bool(mine.update(status=BatchLine.Status.PENDING, owner="", lease_until=None,
+                                attempts=F("attempts") - 1))  # fmt: skip
     if line.attempt >= settings.BATCH_MAX_ATTEMPTS:
         return bool(mine.update(
             status=BatchLine.Status.FAILED, status_code=status_code, response=None, error=exhausted_error,
@@ -654,14 +663,30 @@ async def _interactive_in_flight(model: str) -> int:
 
 async def batch_share(model: str) -> int:
     """How many lines of the model a worker may have in flight now: BATCH_SLOTS_PER_REPLICA
-    per routable replica, less one per interactive request in flight, at least BATCH_MIN_SLOTS."""
+    for each routable replica not taken by an interactive request (each interactive request
+    in flight on the model takes a replica's share back), and at least BATCH_MIN_SLOTS, so a
+    batch under constant interactive load still moves, one line at a time."""
     try:
         route = await find_model(model)
         replicas = sum(len(router.routable(v)) for v in route.versions)
     except APIError:
         return settings.BATCH_MIN_SLOTS  # the lines fail on their own, each with its error
-    share = settings.BATCH_SLOTS_PER_REPLICA * replicas - await _interactive_in_flight(model)
-    return max(settings.BATCH_MIN_SLOTS, share)
+    interactive = _interactive_now[model] = await _interactive_in_flight(model)
+    now = time.monotonic()
+    if interactive:
+        _interactive_seen[model] = now
+    elif now - _interactive_seen.get(model, -math.inf) < settings.BATCH_YIELD_SECONDS:
+        # Between one interactive request and the next: not a gap to fill with lines that
+        # would still be running when the next arrives.
+        return settings.BATCH_MIN_SLOTS
+    idle = max(0, replicas - interactive)
+    return max(settings.BATCH_MIN_SLOTS, settings.BATCH_SLOTS_PER_REPLICA * idle)
+
+
+# When each model last had interactive requests in flight, and how many it had when last
+# looked at, as this worker saw them.
+_interactive_seen: dict[str, float] = {}
+_interactive_now: dict[str, int] = {}
 
 
 @dataclass
@@ -710,17 +735,19 @@ async def run_line(line: Claimed, grant: KeyGrant | None, *, owner: str) -> None
             await ledger.release(line.previous_request_id)
     if grant is None:
         await run_db(stop_batch, line.batch_id, "key_revoked")
-        await run_db(give_back, line, owner=owner)
+        await run_db(give_back, line, owner=owner, failure=False)
         return
     try:
         outcome = await _execute(line, grant)
+    except asyncio.CancelledError:  # it yields (interactive requests came) or the worker stops
+        await asyncio.shield(_put_back(line, owner=owner))
+        raise
     except Exception as exc:  # a defect here must not stop the batch: the line is given back
         logger.exception("batch line %s/%s failed unexpectedly", line.batch_public_id, line.index)
         outcome = Outcome(500, error=APIError(f"The platform failed running this request: {exc}"))
     if outcome.status == 429 and outcome.error is not None and outcome.error.code == "insufficient_quota":
         await run_db(stop_batch, line.batch_id, "insufficient_quota")
-        await _release(line)
-        await run_db(give_back, line, owner=owner)
+        await _put_back(line, owner=owner)
         return
     if outcome.status in RETRYABLE or outcome.status == 429:
         await _release(line)
@@ -738,6 +765,14 @@ async def run_line(line: Claimed, grant: KeyGrant | None, *, owner: str) -> None
     if event is not None:
         await _settle(event)
         await run_db(mark_metered, line.line_id)
+
+
+async def _put_back(line: Claimed, *, owner: str) -> None:
+    """Give a line back unrun and uncounted: its attempt's admission released, pending again
+    under the same attempt number (the request id of an attempt never admitted twice: the
+    ledger's entry is gone, so the next admission is a new one)."""
+    await _release(line)
+    await run_db(give_back, line, owner=owner, failure=False)
 
 
 async def _release(line: Claimed) -> None:
@@ -793,7 +828,7 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
     owner = owner or worker_id()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    running: dict[str, set[asyncio.Task[None]]] = defaultdict(set)
+    running: dict[str, dict[asyncio.Task[None], float]] = defaultdict(dict)  # by model: task → started
     grants: dict[int, tuple[float, KeyGrant | None]] = {}
     ran = 0
     next_housekeeping = next_renewal = 0.0
@@ -805,6 +840,16 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
             cached = grants[api_key_id] = (loop.time(), await run_db(_grant, api_key_id))
         return cached[1]
 
+    async def watch() -> None:
+        # Between the loop's turns (each reads the database): interactive requests arriving on
+        # a model with lines in flight are seen within BATCH_YIELD_POLL_SECONDS.
+        while True:
+            await asyncio.sleep(settings.BATCH_YIELD_POLL_SECONDS)
+            for model, tasks in list(running.items()):
+                if tasks:
+                    _yield_to_interactive(model, tasks, await batch_share(model))
+
+    watcher = asyncio.ensure_future(watch())
     try:
         while loop.time() < deadline:
             now = loop.time()
@@ -817,12 +862,18 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
                 await run_db(renew_leases, owner=owner)
                 next_renewal = now + settings.BATCH_LEASE_SECONDS / 3
             started = 0
-            for model, batch_ids in (await run_db(runnable_models)).items():
-                free = await batch_share(model) - len(running[model])
-                for line in await run_db(claim, batch_ids=batch_ids, owner=owner, limit=free):
+            runnable = await run_db(runnable_models)
+            for model in {*runnable, *(m for m, tasks in running.items() if tasks)}:
+                share = await batch_share(model)
+                tasks = running[model]
+                _yield_to_interactive(model, tasks, share)
+                free = share - len(tasks)
+                if model not in runnable or free <= 0:
+                    continue
+                for line in await run_db(claim, batch_ids=runnable[model], owner=owner, limit=free):
                     task = asyncio.ensure_future(run_line(line, await grant_of(line.api_key_id), owner=owner))
-                    running[model].add(task)
-                    task.add_done_callback(running[model].discard)
+                    tasks[task] = loop.time()
+                    task.add_done_callback(functools.partial(_forget, tasks))
                     started += 1
             ran += started
             busy = [t for tasks in running.values() for t in tasks]
@@ -838,7 +889,24 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
             await webhooks
         await run_db(deliver_webhooks)
     finally:
-        for tasks in running.values():
-            for task in tasks:
-                task.cancel()
+        watcher.cancel()
+        left = [task for tasks in running.values() for task in tasks]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)  # each puts its line back
     return ran
+
+
+def _yield_to_interactive(model: str, tasks: dict[asyncio.Task[None], float], share: int) -> None:
+    """Interactive requests came and the model's lines in flight exceed its share: the newest
+    (the least work lost) stop at once, their engine requests cancelled, to run again later
+    (``_put_back``: not counted as a failure)."""
+    if not settings.BATCH_PREEMPT or not _interactive_now.get(model):
+        return
+    live = [task for task in tasks if not task.cancelling() and not task.done()]
+    for task in sorted(live, key=tasks.__getitem__, reverse=True)[: max(0, len(live) - share)]:
+        task.cancel()
+
+
+def _forget(tasks: dict[asyncio.Task[None], float], done: asyncio.Task[None]) -> None:
+    tasks.pop(done, None)

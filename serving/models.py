@@ -308,6 +308,8 @@ class BatchLine(models.Model):
             models.Index(
                 fields=["lease_until"], name="batch_line_leases", condition=models.Q(status="running")
             ),
+            # Lines finished lately: the console's throughput, the seeds' estimated_time.
+            models.Index(fields=["finished_at"], name="batch_line_finished"),
             models.Index(
                 fields=["batch"], name="batch_line_unmetered",
                 condition=models.Q(metered=False, status__in=["succeeded", "failed"]),

@@ -12,14 +12,14 @@ from typing import Any, TypeVar, cast
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponseBase
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization, Role
 from accounts.permissions import is_platform_admin
 from accounts.selectors import role_in
 
-View = TypeVar("View", bound=Callable[..., HttpResponse])
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 
 
 class OrgRequest(HttpRequest):
@@ -37,7 +37,7 @@ def platform_admin_required(view: View) -> View:
     """The console's pages: platform admins (superusers or the platform-admin role) only."""
 
     @wraps(view)
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         if not is_platform_admin(request.user):
@@ -54,7 +54,7 @@ def org_member_required(*, admin: bool = False) -> Callable[[View], View]:
 
     def decorate(view: View) -> View:
         @wraps(view)
-        def guarded(request: HttpRequest, org_id: int, *args: Any, **kwargs: Any) -> HttpResponse:
+        def guarded(request: HttpRequest, org_id: int, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             organization = get_object_or_404(Organization, pk=org_id)

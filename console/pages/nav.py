@@ -11,7 +11,9 @@ from django.urls import NoReverseMatch, reverse
 
 # The areas, in the order the navigation shows them; each is a module of this package with
 # ``urlpatterns`` (paths from the site root) and ``NAV`` (a list of NavItem).
-AREAS = ("overview", "registry", "deployments", "customers", "portal", "portal_members", "playground", "cache")
+AREAS = (
+    "overview", "registry", "deployments", "customers", "portal", "portal_members", "playground", "batches", "cache",
+)  # fmt: skip
 
 CONSOLE = "console"  # pages for platform admins, under /console/
 PORTAL = "portal"  # pages of one organisation, under /portal/<org_id>/

@@ -1,5 +1,6 @@
 """The console's overview dashboard (platform admins): traffic, latency, errors and cache hits per
-model version over a chosen window, from the rollups, with a live view over a WebSocket."""
+model version over a chosen window, from the rollups, with a live view over a WebSocket; and the
+batch queue's depth and throughput."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from billing.usage_series import DEFAULT_RANGE, TIME_RANGES
 from console.pages.access import platform_admin_required
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import CHARTS, dashboard
+from serving.selectors import batch_queue_stats
 
 # The headline numbers, in the order the page shows them (keys of overview_data's headline).
 HEADLINES = (
@@ -37,6 +39,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "range": TIME_RANGES[range_key],
         "headlines": [(key, label, data["headline"][key]) for key, label in HEADLINES],
         "charts": CHARTS,
+        "batch_queue": batch_queue_stats(),
     }
     return render(request, "console/overview/overview.html", context)
 

@@ -1,4 +1,5 @@
-// Customer pages (portal and console): draws the server-built plotly figures and copies a new key's secret.
+// Customer pages (portal and console): draws the server-built plotly figures, copies a new key's secret
+// and shows or hides a masked one (the webhooks' signing secret).
 "use strict";
 
 function drawFigures() {
@@ -21,8 +22,22 @@ function wireCopyButtons() {
         await navigator.clipboard.writeText(input.value);
         if (status) status.textContent = "Copied to the clipboard.";
       } catch {
-        if (status) status.textContent = "Select the key and copy it (Ctrl+C or ⌘C).";
+        // A masked secret cannot be selected and copied by hand: show it (its button says so).
+        if (input.type === "password") document.querySelector(`button[data-reveal="${input.id}"]`)?.click();
+        input.select();
+        if (status) status.textContent = "Select it and copy it (Ctrl+C or ⌘C).";
       }
+    });
+  }
+}
+
+function wireRevealButtons() {
+  for (const button of document.querySelectorAll("button[data-reveal]")) {
+    button.addEventListener("click", () => {
+      const input = document.getElementById(button.dataset.reveal);
+      const shown = input.type === "password";
+      input.type = shown ? "text" : "password";
+      button.textContent = shown ? "Hide" : "Show";
     });
   }
 }
@@ -30,4 +45,5 @@ function wireCopyButtons() {
 document.addEventListener("DOMContentLoaded", () => {
   drawFigures();
   wireCopyButtons();
+  wireRevealButtons();
 });

@@ -18,6 +18,7 @@ from billing.services import invoice_draft
 from console.pages import urls as page_urls
 from registry.models import Deployment, Model, ModelVersion, Replica
 from rollout.hotswap import deployment_swap_version
+from tests.support import batches
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +27,7 @@ ROLES = ("anonymous", "outsider", "member", "org_admin", "platform_admin")
 PORTAL_ADMIN_ONLY = {
     "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
     "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role", "portal-member-remove",
-    "portal-invitation-cancel",
+    "portal-invitation-cancel", "portal-batch-cancel", "portal-webhook-rotate",
 }  # fmt: skip
 # Pages of any signed-in user, under no organisation (answering one's own invitations).
 SIGNED_IN_ANY = {"portal-invitation-accept", "portal-invitation-decline"}
@@ -36,7 +37,7 @@ LET_IN = {200, 400, 405}
 
 
 @pytest.fixture
-def world() -> dict[str, Any]:
+def world(store) -> dict[str, Any]:
     users = get_user_model().objects
     org, other = organization_create(name="Walk Org"), organization_create(name="Other Org")
     people: dict[str, Any] = {"anonymous": None}
@@ -63,9 +64,10 @@ def world() -> dict[str, Any]:
     deployment_swap_version(actor=None, deployment=deployment, version=versions[1])
     from rollout.hotswap import open_swaps
 
+    key = api_key_create(organization=org, name="walk").api_key
     kwargs = {
         "org_id": org.pk,
-        "key_id": api_key_create(organization=org, name="walk").api_key.pk,
+        "key_id": key.pk,
         "invoice_id": invoice_draft(organization=org, period=dt.date(2026, 1, 1)).pk,
         "name": model.name,
         "version": "1",
@@ -75,6 +77,8 @@ def world() -> dict[str, Any]:
         "replica_id": replica.pk,
         "membership_id": Membership.objects.get(user=people["member"]).pk,
         "invitation_id": invitation_create(organization=org, username="walk-invited").pk,
+        "batch_id": batches.batch(org, key, lines={"succeeded": 1, "pending": 1}).public_id,
+        "file_id": batches.stored_file(org, b"{}\n").public_id,
     }
     return {"people": people, "kwargs": kwargs}
 
@@ -102,7 +106,8 @@ def expected(name: str, path: str, role: str) -> set[int]:
 def test_every_page_is_walked():
     names = {p.name for p in pages()}
     assert {"overview", "models", "audit", "deployments", "canaries", "portal-usage", "portal-keys",
-            "portal-invoices", "portal-members", "playground", "quickstart"} <= names  # fmt: skip
+            "portal-invoices", "portal-members", "playground", "quickstart", "batches", "portal-batches",
+            "portal-webhooks"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -138,6 +143,8 @@ def test_posts_are_refused_to_whoever_may_not_write(world):
         (f"/portal/{world['kwargs']['org_id']}/keys/{world['kwargs']['key_id']}/revoke/", {"confirm": "1"}),
         (f"/portal/{world['kwargs']['org_id']}/members/invite/", {"username": "forged", "role": "org_admin"}),
         (f"/portal/{world['kwargs']['org_id']}/members/{world['kwargs']['membership_id']}/remove/", {}),
+        (f"/portal/{world['kwargs']['org_id']}/batches/{world['kwargs']['batch_id']}/cancel/", {}),
+        (f"/portal/{world['kwargs']['org_id']}/webhooks/rotate/", {}),
     ]
     member = Client()
     member.force_login(world["people"]["member"])

@@ -24,12 +24,13 @@ LOCAL_HOSTS = {"testserver", "localhost", "127.0.0.1"}
 ANONYMOUS_PAGES = ["/accounts/login/", "/accounts/password_reset/", "/admin/login/"]
 ADMIN_PAGES = [
     "/console/", "/console/models/", "/console/models/register/", "/console/audit/", "/console/deployments/",
-    "/console/deployments/scaling/", "/console/canaries/", "/accounts/password_change/", "/portal/",
-    "/admin/", "/admin/accounts/apikey/", "/api/docs/",
+    "/console/deployments/scaling/", "/console/canaries/", "/console/batches/", "/accounts/password_change/",
+    "/portal/", "/admin/", "/admin/accounts/apikey/", "/api/docs/",
 ]  # fmt: skip
 # The portal of an organisation (a platform admin acts as its admin): {org} is its id.
 PORTAL_PAGES = ["/portal/{org}/", "/portal/{org}/keys/", "/portal/{org}/invoices/", "/portal/{org}/playground/",
-                "/portal/{org}/quickstart/", "/portal/{org}/members/"]  # fmt: skip
+                "/portal/{org}/quickstart/", "/portal/{org}/members/", "/portal/{org}/batches/",
+                "/portal/{org}/webhooks/"]  # fmt: skip
 
 
 def references(html: str) -> list[str]:

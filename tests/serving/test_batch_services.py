@@ -3,6 +3,7 @@ retention, and the batch's own share of a model's replicas."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 
@@ -73,3 +74,32 @@ def test_output_files_are_deleted_after_their_retention(store, tmp_path):
     assert not StoredFile.objects.filter(pk=gone.pk).exists()
     assert not path.exists()
     assert StoredFile.objects.filter(pk=kept.pk).exists()
+
+
+async def test_the_batch_share_yields_to_interactive_requests(monkeypatch, settings):
+    settings.BATCH_SLOTS_PER_REPLICA, settings.BATCH_MIN_SLOTS, settings.BATCH_YIELD_SECONDS = 4, 0, 0.2
+    replicas = ["r1", "r2"]
+    in_flight = {"n": 0}
+
+    async def find(name: str) -> object:
+        return type("Route", (), {"versions": ["v1"]})()
+
+    async def interactive(model: str) -> int:
+        return in_flight["n"]
+
+    monkeypatch.setattr(batches, "find_model", find)
+    monkeypatch.setattr(batches.router, "routable", lambda version: replicas)
+    monkeypatch.setattr(batches, "_interactive_in_flight", interactive)
+    model = f"share-{id(in_flight)}"
+    assert await batches.batch_share(model) == 8  # two idle replicas, four lines each
+    in_flight["n"] = 1
+    assert await batches.batch_share(model) == 4  # one replica's share given back
+    in_flight["n"] = 3
+    assert await batches.batch_share(model) == 0  # every replica busy: the batch waits
+    in_flight["n"] = 0
+    assert await batches.batch_share(model) == 0  # a gap between requests is not idle capacity
+    await asyncio.sleep(0.25)
+    assert await batches.batch_share(model) == 8
+    settings.BATCH_MIN_SLOTS = 1
+    in_flight["n"] = 5
+    assert await batches.batch_share(model) == 1  # at least the minimum

@@ -431,3 +431,36 @@ def test_the_seeds_batch_calls_back_signed(batch_gateway, worker_factory, fake, 
     finally:
         gateway.stop()
         server.shutdown()
+
+
+def test_lines_yield_to_interactive_requests_and_still_run_once(batch_gateway, worker_factory, fake, api_key):
+    """Interactive requests on the model stop the batch's lines in flight at once (their engine
+    requests cancelled); those lines run again later, each answered and metered once."""
+    import threading
+
+    fake.control(latency=1.0)
+    client = _client(batch_gateway, api_key.secret)
+    uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 12)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    worker = worker_factory(BATCH_YIELD_SECONDS="1")
+    _wait(client, batch.id, worker, until={"in_progress"})
+    time.sleep(1.5)  # four lines in flight, a second from their answers
+    answered: list[str] = []
+
+    def interactive() -> None:
+        reply = client.chat.completions.create(model=fake.name, messages=[{"role": "user", "content": "now"}])
+        answered.append(reply.choices[0].message.content or "")
+
+    users = [threading.Thread(target=interactive) for _ in range(2)]
+    for user in users:
+        user.start()
+    for user in users:
+        user.join(30)
+    assert len(answered) == 2
+    done = _wait(client, batch.id, worker, until={"completed"}, timeout=120)
+    assert (done.request_counts.completed, done.request_counts.failed) == (12, 0)
+    assert fake.requests() > 12 + 2  # lines stopped mid-answer were sent again
+    records = _usage_of(batch.id, 12)
+    assert len(records) == 12
+    assert all(r.status_code == 200 for r in records)
+    assert _inflight_of(batch.id, 12) == 0

@@ -1,0 +1,290 @@
+"""Batch jobs: an organisation's batches, their files and its webhooks in the portal; every
+organisation's batches in the console (the queue's figures are on the overview).
+
+Who may do what follows the Batch and Files APIs, where any key of the organisation sees its
+batches and reads their files: every member sees the batches and downloads their files; its
+admins cancel a batch, and see and rotate the secret that signs its webhooks (a secret, so,
+like a key's, never shown to plain members, and the page that shows it is never stored).
+Reads are serving's (``serving.selectors``, ``serving.batches``); writes its services'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, BinaryIO
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.db.models import prefetch_related_objects
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import URLPattern, URLResolver, path
+from django.utils.http import content_disposition_header
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.services import organization_webhook_secret
+from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required, platform_admin_required
+from console.pages.lists import never_stored, page_of, query_without_page
+from console.pages.nav import CONSOLE, PORTAL, NavItem
+from registry.artifacts import get_artifact_store
+from serving.batch_views import estimated_seconds
+from serving.batches import BadBatch, batch_cancel, batch_for_organization
+from serving.files import file_for_organization
+from serving.models import Batch
+from serving.selectors import batch_lines_queued, batch_progress, batches_listed
+from serving.webhooks import SIGNATURE_HEADER, deliveries_of
+
+BATCHES_PER_PAGE = 25
+DELIVERIES_SHOWN = 20
+# What a download reads at a time, in a thread, while the event loop sends the previous one.
+DOWNLOAD_CHUNK_BYTES = 256 * 1024
+# A cancel is taken while no line has finished the batch yet (serving.batches.batch_cancel).
+CANCELLABLE = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS)
+# Why a batch stopped before running every line (Batch.stop_reason), where its status does not say.
+STOP_REASONS = {
+    "cancelled": "cancelled",
+    "expired": "the completion window ended",
+    "insufficient_quota": "the spend cap or token quota was reached",
+    "key_revoked": "its API key was revoked",
+}
+# The detail page's timestamps, in the order a batch lives them.
+TIMESTAMPS = (
+    ("created_at", "Created"),
+    ("in_progress_at", "Started"),
+    ("cancelling_at", "Cancel requested"),
+    ("finalizing_at", "Finalizing"),
+    ("completed_at", "Completed"),
+    ("failed_at", "Failed"),
+    ("expired_at", "Expired"),
+    ("cancelled_at", "Cancelled"),
+    ("expires_at", "Completion window ends"),
+)
+
+
+class BatchFilterForm(forms.Form):
+    status = forms.ChoiceField(label="Status", choices=[("", "All"), *Batch.Status.choices], required=False)
+
+
+def duration_text(seconds: int) -> str:
+    """An estimate for people: "under a minute", "about 12 min", "about 3 h 5 min"."""
+    if seconds < 60:
+        return "under a minute"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"about {minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours >= 48:
+        return f"about {round(hours / 24)} days"
+    return f"about {hours} h {minutes} min" if minutes else f"about {hours} h"
+
+
+def seconds_left(batches: list[Batch]) -> dict[int, int]:
+    """How long until each batch in progress should have run its last line, by batch id.
+
+    Workers take a model's batches oldest first, so a batch waits for the lines of those ahead
+    of it as well as its own. ``estimated_seconds(model, 0)`` is how long the lines queued for
+    the model take now (it counts those already enqueued, this batch's among them); a batch's
+    share of that is the lines up to and including its own, in the workers' order.
+    """
+    running = [b for b in batches if b.status == Batch.Status.IN_PROGRESS and b.model]
+    left: dict[int, int] = {}
+    for model, queue in batch_lines_queued(models={b.model for b in running}).items():
+        queued = sum(lines for _, lines in queue)
+        if not queued:
+            continue
+        backlog = estimated_seconds(model, 0)
+        ahead = 0
+        for batch_id, lines in queue:
+            ahead += lines
+            left[batch_id] = max(1, round(backlog * ahead / queued))
+    return {b.pk: left[b.pk] for b in running if b.pk in left}
+
+
+def batch_rows(batches: list[Batch]) -> list[dict[str, Any]]:
+    """Each batch with its progress (total, completed, failed) and, while it runs, the time left."""
+    progress = batch_progress(batches)
+    left = seconds_left(batches)
+    return [
+        {"batch": b, "progress": progress[b.pk], "left": duration_text(left[b.pk]) if b.pk in left else ""}
+        for b in batches
+    ]
+
+
+def _filtered(request: HttpRequest, organization_id: int | None) -> tuple[BatchFilterForm, Any]:
+    form = BatchFilterForm(request.GET or None)
+    status = form.cleaned_data["status"] if form.is_valid() else ""
+    page = page_of(request, batches_listed(organization_id=organization_id, status=status), BATCHES_PER_PAGE)
+    return form, page
+
+
+# --- The portal ----------------------------------------------------------------------------
+
+
+def _is_admin(request: OrgRequest) -> bool:
+    return request.org_role in ORG_ADMIN_ROLES
+
+
+@org_member_required()
+@require_GET
+def portal_batches(request: OrgRequest, org_id: int) -> HttpResponse:
+    """The organisation's batches, newest first, with their progress."""
+    form, page = _filtered(request, request.organization.pk)
+    context = {
+        "organization": request.organization,
+        "form": form,
+        "page": page,
+        "rows": batch_rows(list(page.object_list)),
+        "query": query_without_page(request),
+    }
+    return render(request, "console/portal/batches.html", context)
+
+
+def _batch_of(request: OrgRequest, batch_id: str) -> Batch:
+    batch = batch_for_organization(request.organization.pk, batch_id)
+    if batch is None:
+        raise Http404("No such batch.")
+    return batch
+
+
+def _stopped_because(batch: Batch) -> str:
+    """Why the batch stopped early, where its status does not say so already."""
+    said = {"cancelled": (Batch.Status.CANCELLING, Batch.Status.CANCELLED), "expired": (Batch.Status.EXPIRED,)}
+    if batch.status in said.get(batch.stop_reason, ()):
+        return ""
+    return STOP_REASONS.get(batch.stop_reason, batch.stop_reason)
+
+
+@org_member_required()
+@require_GET
+def portal_batch(request: OrgRequest, org_id: int, batch_id: str) -> HttpResponse:
+    """One batch: its progress, timestamps, metadata, validation errors and files."""
+    batch = _batch_of(request, batch_id)
+    row = batch_rows([batch])[0]
+    context = {
+        "organization": request.organization,
+        "batch": batch,
+        "row": row,
+        "timestamps": [(label, getattr(batch, name)) for name, label in TIMESTAMPS if getattr(batch, name)],
+        "files": [
+            ("Input", batch.input_file, batch.input_file_public_id),
+            ("Output", batch.output_file, ""),
+            ("Errors", batch.error_file, ""),
+        ],
+        "stopped_because": _stopped_because(batch),
+        "running": batch.status in CANCELLABLE,
+        "can_cancel": _is_admin(request) and batch.status in CANCELLABLE,
+        "can_manage": _is_admin(request),
+    }
+    return render(request, "console/portal/batch_detail.html", context)
+
+
+@org_member_required(admin=True)
+@require_POST
+def portal_batch_cancel(request: OrgRequest, org_id: int, batch_id: str) -> HttpResponse:
+    """Stop the batch: no line starts from now on; those in flight finish."""
+    batch = _batch_of(request, batch_id)
+    try:
+        cancelled = batch_cancel(batch=batch)
+    except BadBatch as exc:  # finished meanwhile (409)
+        messages.error(request, exc.message)
+    else:
+        if cancelled.status == Batch.Status.CANCELLED:
+            messages.info(request, f"Batch {batch.public_id} was cancelled already.")
+        else:
+            messages.success(
+                request, f"Batch {batch.public_id} is cancelling: lines in flight finish, no other line starts."
+            )
+    return redirect("console:portal-batch", org_id=org_id, batch_id=batch.public_id)
+
+
+async def _chunks(handle: BinaryIO) -> AsyncIterator[bytes]:
+    """The file's bytes, read in a thread a chunk at a time: the gateway's event loop never
+    waits on the disk, and a file is never held in memory whole."""
+    try:
+        while chunk := await asyncio.to_thread(handle.read, DOWNLOAD_CHUNK_BYTES):
+            yield chunk
+    finally:
+        handle.close()
+
+
+@org_member_required()
+@require_GET
+def portal_file(request: OrgRequest, org_id: int, file_id: str) -> StreamingHttpResponse:
+    """One of the organisation's files (a batch's input, output or errors), as a download.
+    Another organisation's file is a 404, as one that does not exist."""
+    stored = file_for_organization(request.organization.pk, file_id)
+    if stored is None:
+        raise Http404("No such file.")
+    try:
+        handle = get_artifact_store().open_file(stored.uri)
+    except FileNotFoundError:  # its bytes are gone (deleted or expired): the row alone is no file
+        raise Http404("This file is no longer stored.") from None
+    response = StreamingHttpResponse(_chunks(handle), content_type="application/jsonl")
+    response["Content-Disposition"] = content_disposition_header(True, stored.filename) or "attachment"
+    response["Content-Length"] = str(stored.bytes)
+    return response
+
+
+@org_member_required()
+@require_GET
+def portal_webhooks(request: OrgRequest, org_id: int) -> HttpResponse:
+    """The organisation's recent webhooks and, for its admins, the secret that signs them."""
+    organization = request.organization
+    can_manage = _is_admin(request)
+    deliveries = deliveries_of(organization.pk, limit=DELIVERIES_SHOWN)
+    prefetch_related_objects(deliveries, "batch")  # each links to its batch
+    context = {
+        "organization": organization,
+        "can_manage": can_manage,
+        "secret": organization_webhook_secret(organization_id=organization.pk) if can_manage else "",
+        "deliveries": deliveries,
+        "signature_header": SIGNATURE_HEADER,
+        "tolerance_minutes": settings.WEBHOOK_TOLERANCE_SECONDS // 60,
+    }
+    response = render(request, "console/portal/webhooks.html", context)
+    return never_stored(response) if can_manage else response
+
+
+@org_member_required(admin=True)
+@require_POST
+def portal_webhook_secret_rotate(request: OrgRequest, org_id: int) -> HttpResponse:
+    """A new signing secret, at once: every webhook from now on, retries included, is signed with it."""
+    organization_webhook_secret(organization_id=request.organization.pk, rotate=True)
+    messages.success(request, "The signing secret is rotated: webhooks are signed with the new one from now on.")
+    return redirect("console:portal-webhooks", org_id=org_id)
+
+
+# --- The console ---------------------------------------------------------------------------
+
+
+@platform_admin_required
+@require_GET
+def console_batches(request: HttpRequest) -> HttpResponse:
+    """Every organisation's batches, newest first, filtered by status."""
+    form, page = _filtered(request, None)
+    context = {
+        "form": form,
+        "page": page,
+        "rows": batch_rows(list(page.object_list)),
+        "query": query_without_page(request),
+    }
+    return render(request, "console/batches/list.html", context)
+
+
+P = "portal/<int:org_id>/"
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("console/batches/", console_batches, name="batches"),
+    path(f"{P}batches/", portal_batches, name="portal-batches"),
+    path(f"{P}batches/<str:batch_id>/", portal_batch, name="portal-batch"),
+    path(f"{P}batches/<str:batch_id>/cancel/", portal_batch_cancel, name="portal-batch-cancel"),
+    path(f"{P}files/<str:file_id>/", portal_file, name="portal-file"),
+    path(f"{P}webhooks/", portal_webhooks, name="portal-webhooks"),
+    path(f"{P}webhooks/rotate/", portal_webhook_secret_rotate, name="portal-webhook-rotate"),
+]
+NAV: list[NavItem] = [
+    NavItem("Batches", "batches", CONSOLE),
+    NavItem("Batches", "portal-batches", PORTAL),
+    NavItem("Webhooks", "portal-webhooks", PORTAL),
+]
