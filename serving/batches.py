@@ -220,7 +220,7 @@ def wake_workers() -> None:
     from celery import current_app
 
     try:
-        current_app.send_task("serving.tasks.batch_work")
+        current_app.send_task("serving.tasks.batch_work", expires=settings.BATCH_WORK_SECONDS)
     except Exception:  # the broker is away: the beat's next tick starts it
         logger.warning("could not queue batch work; the next tick will", exc_info=True)
 
@@ -818,6 +818,10 @@ def deliver_webhooks() -> int:
         return 0
 
 
+# A run with nothing to do for this long ends (the beat starts one every BATCH_TICK_SECONDS).
+IDLE_EXIT_SECONDS = 5.0
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -833,6 +837,7 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
     ran = 0
     next_housekeeping = next_renewal = 0.0
     webhooks: asyncio.Future[int] | None = None
+    idle_since: float | None = None
 
     async def grant_of(api_key_id: int) -> KeyGrant | None:
         cached = grants.get(api_key_id)
@@ -878,8 +883,15 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
             ran += started
             busy = [t for tasks in running.values() for t in tasks]
             if busy:
+                idle_since = None
                 await asyncio.wait(busy, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
             elif not started:
+                if runnable:
+                    idle_since = None  # lines waiting for their share (interactive load)
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since > IDLE_EXIT_SECONDS:
+                    break  # nothing to run: the next tick (or a new batch) starts another run
                 await asyncio.sleep(0.5)
         while busy := [t for tasks in running.values() for t in tasks]:
             await asyncio.wait(busy, timeout=settings.BATCH_LEASE_SECONDS / 3)
