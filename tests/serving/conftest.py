@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.processes import Gateway, start_gateway
+from tests.support.batch_worker import BatchWorker
 from tests.support.gateway import (
     ApiKeyFixture,
     FakeModel,
@@ -98,3 +99,17 @@ def fault_gateway(django_db_setup, tmp_path_factory) -> Iterator[Gateway]:
     )
     yield gw
     gw.stop()
+
+
+@pytest.fixture
+def worker_factory(tmp_path) -> Iterator[Callable[..., BatchWorker]]:
+    started: list[BatchWorker] = []
+
+    def start(**env: str) -> BatchWorker:
+        worker = BatchWorker(tmp_path, **env)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()

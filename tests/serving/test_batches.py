@@ -5,34 +5,28 @@ metered once, even when the worker is killed with SIGKILL mid-batch or an engine
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
 import pytest
 
-from tests.processes import BASE_DIR, Gateway, child_env, start_gateway
+from tests.processes import Gateway, start_gateway
+from tests.support.batch_worker import (
+    WORKER_ENV,
+    inflight_of,
+    results_of,
+    sdk_client,
+    usage_of,
+    wait_for,
+)
 from tests.support.gateway import FakeModel, committed, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.django_db
-
-WORKER_ENV = {
-    "BATCH_WORK_SECONDS": "3",
-    "BATCH_LEASE_SECONDS": "3",
-    "BATCH_SLOTS_PER_REPLICA": "4",
-    "REPLICA_STALE_AFTER": "86400",
-    "ROUTING_REFRESH_SECONDS": "0.2",
-    "ENGINE_REQUEST_TIMEOUT": "10",
-    "ENGINE_FIRST_TOKEN_TIMEOUT": "5",
-    "CIRCUIT_COOLDOWN_SECONDS": "0.5",
-}
 
 
 @pytest.fixture(scope="module")
@@ -40,46 +34,6 @@ def batch_gateway(django_db_setup, tmp_path_factory) -> Iterator[Gateway]:
     gateway = start_gateway(tmp_path_factory.mktemp("batch-gateway"), **WORKER_ENV)
     yield gateway
     gateway.stop()
-
-
-class BatchWorker:
-    """``celery worker -Q batch``, as runplatform starts it, kept busy by sending it batch_work."""
-
-    def __init__(self, log_dir: Path, **env: str) -> None:
-        self.log_path = log_dir / f"batch-worker-{uuid.uuid4().hex[:6]}.log"
-        command = [sys.executable, "-m", "celery", "-A", "console", "worker", "--queues", "batch", "--concurrency",
-                   "1", "--pool", "solo", "--loglevel", "WARNING", "--without-mingle", "--without-gossip",
-                   "--hostname", f"batch-{uuid.uuid4().hex[:6]}@%h"]  # fmt: skip
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=BASE_DIR, env=child_env(**WORKER_ENV, **env), stdout=log,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
-
-    def poke(self) -> None:
-        from console.celery import app
-
-        app.send_task("serving.tasks.batch_work", expires=2)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-@pytest.fixture
-def worker_factory(tmp_path) -> Iterator[Callable[..., BatchWorker]]:
-    started: list[BatchWorker] = []
-
-    def start(**env: str) -> BatchWorker:
-        worker = BatchWorker(tmp_path, **env)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 @pytest.fixture
@@ -100,10 +54,6 @@ def _stop_batches_of(model: str) -> None:
     Batch.objects.filter(model=model, status="in_progress").update(stop_reason="cancelled")
 
 
-def _client(gateway: Gateway, secret: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0, timeout=30)
-
-
 def _chat_file(model: str, count: int, **body: Any) -> bytes:
     lines = [
         {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
@@ -112,44 +62,6 @@ def _chat_file(model: str, count: int, **body: Any) -> bytes:
         for i in range(count)
     ]  # fmt: skip
     return b"".join(orjson.dumps(line) + b"\n" for line in lines)
-
-
-def _wait(client: openai.OpenAI, batch_id: str, worker: BatchWorker, *, until: set[str], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until:
-            return batch
-        worker.poke()
-        time.sleep(0.5)
-    raise AssertionError(f"batch {batch_id} stayed {batch.status}:\n{worker.log()[-3000:]}")
-
-
-def _results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [orjson.loads(line) for line in client.files.content(file_id).read().splitlines()]
-
-
-def _usage_of(batch_public_id: str, lines: int, attempts: int = 5) -> list[Any]:
-    """The usage records of a batch's lines (any attempt), after persisting the stream."""
-    from billing.models import UsageRecord
-    from billing.usage import persist_usage_stream
-    from serving.batches import line_request_id
-
-    persist_usage_stream()
-    ids = [line_request_id(batch_public_id, i, a) for i in range(lines) for a in range(1, attempts + 1)]
-    return list(UsageRecord.objects.filter(request_id__in=ids))
-
-
-def _inflight_of(batch_public_id: str, lines: int, attempts: int = 5) -> int:
-    from core import keys
-    from core.redis import sync_redis
-    from serving.batches import line_request_id
-
-    ids = {str(line_request_id(batch_public_id, i, a)) for i in range(lines) for a in range(1, attempts + 1)}
-    held = {k.decode() for k in sync_redis().hkeys(keys.inflight_requests())}
-    return len(ids & held)
 
 
 def _price(django_db_blocker, model: str, **amounts: str) -> None:
@@ -166,7 +78,7 @@ def test_the_sdk_runs_a_batch_each_line_once_at_half_price(
     batch_gateway, worker_factory, fake, api_key, django_db_blocker
 ):
     _price(django_db_blocker, fake.name, input_per_million="2", output_per_million="4")
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 12)), purpose="batch")
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
@@ -174,27 +86,27 @@ def test_the_sdk_runs_a_batch_each_line_once_at_half_price(
     )  # fmt: skip
     assert (batch.status, batch.endpoint, batch.metadata) == ("validating", "/v1/chat/completions", {"job": "nightly"})
     worker = worker_factory()
-    done = _wait(client, batch.id, worker, until={"completed", "failed"})
+    done = wait_for(client, batch.id, worker, until={"completed", "failed"})
     assert done.status == "completed", done
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (12, 12, 0)
     assert done.error_file_id is None
-    results = _results(client, done.output_file_id)
+    results = results_of(client, done.output_file_id)
     assert [r["custom_id"] for r in results] == [f"req-{i}" for i in range(12)]  # in line order
     assert all(r["response"]["status_code"] == 200 and r["response"]["body"]["choices"] for r in results)
     assert fake.requests() == 12  # each line ran once
     assert batch.id in [b.id for b in client.batches.list()]
 
-    records = _usage_of(batch.id, 12)
+    records = usage_of(batch.id, 12)
     assert len(records) == 12
     assert all(r.batch and r.status_code == 200 for r in records)
     for record in records:  # half the interactive price, exactly
         full = (record.prompt_tokens * Decimal(2) + record.completion_tokens * Decimal(4)) / Decimal(1_000_000)
         assert record.cost == full / 2
-    assert _inflight_of(batch.id, 12) == 0
+    assert inflight_of(batch.id, 12) == 0
 
 
 def test_a_batch_is_refused_with_a_reason(batch_gateway, fake, api_key, make_api_key):
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 2)), purpose="batch")
     cases: list[tuple[dict[str, Any], str]] = [
         ({"endpoint": "/v1/images/generations"}, "endpoint"),
@@ -210,7 +122,7 @@ def test_a_batch_is_refused_with_a_reason(batch_gateway, fake, api_key, make_api
         assert refused.value.body["param"] == param, refused.value.body
     # Another organisation sees neither the file nor the batch.
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    stranger = _client(batch_gateway, make_api_key().secret)
+    stranger = sdk_client(batch_gateway, make_api_key().secret)
     with pytest.raises(openai.NotFoundError):
         stranger.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
@@ -222,13 +134,13 @@ def test_a_batch_is_refused_with_a_reason(batch_gateway, fake, api_key, make_api
 
 
 def test_lines_that_do_not_match_the_batch_fail_its_validation(batch_gateway, worker_factory, fake, api_key):
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     content = _chat_file(fake.name, 2) + orjson.dumps(
         {"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"model": fake.name, "input": "a"}}
     )
     uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    done = _wait(client, batch.id, worker_factory(), until={"failed", "completed"})
+    done = wait_for(client, batch.id, worker_factory(), until={"failed", "completed"})
     assert done.status == "failed"
     assert done.errors.data[0].line == 3
     assert "url" in done.errors.data[0].message
@@ -236,19 +148,19 @@ def test_lines_that_do_not_match_the_batch_fail_its_validation(batch_gateway, wo
 
 def test_cancel_stops_new_lines_and_keeps_what_was_done(batch_gateway, worker_factory, fake, api_key):
     fake.control(latency=0.3)
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 40)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     worker = worker_factory()
-    _wait(client, batch.id, worker, until={"in_progress"})
+    wait_for(client, batch.id, worker, until={"in_progress"})
     while client.batches.retrieve(batch.id).request_counts.completed < 4:
         worker.poke()
         time.sleep(0.2)
     assert client.batches.cancel(batch.id).status == "cancelling"
-    done = _wait(client, batch.id, worker, until={"cancelled"})
+    done = wait_for(client, batch.id, worker, until={"cancelled"})
     ran = fake.requests()
     assert ran < 40
-    output, errors = _results(client, done.output_file_id), _results(client, done.error_file_id)
+    output, errors = results_of(client, done.output_file_id), results_of(client, done.error_file_id)
     assert len(output) + len(errors) == 40 == done.request_counts.total
     assert len(output) == done.request_counts.completed == ran  # every line that ran is in the output
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
@@ -261,7 +173,7 @@ def test_an_expired_batch_keeps_its_answers_and_lists_the_rest(
     batch_gateway, worker_factory, fake, api_key, django_db_blocker
 ):
     fake.control(latency=0.3)
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 30)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     worker = worker_factory()
@@ -277,8 +189,8 @@ def test_an_expired_batch_keeps_its_answers_and_lists_the_rest(
         Batch.objects.filter(public_id=batch.id).update(expires_at=timezone.now())
 
     committed(django_db_blocker, expire_now)
-    done = _wait(client, batch.id, worker, until={"expired"})
-    output, errors = _results(client, done.output_file_id), _results(client, done.error_file_id)
+    done = wait_for(client, batch.id, worker, until={"expired"})
+    output, errors = results_of(client, done.output_file_id), results_of(client, done.error_file_id)
     assert len(output) >= 3
     assert len(output) + len(errors) == 30
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
@@ -292,7 +204,7 @@ def test_a_worker_killed_mid_batch_leaves_every_line_answered_and_metered_once(
     batch_gateway, worker_factory, fake, api_key
 ):
     fake.control(latency=0.25)
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 40)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     first = worker_factory()
@@ -301,16 +213,16 @@ def test_a_worker_killed_mid_batch_leaves_every_line_answered_and_metered_once(
         time.sleep(0.1)
     first.kill()  # SIGKILL, with lines in flight
     second = worker_factory()
-    done = _wait(client, batch.id, second, until={"completed"}, timeout=120)
+    done = wait_for(client, batch.id, second, until={"completed"}, timeout=120)
     assert done.request_counts.completed == 40
     assert done.request_counts.failed == 0
-    results = _results(client, done.output_file_id)
+    results = results_of(client, done.output_file_id)
     assert sorted(r["custom_id"] for r in results) == sorted(f"req-{i}" for i in range(40))
-    records = _usage_of(batch.id, 40)
+    records = usage_of(batch.id, 40)
     assert len(records) == 40  # one usage record per line: in-flight attempts were given back, not metered
     assert sorted({r.request_id for r in records} - {uuid.UUID(r["id"].removeprefix("batch_req_")) for r in results})\
         == []  # the records are exactly the answers written  # fmt: skip
-    assert _inflight_of(batch.id, 40) == 0
+    assert inflight_of(batch.id, 40) == 0
 
 
 def test_an_engine_killed_mid_batch_has_its_lines_run_again_elsewhere(
@@ -321,7 +233,7 @@ def test_an_engine_killed_mid_batch_has_its_lines_run_again_elsewhere(
     try:
         for url in (fake.endpoint, endpoint):
             FakeModel(fake.name, url, process, 0).control(latency=0.3)
-        client = _client(batch_gateway, api_key.secret)
+        client = sdk_client(batch_gateway, api_key.secret)
         uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 30)), purpose="batch")
         batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                       completion_window="24h")  # fmt: skip
@@ -330,12 +242,12 @@ def test_an_engine_killed_mid_batch_has_its_lines_run_again_elsewhere(
             worker.poke()
             time.sleep(0.1)
         process.send_signal(signal.SIGKILL)  # mid-answer on some lines
-        done = _wait(client, batch.id, worker, until={"completed"}, timeout=120)
+        done = wait_for(client, batch.id, worker, until={"completed"}, timeout=120)
         assert (done.request_counts.completed, done.request_counts.failed) == (30, 0), worker.log()[-3000:]
-        records = [r for r in _usage_of(batch.id, 30) if r.status_code == 200]
+        records = [r for r in usage_of(batch.id, 30) if r.status_code == 200]
         assert len(records) == 30
         assert len({r.request_id for r in records}) == 30
-        assert len(_usage_of(batch.id, 30)) == 30  # no record for an attempt its engine dropped
+        assert len(usage_of(batch.id, 30)) == 30  # no record for an attempt its engine dropped
     finally:
         process.kill()
         process.wait(5)
@@ -353,17 +265,17 @@ def test_a_spend_cap_stops_the_batch_without_overspending(
         Organization.objects.filter(pk=key.organization_id).update(monthly_spend_cap=Decimal("2.00"))
 
     committed(django_db_blocker, cap)
-    client = _client(batch_gateway, key.secret)
+    client = sdk_client(batch_gateway, key.secret)
     # ~40 tokens reserved per line at the batch price (5,000 a million): about 0.2 each, so
     # roughly ten lines fit under the cap of 2.00.
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 40, max_tokens=5)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    done = _wait(client, batch.id, worker_factory(), until={"completed"})
-    errors = _results(client, done.error_file_id)
+    done = wait_for(client, batch.id, worker_factory(), until={"completed"})
+    errors = results_of(client, done.error_file_id)
     assert errors
     assert {e["error"]["code"] for e in errors} == {"insufficient_quota"}
     assert 0 < done.request_counts.completed < 40
-    spent = sum(r.cost for r in _usage_of(batch.id, 40))
+    spent = sum(r.cost for r in usage_of(batch.id, 40))
     assert 0 < spent <= Decimal("2.00")
 
 
@@ -439,11 +351,11 @@ def test_lines_yield_to_interactive_requests_and_still_run_once(batch_gateway, w
     import threading
 
     fake.control(latency=1.0)
-    client = _client(batch_gateway, api_key.secret)
+    client = sdk_client(batch_gateway, api_key.secret)
     uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 12)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     worker = worker_factory(BATCH_YIELD_SECONDS="1")
-    _wait(client, batch.id, worker, until={"in_progress"})
+    wait_for(client, batch.id, worker, until={"in_progress"})
     time.sleep(1.5)  # four lines in flight, a second from their answers
     answered: list[str] = []
 
@@ -457,10 +369,10 @@ def test_lines_yield_to_interactive_requests_and_still_run_once(batch_gateway, w
     for user in users:
         user.join(30)
     assert len(answered) == 2
-    done = _wait(client, batch.id, worker, until={"completed"}, timeout=120)
+    done = wait_for(client, batch.id, worker, until={"completed"}, timeout=120)
     assert (done.request_counts.completed, done.request_counts.failed) == (12, 0)
     assert fake.requests() > 12 + 2  # lines stopped mid-answer were sent again
-    records = _usage_of(batch.id, 12)
+    records = usage_of(batch.id, 12)
     assert len(records) == 12
     assert all(r.status_code == 200 for r in records)
-    assert _inflight_of(batch.id, 12) == 0
+    assert inflight_of(batch.id, 12) == 0
