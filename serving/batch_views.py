@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
-from django.conf import settings
-from django.db.models import Avg
 from django.http import HttpResponse
-from django.utils import timezone
 
 from accounts.grants import KeyGrant
-from billing.models import UsageRecord
 from core.db import run_db
 from serving import batches, files
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest, NotFound
-from serving.models import Batch, BatchLine
+from serving.models import Batch
 from serving.predict.call import is_predict_model
 from serving.requests import ApiRequest, json_object, require_method
 from serving.routing import find_model
+from serving.selectors import batch_progress
 
 LIST_LIMIT_MAX = 100
 # The seeds' batch: at most this many inputs in one call (a bigger job uploads a file).
@@ -80,7 +76,8 @@ async def batches_root(request: ApiRequest) -> HttpResponse:
             rows, more = batches.batches_page(grant.organization_id, limit=limit, after=query.get("after") or None)
         except batches.BadBatch as exc:
             raise _refused(exc) from None
-        data = [batches.batch_object(b) for b in rows]
+        counts = batch_progress(rows)
+        data = [batches.batch_object(b, counts[b.pk]) for b in rows]
         return {
             "object": "list", "data": data, "has_more": more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
@@ -137,27 +134,6 @@ def _seed_line(index: int, url: str, model: str, item: object, params: dict[str,
     return {"custom_id": str(index), "method": "POST", "url": url, "body": {**params, **body, "model": model}}
 
 
-def estimated_seconds(model: str, lines: int) -> int:
-    """How long ``lines`` requests of the model should take as batch work now: from the rate at
-    which its batch lines finished over the last ten minutes, else from its requests' mean
-    latency over the last hour and the lines a worker runs at once, else a second each."""
-    now = timezone.now()
-    recent = BatchLine.objects.filter(
-        batch__model=model, finished_at__gte=now - timedelta(minutes=10), status=BatchLine.Status.SUCCEEDED
-    )
-    finished = recent.count()
-    queued = batches.enqueued_lines_of_model(model)
-    if finished >= 20:
-        first = recent.order_by("finished_at").values_list("finished_at", flat=True).first()
-        span = max(1.0, (now - first).total_seconds()) if first else 600.0
-        return max(1, round((lines + queued) * span / finished))
-    latency = UsageRecord.objects.filter(
-        model=model, status_code=200, created_at__gte=now - timedelta(hours=1)
-    ).aggregate(ms=Avg("latency_ms"))["ms"]
-    per_line = (latency / 1000) if latency else 1.0
-    return max(1, round((lines + queued) * per_line / max(1, settings.BATCH_SLOTS_PER_REPLICA)))
-
-
 def _seed_create(grant: KeyGrant, url: str, model: str, inputs: list[Any], params: dict[str, Any],
                  callback_url: str) -> dict[str, Any]:  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
@@ -180,7 +156,7 @@ def _seed_create(grant: KeyGrant, url: str, model: str, inputs: list[Any], param
     return {
         "batch_id": batch.public_id,
         "status": batch.status,
-        "estimated_time": estimated_seconds(model, len(inputs)),
+        "estimated_time": batches.estimated_seconds(model, len(inputs)),
         "input_file_id": stored.public_id,
     }
 

@@ -54,7 +54,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Sum
+from django.db.models import Avg, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -62,6 +62,7 @@ from accounts.grants import KeyGrant
 from accounts.models import ApiKey, Organization
 from billing import ledger
 from billing.ledger import UsageEvent
+from billing.models import UsageRecord
 from core import keys
 from core.db import run_db
 from core.redis import async_redis
@@ -73,6 +74,7 @@ from serving.models import Batch, BatchLine, StoredFile
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, InferenceCall, status_of
 from serving.predict.call import PredictCall
 from serving.routing import find_model, router
+from serving.selectors import batch_progress
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +162,27 @@ def enqueued_lines_of_model(model: str) -> int:
         batch__model=model, batch__status=Batch.Status.IN_PROGRESS,
         status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING],
     ).count()  # fmt: skip
+
+
+def estimated_seconds(model: str, lines: int) -> int:
+    """How long ``lines`` requests of the model should take as batch work now: from the rate at
+    which its batch lines finished over the last ten minutes, else from its requests' mean
+    latency over the last hour and the lines a worker runs at once, else a second each."""
+    now = timezone.now()
+    recent = BatchLine.objects.filter(
+        batch__model=model, finished_at__gte=now - timedelta(minutes=10), status=BatchLine.Status.SUCCEEDED
+    )
+    finished = recent.count()
+    queued = enqueued_lines_of_model(model)
+    if finished >= 20:
+        first = recent.order_by("finished_at").values_list("finished_at", flat=True).first()
+        span = max(1.0, (now - first).total_seconds()) if first else 600.0
+        return max(1, round((lines + queued) * span / finished))
+    latency = UsageRecord.objects.filter(
+        model=model, status_code=200, created_at__gte=now - timedelta(hours=1)
+    ).aggregate(ms=Avg("latency_ms"))["ms"]
+    per_line = (latency / 1000) if latency else 1.0
+    return max(1, round((lines + queued) * per_line / max(1, settings.BATCH_SLOTS_PER_REPLICA)))
 
 
 def batch_create(
@@ -275,23 +298,13 @@ def _stamp(value: datetime | None) -> int | None:
 
 
 def request_counts(batch: Batch) -> dict[str, int]:
-    """Total, completed and failed lines; live from the lines while the batch runs."""
-    if batch.status in (Batch.Status.VALIDATING, Batch.Status.FAILED) or batch.status in _FINAL:
-        return {"total": batch.total, "completed": batch.completed, "failed": batch.failed}
-    counts = dict(
-        BatchLine.objects.filter(batch=batch, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED])
-        .values_list("status")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    return {"total": batch.total, "completed": counts.get("succeeded", 0), "failed": counts.get("failed", 0)}
+    """Total, completed and failed lines; live from the lines while the batch runs
+    (``serving.selectors.batch_progress``, which counts many batches at once)."""
+    return batch_progress([batch])[batch.pk]
 
 
-_FINAL = (Batch.Status.COMPLETED, Batch.Status.EXPIRED, Batch.Status.CANCELLED)
-
-
-def batch_object(batch: Batch) -> dict[str, Any]:
-    """The batch as OpenAI's API shows it."""
+def batch_object(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The batch as OpenAI's API shows it (``counts``: its request counts, when read already)."""
     errors = {"object": "list", "data": batch.errors} if batch.errors else None
     return {
         "id": batch.public_id,
@@ -313,7 +326,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
         "expired_at": _stamp(batch.expired_at),
         "cancelling_at": _stamp(batch.cancelling_at),
         "cancelled_at": _stamp(batch.cancelled_at),
-        "request_counts": request_counts(batch),
+        "request_counts": counts if counts is not None else request_counts(batch),
         "metadata": batch.metadata or None,
     }
 

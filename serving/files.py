@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import orjson
 from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
 from registry.artifacts import get_artifact_store
 from serving.models import StoredFile
@@ -110,8 +111,6 @@ def file_delete(*, file: StoredFile) -> None:
 def files_purge_expired(*, limit: int = 200) -> int:
     """Delete files past their ``expires_at`` (batch output and error files, after
     FILES_OUTPUT_RETENTION_DAYS); at most ``limit`` a run. How many went."""
-    from django.utils import timezone
-
     expired = list(StoredFile.objects.filter(expires_at__lte=timezone.now()).order_by("expires_at")[:limit])
     for file in expired:
         file_delete(file=file)

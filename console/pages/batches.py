@@ -29,8 +29,7 @@ from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_require
 from console.pages.lists import never_stored, page_of, query_without_page
 from console.pages.nav import CONSOLE, PORTAL, NavItem
 from registry.artifacts import get_artifact_store
-from serving.batch_views import estimated_seconds
-from serving.batches import BadBatch, batch_cancel, batch_for_organization
+from serving.batches import BadBatch, batch_cancel, batch_for_organization, estimated_seconds
 from serving.files import file_for_organization
 from serving.models import Batch
 from serving.selectors import batch_lines_queued, batch_progress, batches_listed
