@@ -417,8 +417,8 @@ SEMANTIC_CACHE_ENABLED = envbool("SEMANTIC_CACHE_ENABLED", "true")
 SEMANTIC_CACHE_EMBEDDING_MODEL = os.environ.get("SEMANTIC_CACHE_EMBEDDING_MODEL", "all-minilm-l6-v2")
 # Embedding + search + verification must finish within this, or the request is a miss.
 SEMANTIC_CACHE_LOOKUP_TIMEOUT = envfloat("SEMANTIC_CACHE_LOOKUP_TIMEOUT", 0.5)
-# Candidates below this cosine similarity are never verified (calibrated: docs/performance.md).
-SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.70)
+# Candidates below this cosine similarity are never verified (a guard: docs/architecture.md, "Verification").
+SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.60)
 # The share of wrong hits the verifier is calibrated to stay under.
 SEMANTIC_CACHE_WRONG_HIT_BUDGET = envfloat("SEMANTIC_CACHE_WRONG_HIT_BUDGET", 0.01)
 # Defaults for models without a CachePolicy row.

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from core.stats import wilson
 from registry.signatures import Signature, check_signature, onnx_signature
 
 # The version the bundled small models are registered as; a new build of the same version
@@ -164,16 +165,6 @@ def sentences(name: str) -> tuple[list[str], np.ndarray[Any, Any]]:
 
     rows = [json.loads(line) for line in (SENTIMENT_DATA / name).read_text().splitlines() if line.strip()]
     return [r["text"] for r in rows], np.array([SENTIMENT_LABELS.index(r["label"]) for r in rows], dtype=np.int64)
-
-
-def wilson(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson interval of a proportion."""
-    if total == 0:
-        return 0.0, 1.0
-    p = successes / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z * ((p * (1 - p) / total + z * z / (4 * total * total)) ** 0.5) / (1 + z * z / total)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def build_sentiment(out: Path) -> dict[str, Any]:

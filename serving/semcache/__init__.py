@@ -7,9 +7,10 @@
   platform's own engine client;
 - ``store``: the entries in PostgreSQL + pgvector (search inside one scope, insert,
   expiry and purge without index bloat);
-- ``verify`` (word lists in ``lexicon``): the check after similarity that rejects
-  near-misses that change the answer (negation, swapped entities or direction, changed
-  numbers, dates, amounts, units or scope words);
+- ``verify`` (number, currency and unit words in ``lexicon``): the check after similarity,
+  conservative by construction: the same words in the same order once spelling, numerals,
+  politeness, the question's frame, one typo or a moved clause are normalised away, or a
+  miss;
 - ``lookup``: the above in order, within a time budget; any failure is a miss.
 
 ``serving.orchestrator`` asks it before admission and replays a verified hit like a live
