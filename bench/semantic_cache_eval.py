@@ -377,9 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{first['wrong_hit']['n']} must-not-hit pairs)\n"
         )
         print(markdown(results, split))
-    print(
-        f"\nminimum similarity {thresholds.minimum:.2f}; wrong-hit budget {budget:.1%}"
-    )
+    print(f"\nminimum similarity {thresholds.minimum:.2f}; wrong-hit budget {budget:.1%}")
     print(
         f"verify(): {timing['calls']} calls, mean {timing['mean_us']:.0f} µs, p50 {timing['p50_us']:.0f} µs, "
         f"p99 {timing['p99_us']:.0f} µs, max {timing['max_us']:.0f} µs; a {timing['long_prompt_words']:.0f}-word "

@@ -187,3 +187,12 @@ def cost_by_organization(*, organization_ids: list[int], start: date, end: date)
     costs = {organization_id: Decimal(0) for organization_id in organization_ids}
     costs.update({row["organization_id"]: Decimal(row["cost"]) for row in rows})
     return costs
+
+
+def cache_by_model(*, organization_id: int, start: date, end: date) -> dict[str, tuple[int, Decimal]]:
+    """An organisation's requests answered from the cache and the money they saved, per model,
+    over whole UTC days (the daily rollups)."""
+    window = Q(start__gte=_midnight(start), start__lt=_midnight(end + timedelta(days=1)))
+    days = UsageRollup.objects.filter(window, period=UsageRollup.Period.DAY, organization_id=organization_id)
+    rows = days.values("model").annotate(hits=Sum("cache_hits"), saved=Sum("saved"))
+    return {row["model"]: (int(row["hits"] or 0), Decimal(row["saved"] or 0)) for row in rows}

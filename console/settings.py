@@ -421,6 +421,18 @@ SEMANTIC_CACHE_LOOKUP_TIMEOUT = envfloat("SEMANTIC_CACHE_LOOKUP_TIMEOUT", 0.5)
 SEMANTIC_CACHE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_MIN_SIMILARITY", 0.60)
 # The share of wrong hits the verifier is calibrated to stay under.
 SEMANTIC_CACHE_WRONG_HIT_BUDGET = envfloat("SEMANTIC_CACHE_WRONG_HIT_BUDGET", 0.01)
+# The error budget's prior (serving.semcache.budget): the verifier on held-out sources,
+# 585 semantic hits served of which 1 was a trap (bench/semantic_cache_sources.py, 2026-11-26).
+SEMANTIC_CACHE_PRIOR_SERVED = envfloat("SEMANTIC_CACHE_PRIOR_SERVED", 585)
+SEMANTIC_CACHE_PRIOR_WRONG = envfloat("SEMANTIC_CACHE_PRIOR_WRONG", 1)
+# The share of would-be hits of an open tier answered by the engine and compared (audits).
+SEMANTIC_CACHE_AUDIT_RATE = envfloat("SEMANTIC_CACHE_AUDIT_RATE", 0.02)
+# Two answers whose embeddings' cosine reaches this (and whose numbers match) agree.
+SEMANTIC_CACHE_AUDIT_AGREEMENT = envfloat("SEMANTIC_CACHE_AUDIT_AGREEMENT", 0.90)
+# How long a served cache answer can be reported wrong (POST /v1/cache/feedback).
+SEMANTIC_CACHE_FEEDBACK_WINDOW_SECONDS = envint("SEMANTIC_CACHE_FEEDBACK_WINDOW_SECONDS", 7 * 86400)
+# Feedback tightens the reported entry and those of its scope at least this similar to it.
+SEMANTIC_CACHE_FEEDBACK_NEIGHBOUR_SIMILARITY = envfloat("SEMANTIC_CACHE_FEEDBACK_NEIGHBOUR_SIMILARITY", 0.90)
 # Defaults for models without a CachePolicy row.
 SEMANTIC_CACHE_MAX_TEMPERATURE = envfloat("SEMANTIC_CACHE_MAX_TEMPERATURE", 0.5)
 SEMANTIC_CACHE_MAX_PROMPT_TOKENS = envint("SEMANTIC_CACHE_MAX_PROMPT_TOKENS", 2000)

@@ -33,6 +33,12 @@ class CachePolicy(models.Model):
     shared_scope = models.BooleanField(
         default=False, help_text="share entries across organisations (only for models whose answers are public)"
     )
+    wrong_hit_budget = models.DecimalField(
+        max_digits=5, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))],
+        help_text="the share of wrong semantic hits accepted, in % (empty: SEMANTIC_CACHE_WRONG_HIT_BUDGET); "
+                  "a wording tier whose measured rate may exceed it is not served",
+    )  # fmt: skip
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -64,6 +70,9 @@ class CacheEntry(models.Model):
     expires_at = models.DateTimeField()
     hit_count = models.PositiveIntegerField(default=0)
     last_hit_at = models.DateTimeField(null=True, blank=True)
+    # Raised by feedback on a wrong hit (serving.semcache.feedback), for the entry and its
+    # neighbours: 0 serves every wording tier, 1 only the same words, 2 only the same text.
+    strictness = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         indexes = [
@@ -91,6 +100,28 @@ class CacheEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}:{self.model_version} {self.prompt[:40]!r}"
+
+
+class CacheFeedback(models.Model):
+    """A served cache answer reported wrong (by the customer's key or a platform admin): the
+    entry and its neighbours were tightened, and the report counts in the model's estimate."""
+
+    request_id = models.CharField(max_length=64, unique=True, help_text="the request that was served the answer")
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="cache_feedback")
+    model = models.CharField(max_length=255)
+    model_version = models.CharField(max_length=50)
+    entry = models.ForeignKey(CacheEntry, null=True, blank=True, on_delete=models.SET_NULL, related_name="feedback")
+    wording = models.CharField(max_length=20, help_text="the tier the answer was served at (exact, same, typo …)")
+    reason = models.CharField(max_length=500, blank=True)
+    reported_by = models.CharField(max_length=255, help_text="an API key's prefix, or a console user")
+    tightened = models.PositiveIntegerField(default=0, help_text="entries tightened (the served one and neighbours)")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["model", "created_at"], name="cache_feedback_model")]
+
+    def __str__(self) -> str:
+        return f"wrong cache answer for {self.request_id}"
 
 
 class ShadowPolicy(models.Model):

@@ -540,6 +540,46 @@ _FILE_SCHEMAS: dict[str, Any] = {
 _FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _STAMP = {"type": "integer", "nullable": True}
+_CACHE_SCHEMAS: dict[str, Any] = {
+    "CacheFeedbackCreate": {
+        "type": "object",
+        "properties": {
+            "request_id": {"type": "string", "description": "the x-request-id header's UUID, or the answer's id"},
+            "reason": {"type": "string", "maxLength": 500},
+        },
+        "required": ["request_id"],
+        "additionalProperties": False,
+    },
+    "CacheFeedback": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["cache.feedback"]},
+            "request_id": {"type": "string"},
+            "model": {"type": "string"},
+            "model_version": {"type": "string"},
+            "wording": {"type": "string", "description": "the tier it was served at: exact, same, typo, reordered"},
+            "tightened": {"type": "integer", "description": "cache entries tightened (the served one, neighbours)"},
+            "created_at": {"type": "integer"},
+        },
+        "required": ["object", "request_id", "model", "model_version", "wording", "tightened", "created_at"],
+    },
+}
+
+
+def cache_paths() -> dict[str, dict[str, Any]]:
+    """Feedback on answers served from the semantic cache (``serving.cache_views``)."""
+    report = _operation(
+        "cache_feedback_create", "Report an answer served from the cache as wrong",
+        ok=_json_ok("CacheFeedback", "the report (the first one, when the request was reported before)"),
+        errors=(400, 401, 404, 405, 413, 503), body="CacheFeedbackCreate",
+    )  # fmt: skip
+    report["description"] = (
+        "The cache entry that answered and its near neighbours serve only closer matches from now on, and the "
+        "report counts in the model's wrong-hit estimate."
+    )
+    return {"/v1/cache/feedback": {"post": report}}
+
+
 _BATCH_SCHEMAS: dict[str, Any] = {
     "OpenAIBatchCreate": {
         "type": "object",
@@ -899,7 +939,7 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     added = {
-        **_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **_FILE_SCHEMAS, **_BATCH_SCHEMAS,
+        **_ERROR_SCHEMAS, **_RESPONSE_SCHEMAS, **_SMALL_SCHEMAS, **_FILE_SCHEMAS, **_BATCH_SCHEMAS, **_CACHE_SCHEMAS,
         **request_schemas(),
     }  # fmt: skip
     clash = sorted(set(added) & set(schemas))
@@ -916,6 +956,7 @@ def add_data_plane(result: dict[str, Any], generator: Any, request: Any, public:
     paths.update(small_model_paths())
     paths.update(file_paths())
     paths.update(batch_paths())
+    paths.update(cache_paths())
     result.setdefault("tags", [])
     if not any(tag.get("name") == TAG for tag in result["tags"]):
         result["tags"].append(

@@ -60,10 +60,12 @@ from serving.semcache.lookup import (
     MISS,
     CacheHit,
     CacheProbe,
+    audit_answer,
     embeddings_get,
     embeddings_key,
     embeddings_put,
     lookup,
+    note_served,
     remember,
 )
 from serving.semcache.policy import intent_of, last_user_text, scope_of
@@ -372,7 +374,10 @@ class InferenceCall:
                 rules=rules,
                 default_temperature=self.version.default_temperature,
             )
-            self.cache_probe = CacheProbe(intent=intent, scope=scope, query=query, model=self.model.name)
+            self.cache_probe = CacheProbe(
+                intent=intent, scope=scope, query=query, model=self.model.name,
+                wrong_hit_budget=rules.wrong_hit_budget,
+            )  # fmt: skip
             self._may_store = intent.write
             if intent.read:
                 self.cache_hit = await lookup(self.cache_probe)
@@ -412,7 +417,12 @@ class InferenceCall:
         return usage
 
     def _remember(self, answer: dict[str, Any]) -> None:
-        """Keep a completed engine answer for later requests (off the request path)."""
+        """Keep a completed engine answer for later requests (off the request path); when it
+        answered a would-be hit (an audit), compare the two."""
+        if self.cache_probe is not None and self.cache_probe.audit is not None and self.cache_hit is None:
+            message = answer.get("message")
+            if isinstance(message, dict) and isinstance(message.get("content"), str):
+                audit_answer(self.cache_probe, message["content"])
         if not self._may_store or self.cache_hit is not None:
             return
         if self.endpoint is EMBEDDINGS and self._embeddings_key is not None:
@@ -844,6 +854,9 @@ class InferenceCall:
         metrics.TOKENS.labels(*labels, "prompt").inc(event.prompt_tokens)
         metrics.TOKENS.labels(*labels, "completion").inc(event.completion_tokens)
         if self.cache_hit is not None and status == 200:
+            if self.cache_probe is not None:
+                note_served(self.cache_probe, self.cache_hit, request_id=self.request_id,
+                            organization_id=self.grant.organization_id, model_version=self.version.version)  # fmt: skip
             metrics.CACHE_TOKENS_SAVED.labels(event.model).inc(event.total_tokens)
             if self.price is not None:
                 saved = self.price.saved(

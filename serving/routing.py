@@ -192,6 +192,11 @@ def _cache_rules(policy: CachePolicy | None) -> CacheRules:
         max_prompt_tokens=policy.max_prompt_tokens,
         ttl_seconds=policy.ttl_seconds,
         shared_scope=policy.shared_scope,
+        wrong_hit_budget=(
+            float(policy.wrong_hit_budget) / 100
+            if policy.wrong_hit_budget is not None
+            else settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET
+        ),
     )
 
 

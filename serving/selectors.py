@@ -3,17 +3,20 @@ cache policies and entries, and batch jobs as the console and the portal list th
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from serving.models import Batch, BatchLine, CacheEntry, CachePolicy, ShadowPolicy, ShadowRecord
+from serving.models import Batch, BatchLine, CacheEntry, CacheFeedback, CachePolicy, ShadowPolicy, ShadowRecord
+from serving.semcache.budget import ModelQuality, quality_of
 
 # The comparison reads at most this many of the newest mirrored requests: enough for stable
 # percentiles, bounded however long a shadow runs (the console shows the same figures).
@@ -87,6 +90,23 @@ def shadow_policy_of(*, model_id: int) -> ShadowPolicy | None:
 def cache_policies_by_model() -> dict[int, CachePolicy]:
     """Every model's semantic-cache policy, by model id (a model without one gets the defaults)."""
     return {policy.model_id: policy for policy in CachePolicy.objects.all()}
+
+
+def cache_quality(*, models: Collection[str], organization_id: int | None = None) -> list[ModelQuality]:
+    """Each model's semantic hits, wrong-hit estimate (95 % interval) and budget, and the
+    wrong answers reported (by ``organization_id`` only, when given)."""
+    policies = CachePolicy.objects.filter(model__name__in=models, wrong_hit_budget__isnull=False)
+    pairs = policies.values_list("model__name", "wrong_hit_budget")
+    budgets = {name: float(percent or 0) / 100 for name, percent in pairs}
+    reports = CacheFeedback.objects.filter(model__in=models)
+    if organization_id is not None:
+        reports = reports.filter(organization_id=organization_id)
+    counted = dict(reports.values_list("model").annotate(n=Count("id")).values_list("model", "n"))
+    out = []
+    for model in sorted(models):
+        found = quality_of(model, wrong_hit_budget=budgets.get(model, settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET))
+        out.append(dataclasses.replace(found, feedback=int(counted.get(model, 0))))
+    return out
 
 
 def cache_entries_count(

@@ -121,6 +121,7 @@ def _cache_policy_snapshot(policy: CachePolicy | None) -> dict[str, Any] | None:
         "max_prompt_tokens": policy.max_prompt_tokens,
         "ttl_seconds": policy.ttl_seconds,
         "shared_scope": policy.shared_scope,
+        "wrong_hit_budget": None if policy.wrong_hit_budget is None else str(policy.wrong_hit_budget),
     }
 
 
@@ -137,6 +138,7 @@ def cache_policy_set(
     max_prompt_tokens: int,
     ttl_seconds: int,
     shared_scope: bool,
+    wrong_hit_budget: Decimal | float | str | None = None,
     actor: Actor = None,
 ) -> CachePolicy:
     """Set ``model``'s semantic-cache rules (``serving.semcache.policy``), creating its policy
@@ -158,12 +160,22 @@ def cache_policy_set(
         or not 1 <= ttl_seconds <= MAX_CACHE_TTL_SECONDS
     ):
         raise InvalidInput("ttl_seconds", f"Give a whole number of seconds from 1 to {MAX_CACHE_TTL_SECONDS:,}.")
+    budget = None
+    if wrong_hit_budget is not None and str(wrong_hit_budget).strip() != "":
+        try:
+            budget = Decimal(str(wrong_hit_budget))
+        except InvalidOperation:
+            raise InvalidInput("wrong_hit_budget", "Give a percentage from 0 to 100.") from None
+        if not budget.is_finite() or not 0 <= budget <= 100 or budget != budget.quantize(Decimal("0.01")):
+            raise InvalidInput("wrong_hit_budget", "Give a percentage from 0 to 100, at most two decimals.")
+        budget = budget.quantize(Decimal("0.01"))
     values = {
         "enabled": bool(enabled),
         "max_temperature": temperature.quantize(Decimal("0.01")),
         "max_prompt_tokens": max_prompt_tokens,
         "ttl_seconds": ttl_seconds,
         "shared_scope": bool(shared_scope),
+        "wrong_hit_budget": budget,
     }
     with transaction.atomic():
         before = _cache_policy_snapshot(CachePolicy.objects.select_for_update().filter(model=model).first())

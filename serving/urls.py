@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import batch_views, file_views, key_usage_views, openai_views, predict_views, seed_views
+from serving import batch_views, cache_views, file_views, key_usage_views, openai_views, predict_views, seed_views
 
 app_name = "dataplane"
 
@@ -15,6 +15,7 @@ urlpatterns = [
     path("v1/completions", openai_views.completions, name="completions"),
     path("v1/embeddings", openai_views.embeddings, name="embeddings"),
     path("v1/usage", key_usage_views.usage, name="usage"),
+    path("v1/cache/feedback", cache_views.cache_feedback, name="cache-feedback"),
     path("v1/files", file_views.files_root, name="files"),
     path("v1/files/<str:file_id>", file_views.file_detail, name="file"),
     path("v1/files/<str:file_id>/content", file_views.file_content, name="file-content"),

@@ -38,3 +38,7 @@ DATABASES["default"]["TEST"] = {"NAME": f"test_inference{_SUFFIX}"}
 # Tests that need replicas wait for them explicitly.
 READY_MODELS = list[str]()
 LIMITS_TEST_CLOCK = True
+
+# A semantic hit is not sampled for an audit in tests unless a test asks for it (a 2 % draw
+# would make "the second ask is a hit" flaky); the budget's own tests set it.
+SEMANTIC_CACHE_AUDIT_RATE = float(os.environ.get("SEMANTIC_CACHE_AUDIT_RATE", "0"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -28,7 +29,9 @@ from core.errors import InvalidInput
 from registry.models import Model
 from registry.selectors import model_named, models_for_board
 from serving.models import CachePolicy
-from serving.selectors import cache_entries_count, cache_policies_by_model
+from serving.selectors import cache_entries_count, cache_policies_by_model, cache_quality
+from serving.semcache.budget import ModelQuality
+from serving.semcache.feedback import NotServedFromCache, parse_request_id, report
 from serving.semcache.policy import CacheRules
 from serving.semcache.store import cache_stats
 from serving.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purge
@@ -173,6 +176,8 @@ def cache_overview(request: HttpRequest) -> HttpResponse:
     stats = cache_stats()
     rows = _version_rows(stats, report, filters.get("q", ""))
     context = {
+        **quality_context(cache_quality(models={row.model for row in rows})),
+        "feedback_form": FeedbackForm(),
         "form": form,
         "window": window,
         "report": report,
@@ -188,6 +193,65 @@ def cache_overview(request: HttpRequest) -> HttpResponse:
         "cache_enabled": settings.SEMANTIC_CACHE_ENABLED,
     }
     return render(request, "console/cache/cache.html", context)
+
+
+def _percent(share: float) -> str:
+    value = share * 100
+    return f"{value:.2f} %" if value < 10 else f"{value:.1f} %"
+
+
+def quality_rows(quality: list[ModelQuality]) -> list[dict[str, Any]]:
+    """The cache-quality table's rows (templates/console/cache/_quality.html)."""
+    return [
+        {
+            "model": q.model, "exact": q.exact_served, "semantic": q.semantic_served, "audits": q.audits,
+            "disagreed": q.disagreed, "feedback": q.feedback, "estimate": _percent(q.estimate.rate),
+            "interval": f"{_percent(q.estimate.low)} to {_percent(q.estimate.high)}", "budget": _percent(q.budget),
+            "tiers": ", ".join(t.tier for t in q.tiers if t.serving) or "the same text only",
+        }
+        for q in quality
+    ]  # fmt: skip
+
+
+def quality_context(quality: list[ModelQuality]) -> dict[str, Any]:
+    return {
+        "quality": quality_rows(quality),
+        "prior_served": settings.SEMANTIC_CACHE_PRIOR_SERVED,
+        "prior_wrong": settings.SEMANTIC_CACHE_PRIOR_WRONG,
+    }
+
+
+class FeedbackForm(forms.Form):
+    request_id = forms.CharField(label="Request id", max_length=80,
+                                 help_text="the x-request-id of the answer, or its id (chatcmpl-…)")  # fmt: skip
+    reason = forms.CharField(label="What was wrong", required=False, max_length=500)
+
+    def clean_request_id(self) -> uuid.UUID:
+        parsed = parse_request_id(self.cleaned_data["request_id"])
+        if parsed is None:
+            raise forms.ValidationError("Give the x-request-id header's UUID or the answer's id (chatcmpl-…).")
+        return parsed
+
+
+@platform_admin_required
+@require_http_methods(["POST"])
+def cache_feedback(request: HttpRequest) -> HttpResponse:
+    """A platform admin reports an answer served from the cache as wrong (any organisation)."""
+    form = FeedbackForm(request.POST)
+    if form.is_valid():
+        try:
+            made = report(form.cleaned_data["request_id"], organization_id=None,
+                          reported_by=request.user.get_username(), reason=form.cleaned_data["reason"])  # fmt: skip
+        except NotServedFromCache:
+            messages.error(request, "No answer from the cache is on record for that request (or its window passed).")
+        else:
+            entries = f"{made.tightened} entr{'y' if made.tightened == 1 else 'ies'}"
+            messages.success(
+                request, f"Recorded: {made.model}'s answer at the {made.wording} tier; {entries} tightened."
+            )
+    else:
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+    return redirect(reverse("console:cache"))
 
 
 @platform_admin_required
@@ -266,6 +330,11 @@ class CachePolicyForm(forms.Form):
         label="Share entries across organisations", required=False,
         help_text="only for models whose answers are public: one organisation's answer may be served to another",
     )  # fmt: skip
+    wrong_hit_budget = forms.DecimalField(
+        label="Wrong-hit budget (%)", required=False, min_value=Decimal(0), max_value=Decimal(100), decimal_places=2,
+        help_text="the share of wrong semantic hits accepted; a wording tier whose measured rate may exceed it is "
+                  "answered by the engine instead (empty: the platform's default)",
+    )  # fmt: skip
 
 
 def _policy_initial(policy: CachePolicy | None) -> dict[str, Any]:
@@ -273,10 +342,10 @@ def _policy_initial(policy: CachePolicy | None) -> dict[str, Any]:
     if policy is None:
         return {"enabled": rules.enabled, "max_temperature": Decimal(str(rules.max_temperature)),
                 "max_prompt_tokens": rules.max_prompt_tokens, "ttl_seconds": rules.ttl_seconds,
-                "shared_scope": rules.shared_scope}  # fmt: skip
+                "shared_scope": rules.shared_scope, "wrong_hit_budget": None}  # fmt: skip
     return {"enabled": policy.enabled, "max_temperature": policy.max_temperature,
             "max_prompt_tokens": policy.max_prompt_tokens, "ttl_seconds": policy.ttl_seconds,
-            "shared_scope": policy.shared_scope}  # fmt: skip
+            "shared_scope": policy.shared_scope, "wrong_hit_budget": policy.wrong_hit_budget}  # fmt: skip
 
 
 @platform_admin_required
@@ -292,7 +361,8 @@ def cache_policy_edit(request: HttpRequest, name: str) -> HttpResponse:
         try:
             cache_policy_set(model=model, actor=request.user, enabled=data["enabled"],
                              max_temperature=data["max_temperature"], max_prompt_tokens=data["max_prompt_tokens"],
-                             ttl_seconds=data["ttl_seconds"], shared_scope=data["shared_scope"])  # fmt: skip
+                             ttl_seconds=data["ttl_seconds"], shared_scope=data["shared_scope"],
+                             wrong_hit_budget=data.get("wrong_hit_budget"))  # fmt: skip
         except InvalidInput as exc:
             refuse(form, exc)
         else:
@@ -305,6 +375,7 @@ def cache_policy_edit(request: HttpRequest, name: str) -> HttpResponse:
 urlpatterns: list[URLPattern | URLResolver] = [
     path("console/cache/", cache_overview, name="cache"),
     path("console/cache/purge/", cache_purge_confirm, name="cache-purge"),
+    path("console/cache/feedback/", cache_feedback, name="cache-feedback"),
     path("console/cache/policies/", cache_policy_list, name="cache-policies"),
     path("console/cache/policies/<slug:name>/", cache_policy_edit, name="cache-policy"),
 ]

@@ -10,6 +10,7 @@ either): that answer is not cacheable, and reloading it does not show the secret
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -23,8 +24,10 @@ from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
 from billing import invoicing
 from billing.models import Invoice
+from billing.usage_selectors import cache_by_model
 from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
+from console.pages.cache import quality_context
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
@@ -33,7 +36,8 @@ from console.pages.portal_forms import (
     InvoiceFilterForm,
     UsageWindowForm,
 )
-from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, totals_of
+from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
+from serving.selectors import cache_quality
 
 KEYS_PER_PAGE = 25
 INVOICES_PER_PAGE = 25
@@ -59,7 +63,14 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
         start, end, api_key_id = today - timedelta(days=29), today, None
     rows = daily_usage(organization_id=organization.pk, start=start, end=end, api_key_id=api_key_id)
     currency = str(settings.BILLING_CURRENCY)
+    cached = cache_by_model(organization_id=organization.pk, start=start, end=end)
+    quality = quality_context(cache_quality(models=set(cached), organization_id=organization.pk))
+    for row in quality["quality"]:
+        row["hits"], saved = cached.get(row["model"], (0, Decimal(0)))
+        row["saved"] = money_text(saved)
     context = {
+        **quality,
+        "own_reports": True,
         "organization": organization,
         "form": form,
         "start": start,

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -27,10 +28,10 @@ from core import keys
 from core.lifecycle import Background
 from core.redis import async_redis
 from serving import metrics
-from serving.semcache import store
+from serving.semcache import budget, feedback, store
 from serving.semcache.embed import embed_texts
 from serving.semcache.policy import CacheIntent
-from serving.semcache.verify import verify
+from serving.semcache.verify import SAME, verify
 
 logger = logging.getLogger(__name__)
 
@@ -55,18 +56,30 @@ class CacheHit:
     completion_tokens: int
     prompt_tokens: int  # embeddings: the stored answer's; chat: the request's own count is used
     entry_id: int | None = None
+    wording: str = budget.EXACT  # the tier it was verified at (verify.TIERS), or the same text
+
+
+@dataclass(frozen=True)
+class Audit:
+    """A would-be hit answered by the engine instead: its cached answer, to compare."""
+
+    entry_id: int
+    wording: str
+    cached: str
 
 
 @dataclass
 class CacheProbe:
     """What a request may do with the cache, and what its lookup learned (kept to store its
-    answer on a miss without embedding the prompt a second time)."""
+    answer on a miss without embedding the prompt a second time, and to audit a would-be hit)."""
 
     intent: CacheIntent
     scope: str
     query: str
     model: str
+    wrong_hit_budget: float = 0.01  # the rate accepted (the model's CachePolicy or the default)
     embedding: list[float] | None = None
+    audit: Audit | None = None
 
 
 _background = Background()
@@ -96,7 +109,7 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
     query = _normalised(probe.query)
     for candidate in candidates:
         if _normalised(candidate.prompt) == query:
-            outcome = HIT
+            outcome, wording = HIT, budget.EXACT
         else:
             if len(probe.query) + len(candidate.prompt) > VERIFY_INLINE_CHARS:
                 # Long prompts take milliseconds to analyse: not on the event loop.
@@ -110,6 +123,19 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
                 logger.debug("cache entry %s rejected (%.4f, %s): %s", candidate.entry_id, candidate.similarity,
                              verdict.category, verdict.reason)  # fmt: skip
                 continue
+            if candidate.strictness >= 2 or (candidate.strictness == 1 and verdict.wording != SAME):
+                metrics.CACHE_REJECTIONS.labels("tightened").inc()
+                continue  # reported wrong once: this entry and its neighbours serve less
+            wording = verdict.wording
+            if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
+                # Outside the error budget (or sampled): the engine answers, and the two are compared.
+                probe.audit = Audit(
+                    entry_id=candidate.entry_id,
+                    wording=wording,
+                    cached=str((candidate.response.get("message") or {}).get("content") or ""),
+                )
+                metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
+                return None
             outcome = SEMANTIC_HIT
         metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
         _background.spawn(store.record_hit(entry_id=candidate.entry_id), what="record a cache hit")
@@ -120,9 +146,31 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
             completion_tokens=candidate.completion_tokens,
             prompt_tokens=candidate.prompt_tokens,
             entry_id=candidate.entry_id,
+            wording=wording,
         )
     metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
     return None
+
+
+def note_served(probe: CacheProbe, hit: CacheHit, *, request_id: uuid.UUID, organization_id: int,
+                model_version: str) -> None:  # fmt: skip
+    """A chat answer was served from the cache: keep what for feedback, count it (off the path)."""
+    served = feedback.Served(
+        organization_id=organization_id, model=probe.model, model_version=model_version, entry_id=hit.entry_id,
+        wording=hit.wording, scope=probe.scope,
+    )  # fmt: skip
+    _background.spawn(feedback.note_served(request_id, served), what="note a served cache answer")
+
+
+def audit_answer(probe: CacheProbe, live: str) -> None:
+    """The engine answered a would-be hit (an audit): compare its answer with the cached one,
+    off the request path."""
+    if probe.audit is None or not live:
+        return
+    found = probe.audit
+    _background.spawn(
+        budget.audit(model=probe.model, tier=found.wording, cached=found.cached, live=live), what="audit a cache answer"
+    )
 
 
 def remember(

@@ -44,6 +44,11 @@ class CacheRules:
     max_prompt_tokens: int
     ttl_seconds: int
     shared_scope: bool
+    wrong_hit_budget: float = 0.0  # the share of wrong semantic hits accepted (serving.semcache.budget)
+
+    @property
+    def wrong_hit_budget_percent(self) -> str:
+        return f"{self.wrong_hit_budget * 100:g}"
 
     @classmethod
     def defaults(cls) -> CacheRules:
@@ -53,6 +58,7 @@ class CacheRules:
             max_prompt_tokens=settings.SEMANTIC_CACHE_MAX_PROMPT_TOKENS,
             ttl_seconds=settings.SEMANTIC_CACHE_TTL_SECONDS,
             shared_scope=False,
+            wrong_hit_budget=settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET,
         )
 
 

@@ -70,6 +70,7 @@ class Candidate:
     response: dict[str, Any]
     prompt_tokens: int
     completion_tokens: int
+    strictness: int = 0  # raised by feedback: 1 serves only the same words, 2 only the same text
 
 
 class CacheUnavailable(Exception):
@@ -96,7 +97,7 @@ WITH nearest AS MATERIALIZED (
     ORDER BY similarity DESC, id
     LIMIT %(limit)s
 )
-SELECT e.id, e.scope, n.similarity, e.prompt, e.response, e.prompt_tokens, e.completion_tokens
+SELECT e.id, e.scope, n.similarity, e.prompt, e.response, e.prompt_tokens, e.completion_tokens, e.strictness
 FROM nearest n JOIN {TABLE} e ON e.id = n.id
 ORDER BY n.similarity DESC, n.id
 """
@@ -106,7 +107,7 @@ ORDER BY n.similarity DESC, n.id
 # HNSW index's scan (PostgreSQL 18 counts disabled nodes rather than pricing them).
 HNSW_SQL = f"""
 SELECT id, scope, 1 - (embedding <=> %(query)s::vector) AS similarity,
-       prompt, response, prompt_tokens, completion_tokens
+       prompt, response, prompt_tokens, completion_tokens, strictness
 FROM {TABLE}
 WHERE scope = %(scope)s AND scope LIKE %(bucket)s AND expires_at > now()
 ORDER BY embedding <=> %(query)s::vector
@@ -194,8 +195,11 @@ def search_rows(
             response=orjson.loads(response) if isinstance(response, str | bytes) else response,
             prompt_tokens=int(prompt_tokens),
             completion_tokens=int(completion_tokens),
+            strictness=int(strictness),
         )
-        for entry_id, row_scope, similarity, prompt, response, prompt_tokens, completion_tokens in cursor.fetchall()
+        for entry_id, row_scope, similarity, prompt, response, prompt_tokens, completion_tokens, strictness in (
+            cursor.fetchall()
+        )
         if row_scope == scope
     ]
     # relaxed_order may emit rows slightly out of order; callers get them most similar first.

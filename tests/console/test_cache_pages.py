@@ -221,16 +221,18 @@ class TestPolicy:
         AuditEntry.objects.all().delete()
         model = Model.objects.create(name="policy-model", task=Task.CHAT)
         assert admin_browser.get("/console/cache/policies/policy-model/").status_code == 200
-        response = admin_browser.post("/console/cache/policies/policy-model/", {**self.VALID, "shared_scope": "on"})
+        response = admin_browser.post("/console/cache/policies/policy-model/",
+                                      {**self.VALID, "shared_scope": "on", "wrong_hit_budget": "0.5"})  # fmt: skip
         assert response.status_code == 302
         assert response["Location"] == "/console/cache/policies/?q=policy-model"
         policy = CachePolicy.objects.get(model=model)
         assert (policy.enabled, policy.max_temperature, policy.max_prompt_tokens, policy.ttl_seconds,
                 policy.shared_scope) == (True, Decimal("0.30"), 1500, 600, True)  # fmt: skip
+        assert policy.wrong_hit_budget == Decimal("0.5")
         audit = AuditEntry.objects.get(action="cache_policy.set")
         assert (audit.actor_id, audit.target, audit.before) == (admin.pk, "policy-model", None)
         assert audit.after == {"enabled": True, "max_temperature": "0.30", "max_prompt_tokens": 1500,
-                               "ttl_seconds": 600, "shared_scope": True}  # fmt: skip
+                               "ttl_seconds": 600, "shared_scope": True, "wrong_hit_budget": "0.50"}  # fmt: skip
         assert [str(m) for m in get_messages(response.wsgi_request)] == [
             "Saved the cache policy of policy-model; gateways apply it at once."
         ]
@@ -250,6 +252,8 @@ class TestPolicy:
             ("max_prompt_tokens", "0", "greater than or equal to 1"),
             ("ttl_seconds", "abc", "Enter a whole number"),
             ("ttl_seconds", "", "This field is required"),
+            ("wrong_hit_budget", "101", "less than or equal to 100"),
+            ("wrong_hit_budget", "-1", "greater than or equal to 0"),
         ],
     )
     def test_invalid_values_are_field_errors(self, admin_browser: Client, field: str, value: str, message: str) -> None:
@@ -280,3 +284,58 @@ class TestPolicy:
             cache_policy_set(model=model, enabled=True, max_temperature="0.5", max_prompt_tokens=10, ttl_seconds=60,
                              shared_scope=False)  # fmt: skip
         assert AuditEntry.objects.filter(action="cache_policy.set", target="same-model").count() == 1
+
+
+class TestWrongHits:
+    """Issue 22: per model, hits, the wrong-hit estimate with its interval, reports, the tiers
+    served; a platform admin reports a wrong answer by its request id."""
+
+    def test_each_model_shows_its_estimate_and_the_tiers_it_serves(self, admin_browser: Client, org) -> None:
+        import uuid
+
+        from serving.semcache import budget
+
+        model = f"quality-{uuid.uuid4().hex[:6]}"
+        entry(model=model, organization=org)
+        budget.count_sync(model, "same", "served", 40)
+        budget.count_sync(model, budget.EXACT, "served", 7)
+        budget.count_sync(model, "typo", "audits", 100)
+        budget.count_sync(model, "typo", "disagreed", 9)  # the typo tier is outside a 1 % budget
+        try:
+            html = admin_browser.get("/console/cache/").content.decode()
+        finally:
+            budget.reset(model)
+        row = re.search(rf'<tr data-model="{model}">(.*?)</tr>', html, re.S)
+        assert row, html
+        cells = dict(re.findall(r'data-col="([a-z]+)">(.*?)</td>', row.group(1), re.S))
+        assert (cells["exact"], cells["semantic"], cells["audits"]) == ("7", "40", "100 (9)")
+        assert cells["budget"] == "1.00 %"
+        assert cells["tiers"] == "same, reordered"  # typo closed by its disagreements
+        assert re.fullmatch(r"[\d.]+ % <span class=\"muted small\">\[[\d.]+ % to [\d.]+ %\]</span>", cells["estimate"])
+
+    def test_an_admin_reports_a_wrong_answer(self, admin_browser: Client, org) -> None:
+        import asyncio
+        import uuid
+
+        from serving.models import CacheFeedback
+        from serving.semcache import budget, feedback
+
+        model = f"reported-{uuid.uuid4().hex[:6]}"
+        served = entry(model=model, organization=org)
+        request_id = uuid.uuid4()
+        asyncio.run(feedback.note_served(request_id, feedback.Served(
+            organization_id=org.pk, model=model, model_version="1", entry_id=served.pk, wording="typo",
+            scope=served.scope,
+        )))  # fmt: skip
+        try:
+            response = admin_browser.post("/console/cache/feedback/",
+                                          {"request_id": f"chatcmpl-{request_id.hex}", "reason": "wrong"})  # fmt: skip
+            assert response.status_code == 302
+            assert "Recorded" in " ".join(str(m) for m in get_messages(response.wsgi_request))
+            assert CacheFeedback.objects.get(request_id=request_id.hex).reported_by == "cache-admin"
+            served.refresh_from_db()
+            assert served.strictness == 1
+            unknown = admin_browser.post("/console/cache/feedback/", {"request_id": str(uuid.uuid4())})
+            assert "No answer from the cache" in " ".join(str(m) for m in get_messages(unknown.wsgi_request))
+        finally:
+            budget.reset(model)

@@ -369,6 +369,36 @@ class TestUsage:
         assert 'id="no-usage"' in html
 
 
+class TestCacheFigures:
+    def test_the_cache_section_shows_this_orgs_hits_savings_and_reports_and_the_models_estimate(self, world):
+        import uuid
+
+        from serving.models import CacheFeedback
+        from serving.semcache import budget
+
+        model = f"portal-cache-{uuid.uuid4().hex[:6]}"
+        start = datetime.combine(timezone.now().date(), time.min, UTC)
+        for key, hits, saved in ((world.key, 4, "0.0125"), (world.other_key, 50, "9")):
+            UsageRollup.objects.create(
+                period=UsageRollup.Period.DAY, start=start, organization_id=key.organization_id, api_key=key,
+                model=model, model_version="1", requests=10, cache_hits=hits, saved=Decimal(saved), cost=Decimal(0),
+            )  # fmt: skip
+        for org, request in ((world.org, "a" * 32), (world.other_org, "b" * 32)):
+            CacheFeedback.objects.create(request_id=request, organization=org, model=model, model_version="1",
+                                         wording="typo", reported_by="key")  # fmt: skip
+        budget.count_sync(model, "same", "served", 54)
+        try:
+            html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        finally:
+            budget.reset(model)
+        row = re.search(rf'<tr data-model="{model}">(.*?)</tr>', html, re.S)
+        assert row, html
+        cells = dict(re.findall(r'data-col="([a-z]+)"[^>]*>(.*?)</td>', row.group(1), re.S))
+        assert (cells["hits"], cells["feedback"], cells["semantic"]) == ("4", "1", "54")  # its own hits and reports
+        assert "0.0125" in cells["saved"] or "0.01" in cells["saved"]
+        assert "%" in cells["estimate"]
+
+
 class TestInvoices:
     @pytest.fixture
     def invoice(self, world: World) -> Invoice:

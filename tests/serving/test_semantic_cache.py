@@ -297,6 +297,79 @@ class TestRules:
             time.sleep(0.6)
 
 
+def report_wrong(world: World, key, request_id: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{world.gateway.base_url}/v1/cache/feedback", timeout=10,
+                      json={"request_id": request_id, **body},
+                      headers={"Authorization": f"Bearer {key.secret}"})  # fmt: skip
+
+
+class TestErrorBudgetAndFeedback:
+    """Issue 22: a served answer reported wrong tightens its entry at once; a tier outside the
+    model's error budget is not served but audited (the engine answers, the two are compared)."""
+
+    def test_a_reported_answer_tightens_its_entry_at_once(self, world, make_api_key):
+        alice, bob = make_api_key(rate_limit_rpm=10_000), make_api_key(rate_limit_rpm=10_000)
+        question, typo = "How do I close my savings account online?", "How do I close my savings acount online?"
+        stored(world, alice, question)
+        hit = ask(world, alice, typo)
+        assert hit.headers["x-cache"] == "semantic-hit"
+        request_id = hit.headers["x-request-id"]
+        assert report_wrong(world, bob, request_id).status_code == 404  # not bob's answer
+        made = report_wrong(world, alice, hit.json()["id"], reason="wrong account type")  # the body's id works too
+        assert made.status_code == 200, made.text
+        answer = made.json()
+        assert (answer["object"], answer["wording"], answer["model"]) == ("cache.feedback", "typo", world.chat_model)
+        assert answer["tightened"] >= 1
+        assert ask(world, alice, typo).headers["x-cache"] == "miss"  # the entry serves only the same words now
+        assert ask(world, alice, question).headers["x-cache"] == "hit"  # the same text still is
+        again = report_wrong(world, alice, request_id)
+        assert again.status_code == 200
+        assert again.json()["created_at"] == answer["created_at"]
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [({"request_id": "not-an-id"}, "request_id"), ({}, "request_id"),
+         ({"request_id": str(uuid.uuid4()), "reason": 5}, "reason"), ({"request_id": "x", "extra": 1}, "extra")],
+    )  # fmt: skip
+    def test_bad_reports_are_refused_with_the_param(self, world, make_api_key, body, param):
+        key = make_api_key()
+        answer = httpx.post(f"{world.gateway.base_url}/v1/cache/feedback", json=body, timeout=10,
+                            headers={"Authorization": f"Bearer {key.secret}"})  # fmt: skip
+        assert answer.status_code == 400
+        assert answer.json()["error"]["param"] == param
+
+    def test_an_unknown_request_is_a_404_and_no_key_a_401(self, world, make_api_key):
+        key = make_api_key()
+        missing = report_wrong(world, key, str(uuid.uuid4()))
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_served_from_cache")
+        assert httpx.post(f"{world.gateway.base_url}/v1/cache/feedback", json={"request_id": "x"}).status_code == 401
+
+    def test_a_tier_outside_the_budget_is_audited_not_served(self, world, make_api_key, django_db_blocker):
+        from registry.models import Model
+        from serving.models import CachePolicy
+        from serving.semcache import budget
+
+        key = make_api_key(rate_limit_rpm=10_000)
+        question = "Which platform does the night train to Vienna leave from?"
+        stored(world, key, question)
+        model = committed(django_db_blocker, lambda: Model.objects.get(name=world.chat_model))
+        committed(django_db_blocker, lambda: CachePolicy.objects.update_or_create(
+            model=model, defaults={"wrong_hit_budget": Decimal("0.1")}))  # fmt: skip
+        time.sleep(0.6)
+        try:
+            before = budget.records_sync(world.chat_model).get("same", budget.TierRecord()).audits
+            near = ask(world, key, "which platform does the night train to vienna leave from")
+            assert near.headers["x-cache"] == "miss"  # 0.1 % is below what the prior can promise
+            assert ask(world, key, question).headers["x-cache"] == "hit"  # the same text is always served
+            deadline = time.monotonic() + 10
+            while budget.records_sync(world.chat_model).get("same", budget.TierRecord()).audits == before:
+                assert time.monotonic() < deadline, "the audit was not counted"
+                time.sleep(0.1)
+        finally:
+            committed(django_db_blocker, lambda: CachePolicy.objects.filter(model=model).delete())
+            time.sleep(0.6)
+
+
 class TestFailures:
     def test_a_stuck_cache_table_is_a_miss_not_a_failure(self, world, make_api_key, django_db_blocker):
         """The database slow for the cache (its table locked): the request is answered anyway."""

@@ -118,12 +118,12 @@ class TestTheSameQuestionIsServed:
                 "What is the boiling point of water at sea level?",
                 "At sea level, what is the boiling point of water?",
                 REORDERED,
-            ),  # fmt: skip
+            ),
             (
                 "Should I stretch before a run if I am injured?",
                 "If I am injured, should I stretch before a run?",
                 REORDERED,
-            ),  # fmt: skip
+            ),
             ("Hi. Can I work out today if I am sore?", "Hi. If I am sore, can I work out today?", REORDERED),
             # joined words
             ("How do I connect my printer to Wi-Fi?", "how do I connect my printer to wifi", SAME),
