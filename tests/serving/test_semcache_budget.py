@@ -5,10 +5,11 @@ feedback tightens an entry and its neighbours at once and is counted, per organi
 from __future__ import annotations
 
 import asyncio
-import random
+import importlib
+import sys
 import uuid
-from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,29 +47,15 @@ class TestEstimate:
 
 
 def simulate(*, use_budget: bool, seed: int = 22, n: int = 60_000) -> dict[str, tuple[int, int, int]]:
-    """Would-be hits of three tiers whose verifier is wrong at different, drifting rates;
-    audits judged by a noisy judge, wrong served answers reported now and then. Returns, per
-    tier, (would-be hits, served, served wrongly)."""
-    rng = random.Random(seed)
-    truth = {"same": lambda i: 0.001, "typo": lambda i: 0.003 if i < n // 3 else 0.06, "reordered": lambda i: 0.04}
-    records = {tier: TierRecord() for tier in truth}
-    out = {tier: [0, 0, 0] for tier in truth}
-    for i in range(n):
-        tier = rng.choice(list(truth))
-        wrong = rng.random() < truth[tier](i)
-        out[tier][0] += 1
-        record = records[tier]
-        verdict = decide(record, budget=0.01, prior=PRIOR, audit_rate=0.02, draw=rng.random()) if use_budget else SERVE
-        if verdict == SERVE:
-            out[tier][1] += 1
-            out[tier][2] += wrong
-            if wrong and rng.random() < 0.05:
-                record = replace(record, reported=record.reported + 1)
-        else:
-            flagged = rng.random() < (0.9 if wrong else 0.002)  # the judge misses some, and errs
-            record = replace(record, audits=record.audits + 1, disagreed=record.disagreed + flagged)
-        records[tier] = record
-    return {tier: (a, b, c) for tier, (a, b, c) in out.items()}
+    """bench/semantic_cache_budget.py's simulation: would-be hits of three tiers whose
+    verifier is wrong at different, drifting rates, a noisy judge, some reports."""
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        module = importlib.import_module("semantic_cache_budget")
+    finally:
+        sys.path.remove(bench)
+    return module.simulate(use_budget=use_budget, seed=seed, n=n)
 
 
 class TestTheBudgetUnderNoise:
