@@ -110,7 +110,10 @@ class CacheFeedback(models.Model):
     organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="cache_feedback")
     model = models.CharField(max_length=255)
     model_version = models.CharField(max_length=50)
-    entry = models.ForeignKey(CacheEntry, null=True, blank=True, on_delete=models.SET_NULL, related_name="feedback")
+    # No database constraint: entries are purged with plain DELETEs (serving.semcache.store)
+    # and a report outlives the entry it was about.
+    entry = models.ForeignKey(CacheEntry, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                              related_name="feedback")  # fmt: skip
     wording = models.CharField(max_length=20, help_text="the tier the answer was served at (exact, same, typo …)")
     reason = models.CharField(max_length=500, blank=True)
     reported_by = models.CharField(max_length=255, help_text="an API key's prefix, or a console user")

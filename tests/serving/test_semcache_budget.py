@@ -176,3 +176,16 @@ class TestFeedback:
         assert parse_request_id(rid.hex.upper()) == rid
         assert parse_request_id("chatcmpl-xyz") is None
         assert parse_request_id("") is None
+
+
+class TestPurgeAfterFeedback:
+    def test_a_reported_entry_is_purged_when_it_expires_and_the_report_stays(self, scene):
+        from serving.semcache import store
+
+        alice, _, model, scope, served, *_ = scene
+        request_id = uuid.uuid4()
+        serve(request_id, alice=alice, model=model, scope=scope, entry=served, wording=budget.EXACT)
+        report(request_id, organization_id=alice.pk, reported_by="admin")  # withdrawn: expired now
+        store.purge_expired(now=timezone.now() + timedelta(seconds=1))
+        assert not CacheEntry.objects.filter(pk=served.pk).exists()
+        assert CacheFeedback.objects.get(request_id=request_id.hex).entry_id == served.pk
