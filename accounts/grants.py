@@ -60,6 +60,7 @@ class KeyGrant:
     key_limits: ScopeLimits
     org_limits: ScopeLimits
     expires_at: datetime | None
+    cache_wrong_hit_budget: float | None = None  # the organisation's, as a share (None: the model's)
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -83,4 +84,9 @@ class KeyGrant:
             key_limits=ScopeLimits.of(api_key, ceilings=plan_key_ceilings(organization=organization)),
             org_limits=ScopeLimits.of(organization),
             expires_at=api_key.expires_at,
+            cache_wrong_hit_budget=(
+                None
+                if organization.cache_wrong_hit_budget is None
+                else float(organization.cache_wrong_hit_budget) / 100
+            ),
         )

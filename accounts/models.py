@@ -96,6 +96,12 @@ class Organization(Limits):
         max_length=80, blank=True, default="",
         help_text="signs the webhooks sent to its addresses (`whsec_…`; made on first use, rotatable)",
     )  # fmt: skip
+    cache_wrong_hit_budget = models.DecimalField(
+        max_digits=5, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))],
+        help_text="the share of wrong semantic-cache hits this organisation accepts, in % (empty: each model's); "
+                  "the stricter of this and the model's applies",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -46,6 +46,7 @@ from accounts.selectors import TIER_RANK, plan_key_ceilings, role_in
 from core import keys
 from core.errors import InvalidInput
 from core.redis import sync_redis
+from core.validators import clean_percent
 
 KEY_PREFIX = "sk-"
 # 32 random bytes: 256 bits of entropy, url-safe, 43 characters after the prefix.
@@ -286,6 +287,7 @@ def organization_create(
     tier: str = Tier.PAID,
     billing_email: str = "",
     tax_rate: Decimal | str = Decimal(0),
+    cache_wrong_hit_budget: Decimal | str | None = None,
     actor: Actor = None,
     **limits: Any,
 ) -> Organization:
@@ -306,7 +308,8 @@ def organization_create(
             raise InvalidInput("slug", "another organisation already has this slug")
     _validate_tier(tier)
     _validate_limits(limits)
-    billing = {"billing_email": _clean_billing_email(billing_email), "tax_rate": _clean_tax_rate(tax_rate)}
+    billing = {"billing_email": _clean_billing_email(billing_email), "tax_rate": _clean_tax_rate(tax_rate),
+               "cache_wrong_hit_budget": clean_percent("cache_wrong_hit_budget", cache_wrong_hit_budget)}  # fmt: skip
     try:
         with transaction.atomic():
             return Organization.objects.create(name=name, slug=slug or derived, tier=tier, **billing, **limits)
@@ -327,19 +330,21 @@ def platform_organization() -> Organization:
 
 
 def organization_update(*, organization: Organization, actor: Actor = None, **changes: Any) -> Organization:
-    """Change an organisation's name (its admins), tier, limits, billing email or tax rate
-    (platform admins only).
+    """Change an organisation's name or its semantic-cache wrong-hit budget (its admins), tier,
+    limits, billing email or tax rate (platform admins only).
 
     Gateways see new limits within a second. The slug stays: it is the organisation's
     stable identifier.
     """
-    allowed = {"name", "tier", "billing_email", "tax_rate", *LIMIT_FIELDS}
+    allowed = {"name", "tier", "billing_email", "tax_rate", "cache_wrong_hit_budget", *LIMIT_FIELDS}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
     role = _acting_role(actor, organization)
-    if set(changes) - {"name"} and role != Role.PLATFORM_ADMIN:
+    if set(changes) - {"name", "cache_wrong_hit_budget"} and role != Role.PLATFORM_ADMIN:
         raise PermissionDenied("Only platform admins change tiers, limits and budgets.")
+    if "cache_wrong_hit_budget" in changes:
+        changes["cache_wrong_hit_budget"] = clean_percent("cache_wrong_hit_budget", changes["cache_wrong_hit_budget"])
     if "name" in changes:
         changes["name"] = _clean_text("name", changes["name"], max_length=NAME_MAX_LENGTH)
         _check_organization_name_free(name=changes["name"], exclude=organization)

@@ -376,7 +376,11 @@ class InferenceCall:
             )
             self.cache_probe = CacheProbe(
                 intent=intent, scope=scope, query=query, model=self.model.name,
-                wrong_hit_budget=rules.wrong_hit_budget,
+                wrong_hit_budget=(
+                    rules.wrong_hit_budget
+                    if self.grant.cache_wrong_hit_budget is None
+                    else min(rules.wrong_hit_budget, self.grant.cache_wrong_hit_budget)
+                ),
             )  # fmt: skip
             self._may_store = intent.write
             if intent.read:

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 from accounts.models import Organization
 from core.errors import InvalidInput
 from core.events import publish_routing_change
+from core.validators import clean_percent
 from registry.models import Model, ModelVersion
 from registry.services import Actor, audit_record
 from serving.models import CachePolicy, ShadowPolicy
@@ -160,15 +161,7 @@ def cache_policy_set(
         or not 1 <= ttl_seconds <= MAX_CACHE_TTL_SECONDS
     ):
         raise InvalidInput("ttl_seconds", f"Give a whole number of seconds from 1 to {MAX_CACHE_TTL_SECONDS:,}.")
-    budget = None
-    if wrong_hit_budget is not None and str(wrong_hit_budget).strip() != "":
-        try:
-            budget = Decimal(str(wrong_hit_budget))
-        except InvalidOperation:
-            raise InvalidInput("wrong_hit_budget", "Give a percentage from 0 to 100.") from None
-        if not budget.is_finite() or not 0 <= budget <= 100 or budget != budget.quantize(Decimal("0.01")):
-            raise InvalidInput("wrong_hit_budget", "Give a percentage from 0 to 100, at most two decimals.")
-        budget = budget.quantize(Decimal("0.01"))
+    budget = clean_percent("wrong_hit_budget", wrong_hit_budget)
     values = {
         "enabled": bool(enabled),
         "max_temperature": temperature.quantize(Decimal("0.01")),

@@ -94,6 +94,11 @@ class OrganizationForm(forms.Form):
         label="Budget alert at (%)", min_value=1, max_value=100, initial=80, help_text="Also alerted at 50, 80, 100 %."
     )
 
+    cache_wrong_hit_budget = forms.DecimalField(
+        label="Cache wrong-hit budget (%)", required=False, min_value=Decimal(0), max_value=Decimal(100),
+        decimal_places=2, help_text="the stricter of this and each model's budget applies (empty: the model's)",
+    )  # fmt: skip
+
     LIMITS = LIMIT_FIELDS
 
     def __init__(self, *args: Any, currency: str, **kwargs: Any) -> None:
@@ -102,7 +107,8 @@ class OrganizationForm(forms.Form):
 
     @classmethod
     def initial_from(cls, organization: Organization) -> dict[str, Any]:
-        initial = {name: getattr(organization, name) for name in ("name", "tier", "billing_email", *cls.LIMITS)}
+        names = ("name", "tier", "billing_email", "cache_wrong_hit_budget", *cls.LIMITS)
+        initial = {name: getattr(organization, name) for name in names}
         if organization.monthly_spend_cap is not None:
             initial["monthly_spend_cap"] = f"{organization.monthly_spend_cap.normalize():f}"
         initial["tax_percent"] = f"{(organization.tax_rate * 100).normalize():f}"  # 10, not 1E+1
@@ -111,7 +117,9 @@ class OrganizationForm(forms.Form):
     def values(self) -> dict[str, Any]:
         """What the services take: ``tax_rate`` as a fraction, every limit (None: no limit)."""
         data = self.cleaned_data
-        values = {name: data[name] for name in ("name", "tier", "billing_email", *self.LIMITS)}
+        values = {
+            name: data[name] for name in ("name", "tier", "billing_email", "cache_wrong_hit_budget", *self.LIMITS)
+        }
         values["tax_rate"] = data["tax_percent"] / 100
         return values
 

@@ -12,16 +12,19 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+from django import forms
 from django.conf import settings
+from django.contrib import messages
 from django.db.models import Q, QuerySet
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
-from django.urls import URLPattern, URLResolver, path
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
+from accounts.services import organization_update
 from billing import invoicing
 from billing.models import Invoice
 from billing.usage_selectors import cache_by_model
@@ -37,6 +40,7 @@ from console.pages.portal_forms import (
     UsageWindowForm,
 )
 from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
+from core.errors import InvalidInput
 from serving.selectors import cache_quality
 
 KEYS_PER_PAGE = 25
@@ -71,6 +75,9 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
     context = {
         **quality,
         "own_reports": True,
+        "cache_budget_form": CacheBudgetForm(initial={"cache_wrong_hit_budget": organization.cache_wrong_hit_budget})
+        if _is_admin(request)
+        else None,
         "organization": organization,
         "form": form,
         "start": start,
@@ -155,6 +162,33 @@ def key_rotate(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
     )
 
 
+class CacheBudgetForm(forms.Form):
+    cache_wrong_hit_budget = forms.DecimalField(
+        label="Your wrong-hit budget (%)", required=False, min_value=Decimal(0), max_value=Decimal(100),
+        decimal_places=2, help_text="the stricter of this and each model's budget applies to your requests; "
+                                    "empty: each model's",
+    )  # fmt: skip
+
+
+@org_member_required(admin=True)
+@require_http_methods(["POST"])
+def cache_budget(request: OrgRequest, org_id: int) -> HttpResponse:
+    """An organisation's admins set the share of wrong cache hits they accept."""
+    form = CacheBudgetForm(request.POST)
+    if form.is_valid():
+        value = form.cleaned_data["cache_wrong_hit_budget"]
+        try:
+            organization_update(organization=request.organization, actor=request.user, cache_wrong_hit_budget=value)
+        except InvalidInput as exc:
+            messages.error(request, exc.message)
+        else:
+            shown = "each model's budget" if value is None else f"{value.normalize():f} %"
+            messages.success(request, f"Cache wrong-hit budget set: {shown}; it applies to your next requests.")
+    else:
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+    return redirect(f"{reverse('console:portal-usage', kwargs={'org_id': org_id})}#cache-quality-section")
+
+
 # --- Invoices --------------------------------------------------------------------------
 
 
@@ -203,6 +237,7 @@ def invoice_download(request: OrgRequest, org_id: int, invoice_id: int, kind: st
 P = "portal/<int:org_id>/"
 urlpatterns: list[URLPattern | URLResolver] = [
     path(P, usage, name="portal-usage"),
+    path(f"{P}cache-budget/", cache_budget, name="portal-cache-budget"),
     path(f"{P}keys/", keys, name="portal-keys"),
     path(f"{P}keys/new/", key_create, name="portal-key-create"),
     path(f"{P}keys/<int:key_id>/revoke/", key_revoke, name="portal-key-revoke"),

@@ -398,6 +398,22 @@ class TestCacheFigures:
         assert "0.0125" in cells["saved"] or "0.01" in cells["saved"]
         assert "%" in cells["estimate"]
 
+    def test_org_admins_set_the_orgs_wrong_hit_budget(self, world):
+        budget_url = url("portal-cache-budget", world.org)
+        assert "cache-budget-form" in world.client("admin").get(url("portal-usage", world.org)).content.decode()
+        assert "cache-budget-form" not in world.client("member").get(url("portal-usage", world.org)).content.decode()
+        assert world.client("member").post(budget_url, {"cache_wrong_hit_budget": "0.5"}).status_code == 403
+        response = world.client("admin").post(budget_url, {"cache_wrong_hit_budget": "0.5"})
+        assert response.status_code == 302
+        world.org.refresh_from_db()
+        assert world.org.cache_wrong_hit_budget == Decimal("0.50")
+        world.client("admin").post(budget_url, {"cache_wrong_hit_budget": "150"})
+        world.org.refresh_from_db()
+        assert world.org.cache_wrong_hit_budget == Decimal("0.50")  # refused
+        world.client("admin").post(budget_url, {"cache_wrong_hit_budget": ""})
+        world.org.refresh_from_db()
+        assert world.org.cache_wrong_hit_budget is None
+
 
 class TestInvoices:
     @pytest.fixture

@@ -369,6 +369,26 @@ class TestErrorBudgetAndFeedback:
             committed(django_db_blocker, lambda: CachePolicy.objects.filter(model=model).delete())
             time.sleep(0.6)
 
+    def test_an_organisations_stricter_budget_applies_to_its_own_requests(self, world, make_api_key,
+                                                                         django_db_blocker):  # fmt: skip
+        from accounts.models import Organization
+        from accounts.services import organization_update
+
+        strict, other = make_api_key(rate_limit_rpm=10_000), make_api_key(rate_limit_rpm=10_000)
+        question = "Which gate does the morning ferry to Tallinn leave from?"
+        near = "which gate does the morning ferry to tallinn leave from"
+
+        def tighten() -> None:
+            organization = Organization.objects.get(pk=strict.organization_id)
+            organization_update(organization=organization, cache_wrong_hit_budget="0.1")
+
+        committed(django_db_blocker, tighten)  # gateways drop the org's grants at once
+        time.sleep(0.3)
+        stored(world, strict, question)
+        stored(world, other, question)
+        assert ask(world, strict, near).headers["x-cache"] == "miss"  # 0.1 %: outside what the prior promises
+        assert ask(world, other, near).headers["x-cache"] == "semantic-hit"  # the model's 1 % for the others
+
 
 class TestFailures:
     def test_a_stuck_cache_table_is_a_miss_not_a_failure(self, world, make_api_key, django_db_blocker):

@@ -9,6 +9,7 @@ import importlib
 import sys
 import uuid
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -189,3 +190,37 @@ class TestPurgeAfterFeedback:
         store.purge_expired(now=timezone.now() + timedelta(seconds=1))
         assert not CacheEntry.objects.filter(pk=served.pk).exists()
         assert CacheFeedback.objects.get(request_id=request_id.hex).entry_id == served.pk
+
+
+class TestOrganisationBudget:
+    def test_an_org_admin_sets_it_and_the_grant_carries_it(self, db):
+        from django.contrib.auth import get_user_model
+        from django.core.exceptions import PermissionDenied
+
+        from accounts.grants import KeyGrant
+        from accounts.models import Membership, Role
+        from accounts.services import api_key_create, organization_update
+        from core.errors import InvalidInput
+
+        org = organization_create(name="Budget Org")
+        users = get_user_model().objects
+        admin, member = users.create_user(username="budget-admin"), users.create_user(username="budget-member")
+        Membership.objects.create(user=admin, organization=org, role=Role.ORG_ADMIN)
+        Membership.objects.create(user=member, organization=org, role=Role.ORG_MEMBER)
+        key = api_key_create(organization=org, name="k").api_key
+        assert KeyGrant.of(key).cache_wrong_hit_budget is None
+        organization_update(organization=org, actor=admin, cache_wrong_hit_budget="0.5")
+        org.refresh_from_db()
+        assert org.cache_wrong_hit_budget == Decimal("0.50")
+        key.refresh_from_db()
+        assert KeyGrant.of(key).cache_wrong_hit_budget == pytest.approx(0.005)
+        with pytest.raises(PermissionDenied):
+            organization_update(organization=org, actor=member, cache_wrong_hit_budget="2")
+        with pytest.raises(PermissionDenied):  # the plan stays the platform admins'
+            organization_update(organization=org, actor=admin, cache_wrong_hit_budget="2", tier="free")
+        for bad in ("101", "-1", "0.123", "abc"):
+            with pytest.raises(InvalidInput):
+                organization_update(organization=org, actor=admin, cache_wrong_hit_budget=bad)
+        organization_update(organization=org, actor=admin, cache_wrong_hit_budget="")
+        org.refresh_from_db()
+        assert org.cache_wrong_hit_budget is None
