@@ -27,7 +27,7 @@ ROLES = ("anonymous", "outsider", "member", "org_admin", "platform_admin")
 PORTAL_ADMIN_ONLY = {
     "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
     "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role", "portal-member-remove",
-    "portal-invitation-cancel", "portal-batch-cancel", "portal-webhook-rotate",
+    "portal-invitation-cancel", "portal-batch-cancel", "portal-webhook-rotate", "portal-cache-budget",
 }  # fmt: skip
 # Pages of any signed-in user, under no organisation (answering one's own invitations).
 SIGNED_IN_ANY = {"portal-invitation-accept", "portal-invitation-decline"}

@@ -66,7 +66,11 @@ def routed_model(monkeypatch) -> ModelRoute:
 
 def grant(*, allowed: frozenset[str] = frozenset()) -> Any:
     return SimpleNamespace(
-        key_id=1, organization_id=7, tier="free", may_use=lambda model: not allowed or model in allowed
+        key_id=1,
+        organization_id=7,
+        tier="free",
+        may_use=lambda model: not allowed or model in allowed,
+        cache_wrong_hit_budget=None,
     )
 
 
