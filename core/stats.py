@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 
-def wilson(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95 % by default); (0, 1) when nothing was seen."""
+def wilson(successes: float, total: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95 % by default); (0, 1) when nothing was
+    seen. Counts may be fractional (pseudo-counts of a prior)."""
     if total <= 0:
         return 0.0, 1.0
     p = successes / total

@@ -29,7 +29,6 @@ estimate errs on the side of serving less.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import re
 import time
@@ -42,6 +41,7 @@ from redis.exceptions import RedisError
 
 from core import keys
 from core.redis import async_redis, sync_redis
+from core.stats import wilson
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +85,8 @@ class Estimate:
 def estimate(record: TierRecord, prior: Prior) -> Estimate:
     wrong = prior.wrong + record.disagreed + record.reported
     n = prior.n + record.audits + record.reported
-    low, high = _wilson(wrong, n)
+    low, high = wilson(wrong, n)
     return Estimate(rate=wrong / n if n else 0.0, low=low, high=high, observed=record.audits + record.reported)
-
-
-def _wilson(wrong: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """``core.stats.wilson`` for pseudo-counts, which may be fractional."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = wrong / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def decide(record: TierRecord, *, budget: float, prior: Prior, audit_rate: float, draw: float | None = None) -> str:

@@ -32,9 +32,13 @@ from core import keys
 from core.redis import async_redis, sync_redis
 from serving.models import CacheEntry, CacheFeedback
 from serving.semcache import budget
+from serving.semcache.verify import SAME
 
 logger = logging.getLogger(__name__)
 
+# CacheEntry.strictness: what an entry (and its neighbours) still serves after a report.
+SAME_WORDS_ONLY = 1
+SAME_TEXT_ONLY = 2
 _ID = re.compile(r"(?:[a-z]+-)?([0-9a-f]{32})|([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 TABLE = CacheEntry._meta.db_table
 
@@ -94,9 +98,7 @@ def report(request_id: uuid.UUID, *, organization_id: int | None, reported_by: s
             organization_id=served.organization_id,
             model=served.model,
             model_version=served.model_version,
-            entry_id=served.entry_id
-            if served.entry_id is not None and CacheEntry.objects.filter(pk=served.entry_id).exists()
-            else None,
+            entry_id=served.entry_id,  # kept after the entry is purged (no constraint)
             wording=served.wording,
             reason=reason[:500],
             reported_by=reported_by[:255],
@@ -110,7 +112,7 @@ def report(request_id: uuid.UUID, *, organization_id: int | None, reported_by: s
 
 def _tighten(served: Served) -> int:
     """Raise the strictness of the served entry and its neighbours; the count of entries."""
-    level = 1 if served.wording not in (budget.EXACT, "same") else 2
+    level = SAME_WORDS_ONLY if served.wording not in (budget.EXACT, SAME) else SAME_TEXT_ONLY
     params = {
         "id": served.entry_id,
         "scope": served.scope,

@@ -63,7 +63,6 @@ class CacheHit:
 class Audit:
     """A would-be hit answered by the engine instead: its cached answer, to compare."""
 
-    entry_id: int
     wording: str
     cached: str
 
@@ -123,14 +122,15 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
                 logger.debug("cache entry %s rejected (%.4f, %s): %s", candidate.entry_id, candidate.similarity,
                              verdict.category, verdict.reason)  # fmt: skip
                 continue
-            if candidate.strictness >= 2 or (candidate.strictness == 1 and verdict.wording != SAME):
+            if candidate.strictness >= feedback.SAME_TEXT_ONLY or (
+                candidate.strictness == feedback.SAME_WORDS_ONLY and verdict.wording != SAME
+            ):
                 metrics.CACHE_REJECTIONS.labels("tightened").inc()
                 continue  # reported wrong once: this entry and its neighbours serve less
             wording = verdict.wording
             if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
                 # Outside the error budget (or sampled): the engine answers, and the two are compared.
                 probe.audit = Audit(
-                    entry_id=candidate.entry_id,
                     wording=wording,
                     cached=str((candidate.response.get("message") or {}).get("content") or ""),
                 )
