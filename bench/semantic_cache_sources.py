@@ -12,9 +12,10 @@ counts per kind, never pairs (``--show`` prints a tuning source's mistakes).
 
 Each pair: all-MiniLM-L6-v2 embeddings in process (the bundled model the cache embeds with,
 as ``bench/semantic_cache_eval.py`` computes them), cosine similarity, then the cache's
-decision as ``serving.semcache.lookup`` makes it after the vector search: ``verify`` at the
-configured thresholds. Reported: for hits the share served, for traps the share served
-(wrong answers), each with its Wilson 95 % interval, per source and kind.
+decision as ``serving.semcache.lookup`` makes it: found by a shared signature
+(``signature``), then ``verify`` at the configured thresholds. Reported: for hits the
+share served, for traps the share served (wrong answers), each with its Wilson 95 %
+interval, per source and kind.
 
     .venv/bin/python bench/semantic_cache_sources.py                    # tuned: bench_v1, templated
     .venv/bin/python bench/semantic_cache_sources.py --show templated   # a tuning source's mistakes
@@ -80,13 +81,16 @@ def figure(decisions: list[bool]) -> dict[str, Any]:
 
 
 def evaluate(pairs: list[Pair], tune: set[str]) -> dict[str, Any]:
+    from serving.semcache import signature
     from serving.semcache.verify import verify
 
     vectors = base.local_embeddings(sorted({t for p in pairs for t in (p.a, p.b)}))
+    scope = "0" * 64
     decisions = []
     for pair in pairs:
+        found = not set(signature.of_entry(scope, pair.a)).isdisjoint(signature.of_query(scope, pair.b))
         similarity = float(vectors[pair.a] @ vectors[pair.b])
-        decisions.append(verify(query=pair.b, cached=pair.a, similarity=similarity).ok)
+        decisions.append(found and verify(query=pair.b, cached=pair.a, similarity=similarity).ok)
     groups: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
     for pair, served in zip(pairs, decisions, strict=True):
         held = "tuned" if pair.source in tune else "held_out"

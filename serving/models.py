@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -73,9 +75,16 @@ class CacheEntry(models.Model):
     # Raised by feedback on a wrong hit (serving.semcache.feedback), for the entry and its
     # neighbours: 0 serves every wording tier, 1 only the same words, 2 only the same text.
     strictness = models.PositiveSmallIntegerField(default=0)
+    # How a lookup finds it without embedding the query: hashes of its normalised word bag
+    # and variants (serving.semcache.signature), matched by overlap through a GIN index.
+    signatures = ArrayField(models.BigIntegerField(), default=list, blank=True)
 
     class Meta:
         indexes = [
+            # fastupdate off: a lookup would otherwise scan the pending list of recent inserts
+            # (up to gin_pending_list_limit, 4 MB) on every request; an insert (off the request
+            # path) updates the index at once instead.
+            GinIndex(fields=["signatures"], name="cache_signatures", fastupdate=False),
             # One HNSW index per first hex digit of the scope (a bucket of 1/16 of the
             # entries): a search filtered to one scope walks a graph where its scope is 16
             # times denser than in one index over everything, which is what keeps pgvector's

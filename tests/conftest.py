@@ -23,6 +23,33 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest.exit(f"embedded services: {exc}", returncode=3)
 
 
+def _always_the_default_database() -> None:
+    """pytest-django creates only the databases the collected tests mark (``db``,
+    ``django_db``); a run whose tests only ask for ``django_db_setup`` (the committed-writes
+    fixtures) would otherwise run on the development database. The test database is always
+    created, and ``django_db_setup`` below refuses any other."""
+    from pytest_django import fixtures
+
+    marked = fixtures._get_databases_for_setup
+
+    def with_default(items: Any) -> tuple[set[str], set[str]]:
+        aliases, serialized = marked(items)
+        return aliases | {"default"}, serialized
+
+    fixtures._get_databases_for_setup = with_default
+
+
+_always_the_default_database()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> None:
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    assert name.startswith("test_"), f"refusing to run tests on the database {name!r}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def clean_test_redis() -> None:
     """The test database number starts empty: ids restart with the test database, so

@@ -1,10 +1,12 @@
-"""A request's cache lookup (embed → search its scope → verify), and storing a miss's answer.
+"""A request's cache lookup (sign → find in its scope → verify → embed only for a would-be
+hit), and storing a miss's answer.
 
 The lookup never fails a request: anything that goes wrong within
 SEMANTIC_CACHE_LOOKUP_TIMEOUT (the embedding replica, PostgreSQL slow or down) is a miss.
 Storing happens off the request path, after the answer completed.
 
-Chat answers live in pgvector (``store``), found by similarity and then verified. Embeddings
+Chat answers live in PostgreSQL (``store``), found by their word signatures (``signature``)
+and then verified. Embeddings
 requests get an exact-match cache in Redis instead: the same input to the same model version
 (in the same tenant scope, with the same encoding) has the same vectors.
 """
@@ -12,13 +14,16 @@ requests get an exact-match cache in Redis instead: the same input to the same m
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from django.conf import settings
@@ -28,21 +33,23 @@ from core import keys
 from core.lifecycle import Background
 from core.redis import async_redis
 from serving import metrics
-from serving.semcache import budget, feedback, store
+from serving.semcache import budget, feedback, signature, store
 from serving.semcache.embed import embed_texts
 from serving.semcache.policy import CacheIntent
-from serving.semcache.verify import SAME, verify
+from serving.semcache.verify import SAME, Thresholds, verify_words
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 HIT = "hit"
 SEMANTIC_HIT = "semantic-hit"
 MISS = "miss"
-# Nearest entries verified per lookup: the closest may be a trap that a slightly farther
-# one is not.
-CANDIDATES = 4
-# Prompts longer than this together are verified in a worker thread (a ~900-word prompt
-# takes ~9 ms to analyse; short ones ~0.13 ms, cheaper than the hop to a thread).
+# Entries sharing a signature verified per lookup (those with the query's own words first):
+# one may be a trap that another is not.
+CANDIDATES = 8
+# Prompts longer than this (together) are signed and verified in a worker thread (a ~900-word
+# prompt takes ~9 ms to analyse; short ones ~0.13 ms, cheaper than the hop to a thread).
 VERIFY_INLINE_CHARS = 2000
 # Embedding answers larger than this are not kept in Redis.
 EMBEDDINGS_CACHE_MAX_BYTES = 512 * 1024
@@ -93,8 +100,7 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
     started = time.perf_counter()
     try:
         async with asyncio.timeout(settings.SEMANTIC_CACHE_LOOKUP_TIMEOUT):
-            [probe.embedding] = await embed_texts([probe.query])
-            candidates = await store.search(scope=probe.scope, embedding=probe.embedding, limit=CANDIDATES)
+            return await _lookup(probe)
     except TimeoutError:
         metrics.CACHE_LOOKUPS.labels(probe.model, "timeout").inc()
         logger.warning("semantic cache lookup over %.0f ms: a miss", settings.SEMANTIC_CACHE_LOOKUP_TIMEOUT * 1000)
@@ -105,47 +111,74 @@ async def lookup(probe: CacheProbe) -> CacheHit | None:
         return None
     finally:
         metrics.CACHE_LOOKUP_SECONDS.observe(time.perf_counter() - started)
-    query = _normalised(probe.query)
-    for candidate in candidates:
-        if _normalised(candidate.prompt) == query:
-            outcome, wording = HIT, budget.EXACT
+
+
+async def _off_loop_if_long(size: int, fn: Callable[[], R]) -> R:
+    # Long prompts take milliseconds to analyse: not on the event loop.
+    return await asyncio.to_thread(fn) if size > VERIFY_INLINE_CHARS else fn()
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+async def _lookup(probe: CacheProbe) -> CacheHit | None:
+    """Find the scope's entries by signature (no embedding), verify their words, and only for
+    one whose words pass embed the query for the similarity guard."""
+    scope, text = probe.scope, probe.query
+    signatures, bag = await _off_loop_if_long(
+        len(text), lambda: (signature.of_query(scope, text), signature.bag_of(scope, text))
+    )
+    found = await store.find(scope=scope, prompt=text, signatures=signatures, bag=bag, limit=CANDIDATES)
+    query = _normalised(text)
+    found.sort(key=lambda entry: _normalised(entry.prompt) != query)  # the same text first (stable)
+    for entry in found:
+        if _normalised(entry.prompt) == query:
+            outcome, wording, similarity = HIT, budget.EXACT, 1.0
         else:
-            if len(probe.query) + len(candidate.prompt) > VERIFY_INLINE_CHARS:
-                # Long prompts take milliseconds to analyse: not on the event loop.
-                verdict = await asyncio.to_thread(
-                    verify, query=probe.query, cached=candidate.prompt, similarity=candidate.similarity
-                )
-            else:
-                verdict = verify(query=probe.query, cached=candidate.prompt, similarity=candidate.similarity)
+            cached = entry.prompt
+            verdict = await _off_loop_if_long(
+                len(text) + len(cached), functools.partial(verify_words, query=text, cached=cached)
+            )
             if not verdict.ok:
                 metrics.CACHE_REJECTIONS.labels(verdict.category or "other").inc()
-                logger.debug("cache entry %s rejected (%.4f, %s): %s", candidate.entry_id, candidate.similarity,
-                             verdict.category, verdict.reason)  # fmt: skip
+                logger.debug("cache entry %s rejected (%s): %s", entry.entry_id, verdict.category, verdict.reason)
                 continue
-            if candidate.strictness >= feedback.SAME_TEXT_ONLY or (
-                candidate.strictness == feedback.SAME_WORDS_ONLY and verdict.wording != SAME
+            if entry.strictness >= feedback.SAME_TEXT_ONLY or (
+                entry.strictness == feedback.SAME_WORDS_ONLY and verdict.wording != SAME
             ):
                 metrics.CACHE_REJECTIONS.labels("tightened").inc()
                 continue  # reported wrong once: this entry and its neighbours serve less
+            if probe.embedding is None:
+                # Only now, for a candidate whose words pass: a miss never waits on the embedder.
+                [probe.embedding] = await embed_texts([text])
+            similarity = _cosine(probe.embedding, entry.embedding)
+            minimum = Thresholds.from_settings().minimum
+            if similarity < minimum:
+                metrics.CACHE_REJECTIONS.labels("low_similarity").inc()
+                logger.debug("cache entry %s rejected: similarity %.3f below %.3f", entry.entry_id, similarity, minimum)
+                continue
             wording = verdict.wording
             if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
                 # Outside the error budget (or sampled): the engine answers, and the two are compared.
                 probe.audit = Audit(
                     wording=wording,
-                    cached=str((candidate.response.get("message") or {}).get("content") or ""),
+                    cached=str((entry.response.get("message") or {}).get("content") or ""),
                 )
                 metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
                 return None
             outcome = SEMANTIC_HIT
         metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
-        _background.spawn(store.record_hit(entry_id=candidate.entry_id), what="record a cache hit")
+        _background.spawn(store.record_hit(entry_id=entry.entry_id), what="record a cache hit")
         return CacheHit(
             outcome=outcome,
-            similarity=candidate.similarity,
-            answer=candidate.response,
-            completion_tokens=candidate.completion_tokens,
-            prompt_tokens=candidate.prompt_tokens,
-            entry_id=candidate.entry_id,
+            similarity=similarity,
+            answer=entry.response,
+            completion_tokens=entry.completion_tokens,
+            prompt_tokens=entry.prompt_tokens,
+            entry_id=entry.entry_id,
             wording=wording,
         )
     metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
@@ -187,7 +220,10 @@ def remember(
 
     async def write() -> None:
         embedding = probe.embedding or (await embed_texts([probe.query]))[0]
+        scope, text = probe.scope, probe.query
+        signatures = await _off_loop_if_long(len(text), lambda: signature.of_entry(scope, text))
         await store.insert(
+            signatures=signatures,
             scope=probe.scope,
             organization_id=organization_id,
             model=probe.model,

@@ -1,7 +1,12 @@
-"""Cache entries in PostgreSQL + pgvector: search inside one scope, insert, expire, purge.
+"""Cache entries in PostgreSQL + pgvector: find by signature or search by vector inside one
+scope, insert, expire, purge.
 
-Search runs one of two plans, both filtered on the exact scope (and re-checked here, so no
-plan or index can ever hand back another scope's entry):
+The request path's lookup is ``find``: the scope's entries sharing a signature with the query
+(``serving.semcache.signature``), from the GIN index on ``signatures``, no embedding needed.
+``search`` (by vector, nearest first) is off the request path (the offline eval; the
+retrieval a paraphrase tier would need). It runs one of two plans, both filtered on the
+exact scope (and re-checked here, so no plan or index can ever hand back another scope's
+entry):
 
 - ``exact``: the scope's unexpired entries read from the covering ``cache_scope_vectors``
   index alone (scope, expiry, id and vector, an index-only scan), every distance computed,
@@ -71,6 +76,20 @@ class Candidate:
     prompt_tokens: int
     completion_tokens: int
     strictness: int = 0  # raised by feedback: 1 serves only the same words, 2 only the same text
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An unexpired entry of the scope sharing a signature with the query (``find``)."""
+
+    entry_id: int
+    prompt: str
+    response: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    strictness: int
+    embedding: list[float]  # for the similarity guard, computed only if its words pass
+    same_bag: bool  # the same normalised words (not only a typo or joined-word variant)
 
 
 class CacheUnavailable(Exception):
@@ -234,6 +253,74 @@ async def search(*, scope: str, embedding: list[float], limit: int = 4, plan: Pl
     return await _guarded(run, timeout_s=tuning.timeout_ms / 1000)
 
 
+# The request path's lookup: entries of the scope sharing any signature with the query
+# (serving.semcache.signature). The rows come from the GIN index on ``signatures`` alone (a
+# signature hashes the scope in, so the overlap is selective by itself): the CTE has no
+# other predicate an index could serve, and ``find_rows`` turns sequential scans off, so
+# neither a large scope's B-tree nor a whole-table read is ever walked instead. Scope and
+# expiry are then checked on those few rows (and the scope again in Python). The same text
+# first, then entries with the query's own word bag, then the newest.
+FIND_SQL = f"""
+WITH sharing AS MATERIALIZED (
+    SELECT id, scope, expires_at, prompt, response, prompt_tokens, completion_tokens, strictness, embedding,
+           signatures && %(bag)s::bigint[] AS same_bag
+    FROM {TABLE} WHERE signatures && %(signatures)s::bigint[]
+)
+SELECT id, scope, prompt, response, prompt_tokens, completion_tokens, strictness, embedding::text, same_bag
+FROM sharing
+WHERE scope = %(scope)s AND expires_at > now()
+ORDER BY prompt = %(prompt)s DESC, same_bag DESC, id DESC
+LIMIT %(limit)s
+"""
+
+
+def find_rows(cursor: Any, *, scope: str, prompt: str, signatures: Sequence[int], bag: int, limit: int,
+              timeout_ms: int) -> list[Stored]:  # fmt: skip
+    """Run the lookup's query on ``cursor`` (autocommit, as ``search_rows``). Shared with
+    bench/semantic_cache_signatures.py, so the benchmark measures this very SQL."""
+    params = {"scope": check_scope(scope), "prompt": prompt, "signatures": [int(s) for s in signatures],
+              "bag": [int(bag)], "limit": int(limit)}  # fmt: skip
+    # Sequential scans off for the statement: the planner, guessing an overlap of many
+    # hashes to be unselective, would otherwise read a small table whole (tens of ms).
+    cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)};\nSET LOCAL enable_seqscan = off;\n{FIND_SQL}",
+                   params)  # fmt: skip
+    while cursor.description is None and cursor.nextset():  # past the SET result
+        pass
+    out = []
+    for row in cursor.fetchall():
+        entry_id, row_scope, prompt, response, prompt_tokens, completion_tokens, strictness, embedding, same_bag = row
+        if row_scope != scope:
+            continue
+        out.append(Stored(
+            entry_id=int(entry_id),
+            prompt=prompt,
+            response=orjson.loads(response) if isinstance(response, str | bytes) else response,
+            prompt_tokens=int(prompt_tokens),
+            completion_tokens=int(completion_tokens),
+            strictness=int(strictness),
+            embedding=orjson.loads(embedding),
+            same_bag=bool(same_bag),
+        ))  # fmt: skip
+    return out
+
+
+async def find(*, scope: str, prompt: str, signatures: Sequence[int], bag: int, limit: int = 8) -> list[Stored]:
+    """The entries of ``scope`` that share a signature with the query ``prompt`` (entries of
+    that very text first, then those of its own word bag, hashed as ``bag``). Raises ``CacheUnavailable`` instead of
+    waiting on a database that does not answer."""
+    check_scope(scope)
+    if not signatures:
+        return []
+    timeout_ms = settings.SEMANTIC_CACHE_SEARCH_TIMEOUT_MS
+
+    def run() -> list[Stored]:
+        with connection.cursor() as cursor:
+            return find_rows(cursor, scope=scope, prompt=prompt, signatures=signatures, bag=bag, limit=limit,
+                             timeout_ms=timeout_ms)  # fmt: skip
+
+    return await _guarded(run, timeout_s=timeout_ms / 1000)
+
+
 # --- Writes on the request's behalf -------------------------------------------------------
 
 
@@ -249,8 +336,9 @@ async def insert(
     prompt_tokens: int,
     completion_tokens: int,
     expires_at: datetime,
+    signatures: Sequence[int] = (),
 ) -> int:
-    """Store an answer; returns the entry id."""
+    """Store an answer (found by ``signatures``: ``signature.of_entry``); returns the entry id."""
     check_scope(scope)  # the same checks as search, before a connection is taken
     vector_literal(embedding)
     timeout_ms = WRITE_TIMEOUT_MS
@@ -262,7 +350,7 @@ async def insert(
             entry = CacheEntry.objects.create(
                 scope=scope, organization_id=organization_id, model=model, model_version=model_version,
                 embedding=embedding, prompt=prompt, response=response, prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens, expires_at=expires_at,
+                completion_tokens=completion_tokens, expires_at=expires_at, signatures=list(signatures),
             )  # fmt: skip
         return entry.pk
 

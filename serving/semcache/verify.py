@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 
 from breame.spelling import get_american_spelling
@@ -159,12 +159,12 @@ END = "."
 
 
 @dataclass(frozen=True)
-class _Word:
+class Word:
     key: str  # what is compared
     surface: str  # lowercased, as written (spelling normalised): for the typo check
 
 
-def _stem(word: str) -> str:
+def stem(word: str) -> str:
     """Plural and -ing/-ed endings off; a word without a vowel is an abbreviation, not
     inflected (HTTPS is not the plural of HTTP)."""
     if len(word) <= 3 or not word.isalpha() or not _VOWEL.search(word):
@@ -212,10 +212,10 @@ def _clean(text: str) -> str:
     return _HOW_TO.sub(" howto ", text)
 
 
-def _words(text: str) -> list[_Word]:
+def _words(text: str) -> list[Word]:
     """The words compared, in order; a comma (or colon, dash) kept as a clause boundary, a
     sentence's end as another."""
-    out: list[_Word] = []
+    out: list[Word] = []
     pending_number: list[str] = []  # "twenty one", "three hundred"
 
     def flush(ordinal: str = "") -> None:
@@ -229,45 +229,45 @@ def _words(text: str) -> list[_Word]:
                 else:
                     current += lexicon.NUMBER_WORDS[part]
             value = ("#" if ordinal else "") + _fmt(total + current)
-            out.append(_Word(value, value))
+            out.append(Word(value, value))
             pending_number.clear()
         elif ordinal:
-            out.append(_Word(f"#{_ORDINALS[ordinal]}", ordinal))
+            out.append(Word(f"#{_ORDINALS[ordinal]}", ordinal))
 
     for match in _TOKEN.finditer(text):
         if match["comma"] or match["end"]:
             flush()
             mark = COMMA if match["comma"] else END
             if out and out[-1].key not in (COMMA, END):
-                out.append(_Word(mark, mark))
+                out.append(Word(mark, mark))
             elif out and mark == END:
-                out[-1] = _Word(END, END)
+                out[-1] = Word(END, END)
             continue
         if match["num"]:
             flush()
             value = _fmt(float(match["num"].replace(",", "")))
             suffix = match["suffix"] or ""
             if suffix in lexicon.ORDINAL_SUFFIXES:
-                out.append(_Word(f"#{value}", f"#{value}"))
+                out.append(Word(f"#{value}", f"#{value}"))
             elif suffix in lexicon.MULTIPLIERS:
                 value = _fmt(float(value) * lexicon.MULTIPLIERS[suffix])
-                out.append(_Word(value, value))
+                out.append(Word(value, value))
             else:
-                out.append(_Word(value, value))
+                out.append(Word(value, value))
                 if suffix == "%":
-                    out.append(_Word("%", "%"))
+                    out.append(Word("%", "%"))
                 elif suffix:
                     unit = lexicon.UNITS.get(suffix) or lexicon.UNITS_AFTER_NUMBER.get(suffix)
-                    out.append(_Word(unit, unit) if unit else _Word(suffix, suffix))
+                    out.append(Word(unit, unit) if unit else Word(suffix, suffix))
             continue
         if match["sym"]:
             flush()
             symbol = match["sym"]
             if symbol in lexicon.CURRENCY_SYMBOLS:
-                out.append(_Word(lexicon.CURRENCY_SYMBOLS[symbol], symbol))
+                out.append(Word(lexicon.CURRENCY_SYMBOLS[symbol], symbol))
             else:
                 key = {"&": "and", "+": "plus", "=": "equals"}.get(symbol, symbol)
-                out.append(_Word(key, symbol))
+                out.append(Word(key, symbol))
             continue
         for part in match["word"].split("-"):
             word = part.strip("'")
@@ -283,14 +283,14 @@ def _words(text: str) -> list[_Word]:
             if word in _DROP:
                 continue
             elif word in _PERSON:
-                out.append(_Word(_PERSON[word], word))
+                out.append(Word(_PERSON[word], word))
             elif word in lexicon.CURRENCY_WORDS:
-                out.append(_Word(lexicon.CURRENCY_WORDS[word], word))
+                out.append(Word(lexicon.CURRENCY_WORDS[word], word))
             elif word in lexicon.UNITS:
-                out.append(_Word(lexicon.UNITS[word], word))
+                out.append(Word(lexicon.UNITS[word], word))
             else:
                 spelt = _american(word)
-                out.append(_Word(_stem(spelt), spelt))
+                out.append(Word(stem(spelt), spelt))
     flush()
     while out and out[-1].key in (COMMA, END):
         out.pop()
@@ -298,7 +298,7 @@ def _words(text: str) -> list[_Word]:
     return out
 
 
-def _currency_first(words: list[_Word]) -> None:
+def _currency_first(words: list[Word]) -> None:
     """ "5 dollars" as "$5": a currency word right after a number moves in front of it."""
     currencies = set(lexicon.CURRENCY_SYMBOLS.values()) | set(lexicon.CURRENCY_WORDS.values())
     for i in range(1, len(words)):
@@ -307,7 +307,7 @@ def _currency_first(words: list[_Word]) -> None:
 
 
 @lru_cache(maxsize=4096)
-def analyse(text: str) -> tuple[_Word, ...]:
+def analyse(text: str) -> tuple[Word, ...]:
     """One prompt's words as the verifier compares them (memoised: popular entries are
     candidates again and again)."""
     return tuple(_words(_clean(text)))
@@ -323,7 +323,7 @@ def _dictionary() -> object:
     return SpellChecker(distance=1)
 
 
-def _known(word: str) -> bool:
+def known(word: str) -> bool:
     return word in _dictionary()  # type: ignore[operator]
 
 
@@ -345,30 +345,34 @@ def _osa_distance(a: str, b: str, limit: int) -> int:
     return previous[-1]
 
 
-def _typo(a: _Word, b: _Word) -> bool:
+def typo_eligible(word: Word) -> bool:
+    """Could this word be misspelt (or a misspelling)? Letters only, four or more, a vowel
+    among them (abbreviations such as HTTP/HTTPS never are)."""
+    return word.surface.isalpha() and len(word.surface) >= 4 and _VOWEL.search(word.surface) is not None
+
+
+def _typo(a: Word, b: Word) -> bool:
     """One of the two is a misspelling of the other: an unknown word one edit (two for long
     words) from a known one, the same first letter. Two real words are never a typo."""
     x, y = a.surface, b.surface
-    if not (x.isalpha() and y.isalpha()) or x[0] != y[0] or min(len(x), len(y)) < 4:
+    if not (typo_eligible(a) and typo_eligible(b)) or x[0] != y[0]:
         return False
-    if not (_VOWEL.search(x) and _VOWEL.search(y)):
-        return False  # abbreviations: HTTP/HTTPS
-    if _known(x) == _known(y):
+    if known(x) == known(y):
         return False
     limit = 2 if min(len(x), len(y)) >= 8 else 1
     return _osa_distance(x, y, limit) <= limit
 
 
-def _joined(words: tuple[_Word, ...], other: tuple[_Word, ...]) -> tuple[_Word, ...]:
+def _joined(words: tuple[Word, ...], other: tuple[Word, ...]) -> tuple[Word, ...]:
     """ "e mail" as "email", "log in" as "login", where the other prompt writes one word."""
     singles = {w.surface for w in other}
-    out: list[_Word] = []
+    out: list[Word] = []
     i = 0
     while i < len(words):
         if i + 1 < len(words):
             together = words[i].surface + words[i + 1].surface
             if together in singles and together not in {w.surface for w in words}:
-                out.append(_Word(_stem(together), together))
+                out.append(Word(stem(together), together))
                 i += 2
                 continue
         out.append(words[i])
@@ -376,7 +380,7 @@ def _joined(words: tuple[_Word, ...], other: tuple[_Word, ...]) -> tuple[_Word, 
     return tuple(out)
 
 
-def _rotations(words: tuple[_Word, ...]) -> list[tuple[_Word, ...]]:
+def _rotations(words: tuple[Word, ...]) -> list[tuple[Word, ...]]:
     """The prompt with a clause moved across a comma inside its sentence: "at sea level, what is
     X" → "what is X at sea level" (each comma splits its sentence into a front and a back that
     swap)."""
@@ -392,14 +396,14 @@ def _rotations(words: tuple[_Word, ...]) -> list[tuple[_Word, ...]]:
 _INVERTING = lexicon.words("can could should would will shall may might must did was were has have had")
 
 
-def _compared(words: tuple[_Word, ...]) -> tuple[str, ...]:
+def _compared(words: tuple[Word, ...]) -> tuple[str, ...]:
     """The keys compared, sentence by sentence: "tell me the capital of X" asks what "what is
     the capital of X" asks (a sentence's leading "what" goes), and "tell me whether a seller
     can leave feedback" what "can a seller leave feedback" asks (the question's inverted
     auxiliary goes, and with it "whether"/"if" and the auxiliary it moved to)."""
     out: list[str] = []
     sentence: list[str] = []
-    for word in (*words, _Word(END, END)):
+    for word in (*words, Word(END, END)):
         if word.key != END:
             if word.key != COMMA:
                 sentence.append(word.key)
@@ -437,6 +441,14 @@ def verify(*, query: str, cached: str, similarity: float, thresholds: Thresholds
     minimum = (Thresholds.from_settings() if thresholds is None else thresholds).minimum
     if similarity < minimum:
         return _reject("low_similarity", f"similarity {similarity:.3f} below the minimum {minimum:.3f}", similarity)
+    verdict = verify_words(query=query, cached=cached, similarity=similarity)
+    return replace(verdict, required_similarity=minimum) if verdict.ok else verdict
+
+
+def verify_words(*, query: str, cached: str, similarity: float = 1.0) -> Verdict:
+    """``verify`` without the similarity guard: do the two prompts say the same words (at
+    which tier)? The lookup asks this first, and embeds the query only for a candidate whose
+    words pass (``similarity`` is only for the log line)."""
     q_words, c_words = analyse(query), analyse(cached)
     q_words, c_words = _joined(q_words, c_words), _joined(c_words, q_words)
     wording = SAME
@@ -448,11 +460,10 @@ def verify(*, query: str, cached: str, similarity: float, thresholds: Thresholds
             wording = TYPO
     q, c = _compared(q_words), _compared(c_words)
     if q == c:
-        return Verdict(ok=True, reason="", wording=wording, required_similarity=minimum)
+        return Verdict(ok=True, reason="", wording=wording)
     if any(_compared(moved) == c for moved in _rotations(q_words)) or any(
         _compared(moved) == q for moved in _rotations(c_words)
     ):
-        return Verdict(ok=True, reason="", wording=REORDERED if wording == SAME else wording,
-                       required_similarity=minimum)  # fmt: skip
+        return Verdict(ok=True, reason="", wording=REORDERED if wording == SAME else wording)
     category = "order" if Counter(q) == Counter(c) else "different"
     return _reject(category, _describe(q, c), similarity)

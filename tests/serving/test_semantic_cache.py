@@ -425,7 +425,8 @@ class TestFailures:
             release.set()
             holder.join(30)
 
-    def test_the_embedding_replica_down_is_a_miss(self, world, make_api_key, django_db_blocker):
+    def test_the_embedding_replica_down_is_a_miss_unless_the_text_is_the_same(self, world, make_api_key,
+                                                                              django_db_blocker):  # fmt: skip
         from registry.models import Replica
 
         key = make_api_key(rate_limit_rpm=10_000)
@@ -437,8 +438,12 @@ class TestFailures:
         assert moved == 1
         time.sleep(0.6)
         try:
-            response = ask(world, key, "Who painted the Mona Lisa?")
+            # Words that pass need the embedding's similarity guard: without the embedder, a miss.
+            response = ask(world, key, "who painted the mona lisa")
             assert (response.status_code, response.headers["x-cache"]) == (200, "miss")
+            # The same text needs no embedding: found by its signature, served.
+            response = ask(world, key, "Who painted the Mona Lisa?")
+            assert (response.status_code, response.headers["x-cache"]) == (200, "hit")
         finally:
             committed(django_db_blocker, lambda: ours.filter(endpoint="http://127.0.0.1:9").update(
                 endpoint=world.embed_endpoint))  # fmt: skip

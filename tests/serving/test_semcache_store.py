@@ -27,7 +27,7 @@ from accounts.services import membership_set, organization_create, platform_orga
 from core.db import run_db
 from core.errors import InvalidInput
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
-from serving.semcache import store
+from serving.semcache import signature, store
 from serving.semcache.store import CacheUnavailable, SearchTuning
 from serving.services import cache_purge
 from tests.support.api import client_for
@@ -214,6 +214,56 @@ class TestSearch:
             await store.search(scope=new_scope(), embedding=[0.1] * 10)
         with pytest.raises(ValueError, match="finite"):
             await store.search(scope=new_scope(), embedding=[float("nan")] * EMBEDDING_DIMENSIONS)
+
+
+class TestFind:
+    """The request path's lookup by signature (serving.semcache.signature)."""
+
+    def add(self, entries: Entries, scope: str, prompt: str, **fields: Any) -> CacheEntry:
+        return entries.add(scope, unit(random_vectors(1, seed=len(prompt))[0]), prompt=prompt,
+                           signatures=signature.of_entry(scope, prompt), **fields)  # fmt: skip
+
+    async def find(self, scope: str, prompt: str) -> list[store.Stored]:
+        return await store.find(scope=scope, prompt=prompt, signatures=signature.of_query(scope, prompt),
+                                bag=signature.bag_of(scope, prompt))  # fmt: skip
+
+    async def test_it_finds_by_shared_signature_in_the_scope_only(self, entries):
+        ours, theirs = new_scope(), new_scope()
+        mine = self.add(entries, ours, "How do I reset my password?")
+        self.add(entries, theirs, "How do I reset my password?")
+        self.add(entries, ours, "How do I reset my username?")
+        found = await self.find(ours, "how do I reset my pasword")  # a typo of ours
+        assert [f.entry_id for f in found] == [mine.pk]
+        assert found[0].embedding == pytest.approx(list(mine.embedding), abs=1e-6)
+        assert not found[0].same_bag
+        assert await self.find(new_scope(), "How do I reset my password?") == []
+        assert await self.find(ours, "How do I delete my account?") == []
+
+    async def test_the_same_text_first_then_the_same_words_never_expired(self, entries):
+        scope = new_scope()
+        typo = self.add(entries, scope, "How do I reset my pasword?")
+        same = self.add(entries, scope, "How do I reset my password?")
+        words = self.add(entries, scope, "how do i reset my password")
+        self.add(entries, scope, "How do I reset my password?", expires_in=-1)
+        found = await self.find(scope, "How do I reset my password?")
+        assert [f.entry_id for f in found] == [same.pk, words.pk, typo.pk]
+        assert [f.same_bag for f in found] == [True, True, False]
+
+    async def test_an_entry_without_signatures_is_never_found(self, entries):
+        scope = new_scope()
+        entries.add(scope, unit(random_vectors(1, seed=20)[0]), prompt="Why is the sky blue?")
+        assert await self.find(scope, "Why is the sky blue?") == []
+
+    def test_the_lookup_uses_the_signature_index(self, entries):
+        scope = new_scope()
+        self.add(entries, scope, "Why is the sky blue?")
+        with connection.cursor() as cursor:
+            cursor.execute("SET enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {store.FIND_SQL}", {"scope": scope, "prompt": "x", "signatures": [1, 2],
+                                                        "bag": [1], "limit": 8})  # fmt: skip
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("RESET enable_seqscan")
+        assert "cache_signatures" in plan
 
 
 # --- Writes on the request's behalf -----------------------------------------------------------
