@@ -30,7 +30,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from core import keys
-from core.lifecycle import Background
+from core.lifecycle import Background, unobserved
 from core.redis import async_redis
 from serving import metrics
 from serving.semcache import budget, feedback, signature, store
@@ -86,6 +86,8 @@ class CacheProbe:
     wrong_hit_budget: float = 0.01  # the rate accepted (the model's CachePolicy or the default)
     embedding: list[float] | None = None
     audit: Audit | None = None
+    # A miss's question embedded alongside its generation, for storing its answer (``remember``).
+    embedding_ahead: asyncio.Future[list[float]] | None = None
 
 
 _background = Background()
@@ -182,7 +184,31 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
             wording=wording,
         )
     metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
+    _embed_ahead(probe)
     return None
+
+
+def _embed_ahead(probe: CacheProbe) -> None:
+    """A miss whose answer will be stored: embed its question now, while the engine generates
+    (the miss does not wait for it), so the answer is stored the moment it completes and an
+    immediate repeat finds it."""
+    if not probe.intent.write or probe.embedding is not None or probe.embedding_ahead is not None:
+        return
+    ahead: asyncio.Future[list[float]] = unobserved(asyncio.get_running_loop().create_future())
+
+    async def embed() -> None:
+        try:
+            [embedding] = await embed_texts([probe.query])
+        except Exception as exc:  # noqa: BLE001 - handed to ``remember``, which embeds again
+            ahead.set_exception(exc)
+        else:
+            ahead.set_result(embedding)
+        finally:
+            if not ahead.done():  # cancelled
+                ahead.cancel()
+
+    probe.embedding_ahead = ahead
+    _background.spawn(embed(), what="embed a question for the semantic cache")
 
 
 def note_served(probe: CacheProbe, hit: CacheHit, *, request_id: uuid.UUID, organization_id: int,
@@ -219,7 +245,14 @@ def remember(
     """Store a completed answer for later requests, off the request path."""
 
     async def write() -> None:
-        embedding = probe.embedding or (await embed_texts([probe.query]))[0]
+        embedding = probe.embedding
+        if embedding is None and probe.embedding_ahead is not None:
+            try:
+                embedding = await probe.embedding_ahead
+            except Exception:
+                logger.debug("the question's embedding ahead failed; embedding it again", exc_info=True)
+        if embedding is None:
+            [embedding] = await embed_texts([probe.query])
         scope, text = probe.scope, probe.query
         signatures = await _off_loop_if_long(len(text), lambda: signature.of_entry(scope, text))
         await store.insert(
