@@ -277,6 +277,10 @@ class UsageRollup(models.Model):
     ttft_p50_ms = models.PositiveIntegerField(null=True, blank=True)
     ttft_p95_ms = models.PositiveIntegerField(null=True, blank=True)
     ttft_p99_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The distributions, mergeable across rows (core.sketch: {log bucket: requests}, 1 %
+    # relative error): the percentiles of any grouping come from these, not from the above.
+    latency_histogram = models.JSONField(default=dict, blank=True)
+    ttft_histogram = models.JSONField(default=dict, blank=True, help_text="requests that produced a token")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from billing.models import Price, RollupProgress, UsageRecord, UsageRollup
 from billing.pricing import charged_tokens_sql, saved_sql
+from core import sketch
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,17 @@ _SUMS = (
 _PERCENTILES = (
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
 )  # fmt: skip
-_VALUES = ("organization_id", *_SUMS, *_PERCENTILES)
+_HISTOGRAMS = ("latency_histogram", "ttft_histogram")
+_VALUES = ("organization_id", *_SUMS, *_PERCENTILES, *_HISTOGRAMS)
+_GROUP = "organization_id, api_key_id, model, model_version, price_id, batch"
 _CHARGED = charged_tokens_sql("u")
+
+
+def _same_group(a: str, b: str) -> str:
+    return " AND ".join(
+        f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" if c == "price_id" else f"{a}.{c} = {b}.{c}" for c in _GROUP.split(", ")
+    )
+
 
 # One bucket, recomputed whole. Errors are answers outside 2xx (client disconnects
 # included). Input tokens are those charged at the input price (billing.pricing, the one
@@ -73,12 +83,32 @@ _CHARGED = charged_tokens_sql("u")
 # TTFT ignores requests that produced no token (null). One sort per column: the three
 # percentiles come from one ``percentile_disc(array)``. Cache hits are counted, with what
 # they saved: their tokens at the input and output prices, less what they were charged.
+# Each row also keeps its latency and TTFT distributions as mergeable histograms
+# (``core.sketch``: counts per log bucket, 1 % relative error), which is what lets a page
+# compute the percentiles of any grouping of rows (all keys, a model, a week) rather than
+# averaging the rows' own percentiles.
 _REBUILD_SQL = f"""
-WITH fresh AS (
-    SELECT organization_id, api_key_id, model, model_version, price_id, batch,
+WITH histograms AS (
+    SELECT {_GROUP}, kind, jsonb_object_agg(bucket, n) AS histogram
+    FROM (
+        SELECT {_GROUP}, 'latency' AS kind, {sketch.bucket_sql("latency_ms")} AS bucket, count(*) AS n
+        FROM {_RECORDS}
+        WHERE created_at >= %(start)s AND created_at < %(end)s AND latency_ms IS NOT NULL
+        GROUP BY {_GROUP}, bucket
+        UNION ALL
+        SELECT {_GROUP}, 'ttft' AS kind, {sketch.bucket_sql("ttft_ms")} AS bucket, count(*) AS n
+        FROM {_RECORDS}
+        WHERE created_at >= %(start)s AND created_at < %(end)s AND ttft_ms IS NOT NULL
+        GROUP BY {_GROUP}, bucket
+    ) counted
+    GROUP BY {_GROUP}, kind
+), fresh AS (
+    SELECT g.organization_id, g.api_key_id, g.model, g.model_version, g.price_id, g.batch,
            requests, errors, input_tokens, output_tokens, cached_tokens, inferences, cost, cache_hits, saved,
            latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
-           ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms
+           ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms,
+           coalesce(l.histogram, '{{}}'::jsonb) AS latency_histogram,
+           coalesce(t.histogram, '{{}}'::jsonb) AS ttft_histogram
     FROM (
         SELECT organization_id, api_key_id, model, model_version, price_id, batch,
                count(*) AS requests,
@@ -94,8 +124,10 @@ WITH fresh AS (
                percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ttft_ms) AS ttft
         FROM {_RECORDS} u LEFT JOIN {_PRICES} p ON p.id = u.price_id
         WHERE u.created_at >= %(start)s AND u.created_at < %(end)s
-        GROUP BY organization_id, api_key_id, model, model_version, price_id, batch
-    ) grouped
+        GROUP BY {_GROUP}
+    ) g
+    LEFT JOIN histograms l ON l.kind = 'latency' AND {_same_group("l", "g")}
+    LEFT JOIN histograms t ON t.kind = 'ttft' AND {_same_group("t", "g")}
 ), written AS (
     INSERT INTO {_ROLLUPS} AS r (period, start, api_key_id, model, model_version, price_id, batch,
                                  {", ".join(_VALUES)}, updated_at)

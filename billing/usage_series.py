@@ -4,9 +4,10 @@ The console's overview reads these: a month of traffic costs a month of rollup r
 bucket, key, model, version and price), never a scan of the raw usage records.
 
 Percentiles do not add up: a bucket's p50 or p99 over every key is not derivable from each
-key's. The figures here are the request-weighted mean of the keys' percentiles (each key's
-value counts as often as it served requests): exact for one key, and a close, stable
-estimate for many; the pages say so.
+key's. Each rollup row keeps its latency and TTFT distributions as mergeable histograms
+(``core.sketch``), so the percentiles here (per bucket, per version, over everything) are
+those of the merged distribution: the rank-exact value within 1 %. TTFT counts only the
+requests that produced a token (streams and completions of LLMs).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import F, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import QuerySet, Sum
 
 from billing.models import UsageRollup
+from core import sketch
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -65,25 +68,17 @@ class Bucket:
     errors: int = 0
     output_tokens: int = 0
     cache_hits: int = 0
-    # Request-weighted sums of the keys' percentiles, and the requests they weigh.
-    _latency_p50: float = 0.0
-    _latency_p99: float = 0.0
-    _latency_weight: int = 0
-    _ttft_p50: float = 0.0
-    _ttft_p99: float = 0.0
-    _ttft_weight: int = 0
+    latency: sketch.Histogram = field(default_factory=dict)
+    ttft: sketch.Histogram = field(default_factory=dict)
 
     def add(self, row: dict[str, Any]) -> None:
         self.requests += int(row["requests_sum"] or 0)
         self.errors += int(row["errors_sum"] or 0)
         self.output_tokens += int(row["output_tokens_sum"] or 0)
         self.cache_hits += int(row["cache_hits_sum"] or 0)
-        self._latency_p50 += float(row["latency_p50_w"] or 0)
-        self._latency_p99 += float(row["latency_p99_w"] or 0)
-        self._latency_weight += int(row["latency_n"] or 0)
-        self._ttft_p50 += float(row["ttft_p50_w"] or 0)
-        self._ttft_p99 += float(row["ttft_p99_w"] or 0)
-        self._ttft_weight += int(row["ttft_n"] or 0)
+
+    def add_distribution(self, kind: str, histogram: sketch.Histogram) -> None:
+        sketch.merge([histogram], into=self.latency if kind == "latency" else self.ttft)
 
     @property
     def requests_per_second(self) -> float:
@@ -103,19 +98,19 @@ class Bucket:
 
     @property
     def latency_p50_ms(self) -> float | None:
-        return self._latency_p50 / self._latency_weight if self._latency_weight else None
+        return sketch.quantile(self.latency, 0.50)
 
     @property
     def latency_p99_ms(self) -> float | None:
-        return self._latency_p99 / self._latency_weight if self._latency_weight else None
+        return sketch.quantile(self.latency, 0.99)
 
     @property
     def ttft_p50_ms(self) -> float | None:
-        return self._ttft_p50 / self._ttft_weight if self._ttft_weight else None
+        return sketch.quantile(self.ttft, 0.50)
 
     @property
     def ttft_p99_ms(self) -> float | None:
-        return self._ttft_p99 / self._ttft_weight if self._ttft_weight else None
+        return sketch.quantile(self.ttft, 0.99)
 
 
 @dataclass
@@ -145,8 +140,6 @@ class UsageOverview:
 
 
 def _rows(rollups: QuerySet[UsageRollup]) -> QuerySet[UsageRollup, dict[str, Any]]:
-    latency = Q(latency_p50_ms__isnull=False)
-    ttft = Q(ttft_p50_ms__isnull=False)
     return (
         rollups.values("start", "model", "model_version")
         .annotate(
@@ -154,15 +147,33 @@ def _rows(rollups: QuerySet[UsageRollup]) -> QuerySet[UsageRollup, dict[str, Any
             errors_sum=Sum("errors"),
             output_tokens_sum=Sum("output_tokens"),
             cache_hits_sum=Sum("cache_hits"),
-            latency_p50_w=Sum(F("latency_p50_ms") * F("requests"), filter=latency),
-            latency_p99_w=Sum(F("latency_p99_ms") * F("requests"), filter=latency),
-            latency_n=Sum("requests", filter=latency),
-            ttft_p50_w=Sum(F("ttft_p50_ms") * F("requests"), filter=ttft),
-            ttft_p99_w=Sum(F("ttft_p99_ms") * F("requests"), filter=ttft),
-            ttft_n=Sum("requests", filter=ttft),
         )
         .order_by("start", "model", "model_version")
     )
+
+
+_DISTRIBUTIONS_SQL = """
+SELECT r.start, r.model, r.model_version, d.kind, h.key::int, sum(h.value::bigint)
+FROM {table} r
+CROSS JOIN LATERAL (VALUES ('latency', r.latency_histogram), ('ttft', r.ttft_histogram)) d (kind, histogram)
+CROSS JOIN LATERAL jsonb_each_text(d.histogram) h
+WHERE r.period = %(period)s AND r.start >= %(start)s AND r.start <= %(end)s
+GROUP BY 1, 2, 3, 4, 5
+"""
+
+
+Distributions = dict[tuple[datetime, str, str, str], sketch.Histogram]  # (start, model, version, kind)
+
+
+def _distributions(*, period: str, start: datetime, end: datetime) -> Distributions:
+    """Each bucket's and version's latency and TTFT histograms, merged over its keys in SQL."""
+    out: defaultdict[tuple[datetime, str, str, str], sketch.Histogram] = defaultdict(dict)
+    with connection.cursor() as cursor:
+        cursor.execute(_DISTRIBUTIONS_SQL.format(table=UsageRollup._meta.db_table),
+                       {"period": period, "start": start, "end": end})  # fmt: skip
+        for at, model, version, kind, bucket, n in cursor.fetchall():
+            out[(at.astimezone(UTC), model, version, kind)][int(bucket)] = int(n)
+    return dict(out)
 
 
 def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = None) -> UsageOverview:
@@ -192,6 +203,12 @@ def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = Non
         by_version[key].setdefault(at, Bucket(start=at, seconds=seconds(at))).add(row)
         totals.setdefault(key, Bucket(start=start, seconds=total.seconds)).add(row)
         total.add(row)
+    for (at, model, version, kind), histogram in _distributions(period=time_range.period, start=start, end=now).items():
+        key = (model, version)
+        if at not in by_version[key]:
+            continue  # a row added between the two reads: counted with the next page load
+        for figures in (by_version[key][at], totals[key], total):
+            figures.add_distribution(kind, histogram)
     series = [
         VersionSeries(
             model=model,

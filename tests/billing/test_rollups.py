@@ -21,6 +21,7 @@ from billing.usage_selectors import (
     usage_daily_for_organization,
     usage_window,
 )
+from core import sketch
 from registry.models import Model
 from tests.billing.records import make_record
 
@@ -87,6 +88,24 @@ class TestNumbers:
         assert (hour.ttft_p50_ms, hour.ttft_p95_ms, hour.ttft_p99_ms) == (25, 48, 50)
         day = one(key, "day", start=T0.replace(hour=0))
         assert [getattr(day, f) for f in VALUES] == [getattr(hour, f) for f in VALUES]
+        # The distributions, mergeable: every request counted once, percentiles within 1 %.
+        latency, ttft = sketch.parse(hour.latency_histogram), sketch.parse(hour.ttft_histogram)
+        assert (sketch.count(latency), sketch.count(ttft)) == (100, 50)
+        assert sketch.quantile(latency, 0.99) == pytest.approx(99, rel=sketch.RELATIVE_ERROR)
+        assert sketch.quantile(ttft, 0.5) == pytest.approx(25, rel=sketch.RELATIVE_ERROR)
+        assert (day.latency_histogram, day.ttft_histogram) == (hour.latency_histogram, hour.ttft_histogram)
+
+    def test_two_keys_merged_give_the_percentile_of_all_their_requests(self, key, other_key):
+        for i in range(1, 91):
+            make_record(key, at=T0 + timedelta(seconds=i), latency=10 + i % 7)  # fast
+        for i in range(1, 11):
+            make_record(other_key, at=T0 + timedelta(seconds=i), latency=2000 + 100 * i)  # slow
+        rollups_build(now=RUN)
+        merged = sketch.merge(sketch.parse(one(k, start=T0).latency_histogram) for k in (key, other_key))
+        # percentile_disc over the 100 requests: rank 99 is the 9th slow one (2,900 ms).
+        assert sketch.quantile(merged, 0.99) == pytest.approx(2900, rel=sketch.RELATIVE_ERROR)
+        weighted = (one(key, start=T0).latency_p99_ms * 90 + one(other_key, start=T0).latency_p99_ms * 10) / 100
+        assert weighted < 400  # the mean of the keys' p99s the overview used to show
 
     def test_each_key_model_version_and_price_has_its_own_row(self, key, other_key):
         model = Model.objects.create(name="priced-model", task="chat")

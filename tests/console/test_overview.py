@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 import re
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -17,18 +20,32 @@ from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
 from billing.models import UsageRollup
 from console.pages.overview_data import dashboard
+from core import sketch
 
 NOW = datetime(2031, 1, 15, 12, 30, tzinfo=UTC)
 THIS_HOUR = NOW.replace(minute=0)
 LAST_HOUR = THIS_HOUR - timedelta(hours=1)
 
 
-def rollup(key, *, start, model="alpha", version="1", period=UsageRollup.Period.HOUR, requests=100, errors=0,
-           output_tokens=0, cache_hits=0, p50=None, p99=None, ttft50=None, ttft99=None) -> UsageRollup:  # fmt: skip
+def disc(values: list[int], q: float) -> int | None:
+    """PostgreSQL's percentile_disc: the value at rank ceil(q * n)."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)), 1) - 1] if ordered else None
+
+
+def histogram(values: list[int]) -> dict[str, int]:
+    return {str(bucket): n for bucket, n in Counter(sketch.bucket_of(v) for v in values).items()}
+
+
+def rollup(key, *, start, model="alpha", version="1", period=UsageRollup.Period.HOUR, requests=None, errors=0,
+           output_tokens=0, cache_hits=0, latencies=(), ttfts=()) -> UsageRollup:  # fmt: skip
+    latencies, ttfts = list(latencies), list(ttfts)
     return UsageRollup.objects.create(
         period=period, start=start, organization_id=key.organization_id, api_key=key, model=model,
-        model_version=version, requests=requests, errors=errors, output_tokens=output_tokens, cache_hits=cache_hits,
-        cost=Decimal("0.01"), latency_p50_ms=p50, latency_p99_ms=p99, ttft_p50_ms=ttft50, ttft_p99_ms=ttft99,
+        model_version=version, requests=len(latencies) if requests is None else requests, errors=errors,
+        output_tokens=output_tokens, cache_hits=cache_hits, cost=Decimal("0.01"),
+        latency_p50_ms=disc(latencies, 0.5), latency_p99_ms=disc(latencies, 0.99), ttft_p50_ms=disc(ttfts, 0.5),
+        ttft_p99_ms=disc(ttfts, 0.99), latency_histogram=histogram(latencies), ttft_histogram=histogram(ttfts),
     )  # fmt: skip
 
 
@@ -86,11 +103,14 @@ class TestPermissions:
 class TestFigures:
     def test_hourly_figures_say_what_the_rollups_say(self, keys):
         one, two = keys
-        rollup(one, start=LAST_HOUR, requests=360, errors=36, output_tokens=7200, cache_hits=90, p50=100, p99=400,
-               ttft50=20, ttft99=80)  # fmt: skip
-        rollup(two, start=LAST_HOUR, requests=720, errors=0, output_tokens=0, cache_hits=0, p50=200, p99=700,
-               ttft50=None, ttft99=None)  # fmt: skip
-        rollup(one, start=THIS_HOUR, requests=180, output_tokens=900, p50=50, p99=60)
+        rng = random.Random(5)
+        # Key one: an LLM's slow answers; key two: many fast ones of the same version.
+        slow = [int(rng.lognormvariate(7.0, 0.5)) for _ in range(360)]
+        fast = [int(rng.lognormvariate(4.5, 0.3)) for _ in range(720)]
+        first_tokens = [int(rng.lognormvariate(3.0, 0.4)) for _ in range(360)]
+        rollup(one, start=LAST_HOUR, errors=36, output_tokens=7200, cache_hits=90, latencies=slow, ttfts=first_tokens)
+        rollup(two, start=LAST_HOUR, errors=0, output_tokens=0, cache_hits=0, latencies=fast)
+        rollup(one, start=THIS_HOUR, requests=180, output_tokens=900)
         rollup(one, start=LAST_HOUR, model="beta", version="2", requests=36)
         # Not in the window: a daily row, and an hour older than a day.
         rollup(one, start=THIS_HOUR.replace(hour=0), period=UsageRollup.Period.DAY, requests=10_000)
@@ -107,11 +127,14 @@ class TestFigures:
         assert y_at(data, "tokens", "alpha:1", LAST_HOUR) == pytest.approx(7200 / 3600)
         assert y_at(data, "errors", "alpha:1", LAST_HOUR) == pytest.approx(100 * 36 / 1080, abs=1e-3)
         assert y_at(data, "cache", "alpha:1", LAST_HOUR) == pytest.approx(100 * 90 / 1080, abs=1e-3)
-        # Percentiles across keys: weighted by each key's requests.
-        assert y_at(data, "latency", "alpha:1 p50", LAST_HOUR) == pytest.approx((100 * 360 + 200 * 720) / 1080)
-        assert y_at(data, "latency", "alpha:1 p99", LAST_HOUR) == pytest.approx((400 * 360 + 700 * 720) / 1080)
+        # Percentiles across keys: those of the merged distribution (within 1 %), not a mean of the keys'.
+        both = slow + fast
+        assert y_at(data, "latency", "alpha:1 p50", LAST_HOUR) == pytest.approx(disc(both, 0.5), rel=0.01)
+        assert y_at(data, "latency", "alpha:1 p99", LAST_HOUR) == pytest.approx(disc(both, 0.99), rel=0.01)
+        weighted_mean = (disc(slow, 0.99) * 360 + disc(fast, 0.99) * 720) / 1080
+        assert disc(both, 0.99) > 1.5 * weighted_mean  # what the old mean of percentiles got wrong
         # TTFT only from the key that had one.
-        assert y_at(data, "ttft", "alpha:1 p50", LAST_HOUR) == pytest.approx(20)
+        assert y_at(data, "ttft", "alpha:1 p50", LAST_HOUR) == pytest.approx(disc(first_tokens, 0.5), rel=0.01)
         assert y_at(data, "ttft", "alpha:1 p50", THIS_HOUR) is None
         assert y_at(data, "latency", "beta:2 p50", LAST_HOUR) is None
 
@@ -146,7 +169,7 @@ class TestOverviewPage:
     def test_it_shows_the_rollups_of_the_chosen_range(self, admin_client, keys):
         one, _ = keys
         now = datetime.now(UTC)
-        rollup(one, start=now.replace(minute=0, second=0, microsecond=0), model="gamma", requests=42, p50=120, p99=300)
+        rollup(one, start=now.replace(minute=0, second=0, microsecond=0), model="gamma", latencies=[120] * 41 + [300])
 
         response = admin_client.get("/console/?range=hour")
 
