@@ -149,6 +149,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "console.pages.nav.navigation",
             ],
+            # The house formats (money, UTC times) in every template without a {% load %}.
+            "builtins": ["console.templatetags.formats"],
         },
     },
 ]

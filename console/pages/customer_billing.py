@@ -46,6 +46,7 @@ from console.pages.customer_forms import (
 )
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
+from core import formats
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
 from registry.selectors import model_list_with_versions, model_named, model_version_named
@@ -120,7 +121,9 @@ def customer_invoice_draft(request: HttpRequest, org_id: int) -> HttpResponse:
         else:
             number, month = invoicing.display_number(invoice), invoicing.period_label(invoice.period)
             if invoice.status == Invoice.Status.DRAFT:
-                messages.success(request, f"Invoice {number} for {month} drafted: {invoice.total} {invoice.currency}.")
+                messages.success(
+                    request, f"Invoice {number} for {month} drafted: {formats.money(invoice.total, invoice.currency)}."
+                )
             else:
                 messages.info(request, f"Invoice {number} for {month} is {invoice.status} already: left unchanged.")
             return redirect("console:invoice", invoice_id=invoice.pk)
@@ -277,7 +280,8 @@ def prices(request: HttpRequest) -> HttpResponse:
                     messages.success(
                         request,
                         f"Price of {scope} set from {price.effective_from:%Y-%m-%d %H:%M} UTC: "
-                        f"{price.input_per_million} in, {price.output_per_million} out per 1M {price.currency}.",
+                        f"{formats.unit_price(price.input_per_million, price.currency)} in, "
+                        f"{formats.unit_price(price.output_per_million, price.currency)} out per 1M tokens.",
                     )
                     return redirect("console:prices")
         messages.error(request, "The price was not set: see the errors below.")

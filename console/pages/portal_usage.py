@@ -16,27 +16,22 @@ from decimal import Decimal
 from typing import Any
 
 import plotly.graph_objects as go
+from django.conf import settings
 
 from accounts.models import Organization
 from billing import invoicing
 from billing.models import BudgetAlert
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
+from core import formats
 
 # Rows read per selector call; a 90-day window of a few models is one or two pages.
 _PAGE = 500
 
 
-_MICRO = Decimal("0.000001")
-
-
 def money_text(amount: Decimal) -> str:
-    """An amount for people: grouped, at least cents, at most micro-units (requests cost
-    fractions of a cent, and 0.00 would hide them)."""
-    text = f"{amount.quantize(_MICRO):,f}"
-    whole, _, fraction = text.partition(".")
-    fraction = fraction.rstrip("0").ljust(2, "0")
-    return f"{whole}.{fraction}"
+    """An amount in the platform's currency, the house format (core.formats.money)."""
+    return formats.money(amount, str(settings.BILLING_CURRENCY))
 
 
 @dataclass
@@ -136,8 +131,14 @@ def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) ->
     models = sorted(cost)
     cost_figure = go.Figure(
         [go.Bar(name=m, x=[str(d) for d in days], y=[float(cost[m].get(d, 0)) for d in days]) for m in models],
-        layout=_layout(f"Cost per day ({currency})", currency, xaxis=day_axis),
+        layout=_layout("Cost per day", currency, xaxis=day_axis),
     )
+    # Money on the axis as money: the currency's sign, decimals (plotly would write 500µ).
+    sign = formats.SIGNS.get(currency.upper(), "")
+    cost_figure.update_yaxes(tickprefix=sign, ticksuffix="" if sign else f" {currency}", tickformat=",~r",
+                             exponentformat="none")  # fmt: skip
+    suffix = "" if sign else f" {currency}"
+    cost_figure.update_traces(hovertemplate=f"%{{x}}: {sign}%{{y:,~r}}{suffix}<extra>%{{fullData.name}}</extra>")
     requests_figure = go.Figure(
         [go.Bar(name=m, x=[str(d) for d in days], y=[requests[m].get(d, 0) for d in days]) for m in models],
         layout=_layout("Requests per day", "requests", xaxis=day_axis),

@@ -164,7 +164,7 @@ class TestOrganisations:
         assert "Initech" not in by_tier
         row = client.get(reverse("console:customers"), {"q": "Initech"}).context["rows"][0]
         assert (row["organization"].member_count, row["organization"].active_key_count) == (2, 1)
-        assert row["spent"] == "0.00"
+        assert row["spent"] == "$0.00"
         assert row["cap"] is None
 
     def test_the_list_paginates(self, world):

@@ -20,6 +20,7 @@ from accounts.services import api_key_create, api_key_hash, organization_create
 from billing import invoicing
 from billing.models import BudgetAlert, Invoice, UsageRollup
 from billing.services import invoice_draft, invoice_finalize
+from core import formats
 
 pytestmark = pytest.mark.django_db
 
@@ -428,7 +429,7 @@ class TestInvoices:
         assert invoicing.display_number(invoice) in html
         assert f"{invoice.period:%Y-%m}" in html
         assert "Finalized" in html
-        assert invoice.currency in html
+        assert formats.money(invoice.total, invoice.currency) in html
 
     def test_the_list_filters_by_state(self, world, invoice):
         client = world.client("admin")
@@ -444,7 +445,7 @@ class TestInvoices:
     def test_the_detail_shows_its_lines_and_totals(self, world, invoice):
         html = world.client("admin").get(url("portal-invoice", world.org, invoice_id=invoice.pk)).content.decode()
         assert 'id="invoice-lines"' in html
-        assert f"{invoice.total} {invoice.currency}" in html
+        assert f'<strong>{formats.money(invoice.total, invoice.currency)}</strong>' in html
 
     def test_the_detail_reads_the_tax_as_a_percentage_and_no_credit_without_a_sign(self, world, invoice):
         Invoice.objects.filter(pk=invoice.pk).update(tax_rate=Decimal("0.0750"), credit=Decimal("0.00"))

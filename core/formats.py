@@ -1,0 +1,80 @@
+"""How money and time read, everywhere: one format for pages, documents and exports.
+
+Money (``Decimal`` amounts, a currency code):
+
+- ``money``: amounts people add up (costs, spend, savings, caps, invoice totals), in cents
+  with the currency's sign and thousands grouped: ``$1,234.56``, ``$0.00``. A real amount
+  under a cent is ``< $0.01`` (never rounded to ``$0.00``; the exact figure belongs in a
+  title or an export);
+- ``unit_price``: a price or one request's cost, to the digit that matters (at most six
+  decimals, at least two): ``$0.0006``, ``$0.000598``, ``$2.50``, ``$1,234.56``.
+
+A column uses one of the two, never both. A currency without a sign reads ``12.34 CHF``.
+
+Time: every time shown is UTC and says so once per page (the base template's footer);
+``utc`` reads ``2026-11-26 23:54``, ``utc_date`` ``2026-11-26``, ``utc_month`` ``2026-11``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+SIGNS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+CENT = Decimal("0.01")
+_UNIT_PLACES = Decimal("0.000001")
+MISSING = "—"
+
+
+def _with_currency(number: str, currency: str, *, negative: bool) -> str:
+    sign = SIGNS.get(currency.upper())
+    text = f"{sign}{number}" if sign else f"{number} {currency.upper()}"
+    return f"-{text}" if negative else text
+
+
+def money(amount: Decimal | int | float | str | None, currency: str = "USD") -> str:
+    """An amount people add up: ``$1,234.56``; ``< $0.01`` for a real amount under a cent."""
+    if amount is None or amount == "":
+        return MISSING
+    value = Decimal(str(amount))
+    if value != 0 and abs(value) < CENT:
+        bound = _with_currency("0.01", currency, negative=value < 0)
+        return f"< {bound}" if value > 0 else f"> {bound}"
+    rounded = value.quantize(CENT, rounding=ROUND_HALF_UP)
+    return _with_currency(f"{abs(rounded):,.2f}", currency, negative=rounded < 0)
+
+
+def unit_price(amount: Decimal | int | float | str | None, currency: str = "USD") -> str:
+    """A price or one request's cost: the digits that matter, at most six decimals."""
+    if amount is None or amount == "":
+        return MISSING
+    value = Decimal(str(amount)).quantize(_UNIT_PLACES, rounding=ROUND_HALF_UP)
+    whole, _, fraction = f"{abs(value):,f}".partition(".")
+    fraction = fraction.rstrip("0").ljust(2, "0")
+    return _with_currency(f"{whole}.{fraction}", currency, negative=value < 0)
+
+
+def _utc(moment: datetime | date) -> datetime | date:
+    if isinstance(moment, datetime):
+        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return moment
+
+
+def utc(moment: datetime | date | None, *, seconds: bool = False) -> str:
+    """``2026-11-26 23:54`` (UTC; with ``seconds``, ``23:54:07``)."""
+    if moment is None:
+        return MISSING
+    moment = _utc(moment)
+    if not isinstance(moment, datetime):
+        return moment.isoformat()
+    return moment.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+def utc_date(moment: datetime | date | None) -> str:
+    """``2026-11-26`` (the UTC day)."""
+    return MISSING if moment is None else _utc(moment).strftime("%Y-%m-%d")
+
+
+def utc_month(moment: datetime | date | None) -> str:
+    """``2026-11`` (the UTC month)."""
+    return MISSING if moment is None else _utc(moment).strftime("%Y-%m")
