@@ -445,7 +445,7 @@ class TestInvoices:
     def test_the_detail_shows_its_lines_and_totals(self, world, invoice):
         html = world.client("admin").get(url("portal-invoice", world.org, invoice_id=invoice.pk)).content.decode()
         assert 'id="invoice-lines"' in html
-        assert f'<strong>{formats.money(invoice.total, invoice.currency)}</strong>' in html
+        assert f"<strong>{formats.money(invoice.total, invoice.currency)}</strong>" in html
 
     def test_the_detail_reads_the_tax_as_a_percentage_and_no_credit_without_a_sign(self, world, invoice):
         Invoice.objects.filter(pk=invoice.pk).update(tax_rate=Decimal("0.0750"), credit=Decimal("0.00"))
