@@ -11,6 +11,9 @@ Money (``Decimal`` amounts, a currency code):
 
 A column uses one of the two, never both. A currency without a sign reads ``12.34 CHF``.
 
+Quantities (limits, token counts in prose): ``quantity`` reads ``60``, ``1,500``, ``100k``,
+``1M``, ``2.5M`` (exact below 10,000; above, three significant digits at most).
+
 Time: every time shown is UTC and says so once per page (the base template's footer);
 ``utc`` reads ``2026-11-26 23:54``, ``utc_date`` ``2026-11-26``, ``utc_month`` ``2026-11``.
 """
@@ -78,3 +81,19 @@ def utc_date(moment: datetime | date | None) -> str:
 def utc_month(moment: datetime | date | None) -> str:
     """``2026-11`` (the UTC month)."""
     return MISSING if moment is None else _utc(moment).strftime("%Y-%m")
+
+
+def quantity(number: int | float | None) -> str:
+    """A count for people: ``60``, ``1,500``, ``100k``, ``1M``, ``2.5M``, ``1.25B``."""
+    if number is None:
+        return MISSING
+    value = float(number)
+    if abs(value) < 10_000:
+        return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}".rstrip("0").rstrip(".")
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            scaled = value / size
+            digits = 0 if abs(scaled) >= 100 else 1 if abs(scaled) >= 10 else 2
+            text = f"{scaled:.{digits}f}"
+            return (text.rstrip("0").rstrip(".") if "." in text else text) + suffix
+    return f"{value:,.0f}"  # unreachable

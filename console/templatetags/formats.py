@@ -1,6 +1,7 @@
 """The house formats as template filters (core.formats), built into every template
 (settings TEMPLATES ``builtins``): ``{{ amount|money:currency }}``, ``{{ price|unit_price:currency }}``,
-``{{ moment|utc }}``, ``{{ moment|utc_seconds }}``, ``{{ moment|utc_date }}``, ``{{ moment|utc_month }}``."""
+``{{ count|quantity }}``, ``{{ moment|utc }}``, ``{{ moment|utc_seconds }}``, ``{{ moment|utc_date }}``,
+``{{ moment|utc_month }}``."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def money(amount: Decimal | None, currency: str | None = None) -> str:
 @register.filter
 def unit_price(amount: Decimal | None, currency: str | None = None) -> str:
     return formats.unit_price(amount, _currency(currency))
+
+
+@register.filter
+def quantity(number: int | float | None) -> str:
+    return formats.quantity(number)
 
 
 @register.filter

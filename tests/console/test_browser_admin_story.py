@@ -443,7 +443,7 @@ def admin_sets_up_a_customer(page: Any, base: str, story: Story, django_db_block
     page.wait_for_selector("#api-key-secret")
     secret = page.input_value("#api-key-secret")
     assert secret.startswith("sk-")
-    assert "60 requests and 50000 tokens per minute, 4 at once" in page.locator(".cust-secret").inner_text()
+    assert "60 requests/min · 50k tokens/min · 4 at once" in page.locator(".cust-secret").inner_text()
     screenshot(page, "story-17-customer-key-secret-once")
     page.click("a:has-text('Done: back to')")
     page.wait_for_selector("#key-list")

@@ -97,7 +97,7 @@ def test_a_platform_admin_sets_up_a_customer_with_a_key_and_an_invoice(
     page.wait_for_selector("#api-key-secret")
     secret = page.input_value("#api-key-secret")
     assert secret.startswith("sk-")
-    assert "30 requests and 20000 tokens per minute, 2 at once" in page.locator(".cust-secret").inner_text()
+    assert "30 requests/min · 20k tokens/min · 2 at once" in page.locator(".cust-secret").inner_text()
     screenshot(page, "customers-key-secret")
     page.click("a:has-text('Done: back to')")
     page.wait_for_selector("#key-list")

@@ -70,3 +70,12 @@ def test_the_filters_are_in_every_template(settings):
     text = template.render(Context({"a": Decimal("1234.5"), "p": Decimal("0.0006"),
                                     "t": datetime(2026, 11, 26, 23, 54, tzinfo=UTC)}))  # fmt: skip
     assert text == "€1,234.50 $1,234.50 €0.0006 2026-11-26 23:54 2026-11-26"
+
+
+@pytest.mark.parametrize(
+    ("number", "text"),
+    [(60, "60"), (1500, "1,500"), (9999, "9,999"), (10_000, "10k"), (100_000, "100k"), (150_000, "150k"),
+     (1_000_000, "1M"), (2_500_000, "2.5M"), (1_250_000_000, "1.25B"), (12_345, "12.3k"), (None, "—")],
+)  # fmt: skip
+def test_quantity(number, text):
+    assert formats.quantity(number) == text
