@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
 import orjson
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Max, Q, QuerySet, Sum
 
 from billing.models import UsageRollup
 
@@ -196,3 +196,27 @@ def cache_by_model(*, organization_id: int, start: date, end: date) -> dict[str,
     days = UsageRollup.objects.filter(window, period=UsageRollup.Period.DAY, organization_id=organization_id)
     rows = days.values("model").annotate(hits=Sum("cache_hits"), saved=Sum("saved"))
     return {row["model"]: (int(row["hits"] or 0), Decimal(row["saved"] or 0)) for row in rows}
+
+
+@dataclass(frozen=True)
+class Unpriced:
+    """A model version that served metered requests with no price in effect."""
+
+    model: str
+    version: str
+    requests: int
+    last_day: date
+
+
+def unpriced_usage(*, since: date) -> list[Unpriced]:
+    """Model versions whose requests since ``since`` (UTC days, the daily rollups) had no price:
+    served for free, whether meant or not. Most requests first."""
+    rows = (
+        UsageRollup.objects.filter(
+            period=UsageRollup.Period.DAY, start__gte=_midnight(since), price__isnull=True, requests__gt=0
+        )
+        .values("model", "model_version")
+        .annotate(total=Sum("requests"), last=Max("start"))
+        .order_by("-total", "model", "model_version")
+    )
+    return [Unpriced(r["model"], r["model_version"], int(r["total"]), r["last"].astimezone(UTC).date()) for r in rows]

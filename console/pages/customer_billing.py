@@ -8,6 +8,7 @@ a message naming both states, and nothing changes.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +34,7 @@ from billing.services import (
     invoice_void,
     price_set,
 )
+from billing.usage_selectors import unpriced_usage
 from console.pages import org_scoped
 from console.pages.access import platform_admin_required
 from console.pages.customer_forms import (
@@ -296,8 +298,14 @@ def prices(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query_without_page(request),
         "now": timezone.now(),
+        "unpriced": unpriced_usage(since=timezone.now().date() - timedelta(days=UNPRICED_DAYS)),
+        "unpriced_days": UNPRICED_DAYS,
     }
     return render(request, "console/customers/prices.html", context)
+
+
+# Usage without a price this far back is shown on the prices page as a warning.
+UNPRICED_DAYS = 30
 
 
 # --- Reconciliation --------------------------------------------------------------------

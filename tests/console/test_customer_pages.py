@@ -5,6 +5,7 @@ as their state allows; prices and reconciliation runs."""
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -19,7 +20,7 @@ from django.utils import timezone
 from accounts.models import ApiKey, Membership, Organization, Role, Tier
 from accounts.services import api_key_create, api_key_hash, organization_create, organization_update
 from billing import invoicing
-from billing.models import Invoice, Price, Reconciliation
+from billing.models import Invoice, Price, Reconciliation, UsageRollup
 from billing.services import invoice_draft
 from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
@@ -443,6 +444,25 @@ class TestPrices:
         listed = text(world.client().get(reverse("console:prices")))
         assert "in effect" in listed
         assert "scheduled" in listed
+
+    def test_models_that_served_traffic_with_no_price_are_called_out(self, world, model):
+        key = api_key_create(organization=world.org, name="unpriced").api_key
+        today = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        price = Price.objects.create(model=model, input_per_million=Decimal(1), output_per_million=Decimal(2),
+                                     cached_input_per_million=Decimal(1), currency="USD",
+                                     effective_from=today - timedelta(days=90))  # fmt: skip
+        for version, requests, priced, days_ago in (("2", 1_500, None, 1), ("2", 500, None, 3), ("1", 9, price, 1),
+                                                     ("old", 5, None, 45)):  # fmt: skip
+            UsageRollup.objects.create(
+                period=UsageRollup.Period.DAY, start=today - timedelta(days=days_ago), organization=world.org,
+                api_key=key, model="cust-chat", model_version=version, price=priced, requests=requests,
+            )  # fmt: skip
+        html = world.client().get(reverse("console:prices")).content.decode()
+        warning = re.search(r'<section class="card warning" id="unpriced".*?</section>', html, re.S)
+        assert warning, "no warning"
+        listed = re.findall(r'data-model="([^"]+)"><strong>[^<]*</strong>: ([^<]*)</li>', warning.group(0))
+        day = (today - timedelta(days=1)).strftime("%Y-%m-%d")
+        assert listed == [("cust-chat:2", f"2,000 requests, the last on {day}")]  # priced and old ones: not listed
 
     def test_price_errors(self, world, model, settings):
         settings.BILLING_CURRENCY = "USD"
