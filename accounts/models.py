@@ -141,6 +141,7 @@ class ApiKey(Limits):
 
     key_hash = models.CharField(max_length=64, unique=True, help_text="hex SHA-256 of the full key")
     prefix = models.CharField(max_length=16, help_text="first characters, for display")
+    last_four = models.CharField(max_length=4, blank=True, default="", help_text="last characters, for display")
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="api_keys")
     name = models.CharField(max_length=255)
     # A key always has per-minute limits (its organisation's may be empty).
@@ -173,7 +174,16 @@ class ApiKey(Limits):
         ]
 
     def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name})"
+        return f"{self.masked} ({self.name})"
+
+    @property
+    def masked(self) -> str:
+        """How people see the key: ``sk-…abcd`` (its kind and last four characters; keys made
+        before those were kept show their first characters, ``sk-AbCdEfG…``)."""
+        if self.last_four:
+            kind = self.prefix.split("-", 1)[0] + "-" if "-" in self.prefix else ""
+            return f"{kind}…{self.last_four}"
+        return f"{self.prefix}…"
 
 
 # The roles an invitation may carry: platform admin is granted by platform admins only.

@@ -602,6 +602,7 @@ def api_key_create(
         api_key = ApiKey.objects.create(
             key_hash=api_key_hash(secret),
             prefix=secret[:DISPLAY_PREFIX_LENGTH],
+            last_four=secret[-4:],
             organization=organization,
             name=name,
             allowed_models=models,

@@ -32,6 +32,9 @@ class TestApiKeyCreate:
         assert issued.secret[3:] not in row_json
         assert issued.secret[12:30] not in row_json
         assert stored.prefix == issued.secret[:10]
+        # Shown as sk-…abcd: 14 of ~46 characters, the secret's middle never kept.
+        assert stored.masked == f"sk-…{issued.secret[-4:]}"
+        assert ApiKey(prefix="sk-AbCdEfG").masked == "sk-AbCdEfG…"  # made before the last four were kept
 
     def test_keys_are_unique_and_random(self, alice_org):
         secrets = {api_key_create(organization=alice_org, name=f"k{i}").secret for i in range(20)}
