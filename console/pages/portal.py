@@ -9,7 +9,7 @@ either): that answer is not cacheable, and reloading it does not show the secret
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 from decimal import Decimal
 
 from django import forms
@@ -27,7 +27,7 @@ from accounts.selectors import api_keys_of, plan_key_ceilings
 from accounts.services import organization_update
 from billing import invoicing
 from billing.models import Invoice
-from billing.usage_selectors import cache_by_model
+from billing.usage_selectors import cache_by_model, usage_by_key
 from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.cache import quality_context
@@ -118,9 +118,12 @@ def keys(request: OrgRequest, org_id: int) -> HttpResponse:
         elif form.cleaned_data["state"] == "revoked":
             found = found.filter(is_active=False)
     page = page_of(request, found, KEYS_PER_PAGE)
-    rows = [{"key": key, "state": key_state(key)} for key in page.object_list]
+    today = timezone.now().astimezone(UTC).date()
+    used = usage_by_key(api_key_ids=[key.pk for key in page.object_list], start=today.replace(day=1), end=today)
+    rows = [{"key": key, "state": key_state(key), "used": used[key.pk]} for key in page.object_list]
     context = {
         "organization": organization,
+        "month": today.replace(day=1),
         "form": form,
         "page": page,
         "rows": rows,

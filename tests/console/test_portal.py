@@ -163,6 +163,21 @@ class TestKeys:
         assert "production" in html
         assert world.other_key.masked not in html
 
+    def test_each_key_shows_its_requests_and_spend_this_month(self, world):
+        today = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        for start, model, requests, cost in ((today, "m", 1200, "3.5"), (today.replace(day=1), "n", 300, "0.004")):
+            UsageRollup.objects.create(period=UsageRollup.Period.DAY, start=start, organization=world.org,
+                                       api_key=world.key, model=model, model_version="1", requests=requests,
+                                       cost=Decimal(cost))  # fmt: skip
+        UsageRollup.objects.create(period=UsageRollup.Period.DAY, start=today.replace(day=1) - timedelta(days=1),
+                                   organization=world.org, api_key=world.key, model="m", model_version="1",
+                                   requests=99, cost=Decimal(9))  # last month: not counted  # fmt: skip
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        row = re.search(rf'<tr id="key-{world.key.pk}">(.*?)</tr>', html, re.S)
+        assert row
+        cells = dict(re.findall(r'<td class="num" data-col="(\w+)"[^>]*>([^<]*)</td>', row.group(1)))
+        assert cells == {"requests": "1,500", "spend": "$3.50"}
+
     def test_creating_a_key_shows_its_secret_once(self, world):
         client = world.client("admin")
         response = client.post(url("portal-key-create", world.org), {"name": "ci", "rate_limit_rpm": "30"})
