@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import date, timedelta
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from billing.models import BudgetAlert, Invoice, Price, Reconciliation
+from billing.models import BudgetAlert, Invoice, Price, Reconciliation, UsageRecord
 
 # A price that ended this recently is still loaded: a request admitted just before a switch
 # is priced at its admission time, and the routing table it reads may have been reloaded
@@ -69,3 +70,14 @@ def reconciliations_latest(*, ok: bool | None = None) -> QuerySet[Reconciliation
     """Reconciliations, newest first; only agreeing (``ok``) or only mismatching ones."""
     found = Reconciliation.objects.order_by("-created_at")
     return found if ok is None else found.filter(ok=ok)
+
+
+def usage_record_for(*, request_id: uuid.UUID, organization_id: int | None = None) -> UsageRecord | None:
+    """The usage record of one request (its x-request-id), in ``organization_id`` only when
+    given (a customer never finds another organisation's)."""
+    found = UsageRecord.objects.select_related("api_key", "organization", "price", "invoice").filter(
+        request_id=request_id
+    )
+    if organization_id is not None:
+        found = found.filter(organization_id=organization_id)
+    return found.first()

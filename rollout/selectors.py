@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Prefetch, Q
 
 from registry.models import AuditEntry, Model
@@ -42,3 +44,22 @@ def swap_latest_id(*, deployment_id: int) -> int | None:
         .values_list("pk", flat=True)
         .first()
     )
+
+
+def canary_arm_at(*, model: str, version: str, at: datetime) -> tuple[Canary, str] | None:
+    """The canary of ``model`` running at ``at`` in which ``version`` was an arm, and which arm
+    ("canary" or "base"); None when no canary of the model ran then."""
+    running = (
+        Canary.objects.filter(model__name=model, created_at__lte=at)
+        .filter(Q(status__in=Canary.ACTIVE_STATUSES) | Q(updated_at__gte=at))
+        .select_related("base_version", "canary_version")
+        .order_by("-created_at", "-id")
+        .first()
+    )
+    if running is None:
+        return None
+    if running.canary_version.version == version:
+        return running, "canary"
+    if running.base_version.version == version:
+        return running, "base"
+    return None

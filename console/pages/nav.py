@@ -13,6 +13,7 @@ from django.urls import NoReverseMatch, reverse
 # ``urlpatterns`` (paths from the site root) and ``NAV`` (a list of NavItem).
 AREAS = (
     "overview", "registry", "deployments", "customers", "portal", "portal_members", "playground", "batches", "cache",
+    "requests",
 )  # fmt: skip
 
 CONSOLE = "console"  # pages for platform admins, under /console/
