@@ -22,6 +22,7 @@ from django.views.decorators.http import require_http_methods
 from accounts.models import Organization
 from accounts.selectors import organizations_visible_to
 from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_savings
+from console.pages import charts
 from console.pages.access import platform_admin_required
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
@@ -38,7 +39,6 @@ from serving.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purg
 
 VERSIONS_PER_PAGE = 25
 POLICIES_PER_PAGE = 25
-PALETTE = ("#2f6fed", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285", "#c2255c", "#5c940d")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,8 @@ def _version_rows(stats: dict[str, Any], report: CacheSavingsReport, q: str) -> 
 def hit_rate_figure(report: CacheSavingsReport) -> dict[str, Any]:
     """Each model version's hit rate per hour, in percent (gaps where it had no requests)."""
     fig = go.Figure()
-    for index, series in enumerate(report.series):
+    colours = charts.version_colours([(series.model, series.version) for series in report.series])
+    for series in report.series:
         fig.add_trace(
             go.Scatter(
                 x=[hour.isoformat() for hour in series.hours],
@@ -108,20 +109,13 @@ def hit_rate_figure(report: CacheSavingsReport) -> dict[str, Any]:
                 name=series.label,
                 mode="lines+markers",
                 connectgaps=False,
-                line={"color": PALETTE[index % len(PALETTE)], "width": 2},
+                line={"color": colours[(series.model, series.version)], "width": 2},
                 marker={"size": 4},
                 hovertemplate="%{y:.2f} %<extra>%{fullData.name}</extra>",
             )
         )
     fig.update_layout(
-        template="none",
-        height=280,
-        margin={"l": 50, "r": 10, "t": 10, "b": 30},
-        font={"family": "system-ui, sans-serif", "size": 12, "color": "#1d2330"},
-        paper_bgcolor="#fff",
-        plot_bgcolor="#fff",
-        showlegend=bool(report.series),
-        legend={"orientation": "h", "y": -0.25},
+        **charts.layout(height=280, legend=bool(report.series)),
         xaxis={"type": "date", "gridcolor": "#eef1f6", "range": [report.since.isoformat(), report.until.isoformat()]},
         yaxis={"title": {"text": "hit rate, %"}, "gridcolor": "#eef1f6", "range": [0, 100], "zeroline": False},
     )

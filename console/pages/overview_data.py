@@ -18,9 +18,9 @@ import orjson
 import plotly.graph_objects as go
 
 from billing.usage_series import Bucket, UsageOverview, VersionSeries, usage_overview
+from console.pages import charts
 
 # One colour per model version, in a stable order (plotly's default qualitative palette).
-PALETTE = ("#2f5bea", "#e4572e", "#17a398", "#f3a712", "#7d5ba6", "#4f6d7a", "#c2185b", "#8bc34a")
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ CHARTS: tuple[Chart, ...] = (
 
 def _figure(chart: Chart, overview: UsageOverview) -> dict[str, Any]:
     fig = go.Figure()
-    for index, series in enumerate(overview.series):
-        colour = PALETTE[index % len(PALETTE)]
+    colours = charts.version_colours([(series.model, series.version) for series in overview.series])
+    for series in overview.series:
+        colour = colours[(series.model, series.version)]
         for suffix, dash, value in chart.lines:
             fig.add_trace(
                 go.Scatter(
@@ -83,14 +84,7 @@ def _figure(chart: Chart, overview: UsageOverview) -> dict[str, Any]:
                 )
             )
     fig.update_layout(
-        template="none",
-        height=260,
-        margin={"l": 50, "r": 10, "t": 10, "b": 30},
-        font={"family": "system-ui, sans-serif", "size": 12, "color": "#1d2330"},
-        paper_bgcolor="#fff",
-        plot_bgcolor="#fff",
-        showlegend=bool(overview.series),
-        legend={"orientation": "h", "y": -0.25},
+        **charts.layout(height=260, legend=bool(overview.series)),
         xaxis={"type": "date", "gridcolor": "#eef1f6", "range": [overview.start.isoformat(), overview.now.isoformat()]},
         yaxis={"title": {"text": chart.unit}, "gridcolor": "#eef1f6", "rangemode": "tozero", "zeroline": False},
         uirevision=overview.time_range.key,  # Plotly.react keeps a person's zoom across live updates

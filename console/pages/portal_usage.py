@@ -23,6 +23,7 @@ from billing import invoicing
 from billing.models import BudgetAlert
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
+from console.pages import charts
 from core import formats
 
 # Rows read per selector call; a 90-day window of a few models is one or two pages.
@@ -130,7 +131,15 @@ def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) ->
         requests[row.model][row.date] = requests[row.model].get(row.date, 0) + row.requests
     models = sorted(cost)
     cost_figure = go.Figure(
-        [go.Bar(name=m, x=[str(d) for d in days], y=[float(cost[m].get(d, 0)) for d in days]) for m in models],
+        [
+            go.Bar(
+                name=m,
+                x=[str(d) for d in days],
+                y=[float(cost[m].get(d, 0)) for d in days],
+                marker_color=charts.model_colour(m),
+            )
+            for m in models
+        ],
         layout=_layout("Cost per day", currency, xaxis=day_axis),
     )
     # Money on the axis as money: the currency's sign, decimals (plotly would write 500µ).
@@ -140,7 +149,15 @@ def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) ->
     suffix = "" if sign else f" {currency}"
     cost_figure.update_traces(hovertemplate=f"%{{x}}: {sign}%{{y:,~r}}{suffix}<extra>%{{fullData.name}}</extra>")
     requests_figure = go.Figure(
-        [go.Bar(name=m, x=[str(d) for d in days], y=[requests[m].get(d, 0) for d in days]) for m in models],
+        [
+            go.Bar(
+                name=m,
+                x=[str(d) for d in days],
+                y=[requests[m].get(d, 0) for d in days],
+                marker_color=charts.model_colour(m),
+            )
+            for m in models
+        ],
         layout=_layout("Requests per day", "requests", xaxis=day_axis),
     )
     per_model = by_model(rows)

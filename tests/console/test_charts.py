@@ -1,0 +1,38 @@
+"""One colour per model on every chart (its versions in shades of it)."""
+
+from __future__ import annotations
+
+from console.pages import charts
+
+
+def test_a_model_has_one_colour_and_its_versions_shades_of_it():
+    assert charts.model_colour("smollm2") == charts.model_colour("smollm2")
+    colours = charts.version_colours([("smollm2", "2"), ("smollm2", "1"), ("minilm", "1")])
+    assert colours[("smollm2", "1")] == charts.model_colour("smollm2")
+    assert colours[("smollm2", "2")] == charts.model_colour("smollm2", shade=1) != colours[("smollm2", "1")]
+    assert colours[("minilm", "1")] == charts.model_colour("minilm")
+    assert all(c.startswith("#") and len(c) == 7 for c in colours.values())
+
+
+def test_the_overview_and_the_portal_draw_a_model_in_its_colour(db):
+    from datetime import UTC, date, datetime, timedelta
+    from decimal import Decimal
+
+    from accounts.services import api_key_create, organization_create
+    from billing.models import UsageRollup
+    from billing.usage_selectors import DailyUsage
+    from console.pages.overview_data import dashboard
+    from console.pages.portal_usage import figures
+
+    key = api_key_create(organization=organization_create(name="Colours"), name="k").api_key
+    now = datetime(2031, 1, 15, 12, 30, tzinfo=UTC)
+    UsageRollup.objects.create(period=UsageRollup.Period.HOUR, start=now.replace(minute=0) - timedelta(hours=1),
+                               organization_id=key.organization_id, api_key=key, model="paint", model_version="1",
+                               requests=10, cost=Decimal("0.01"))  # fmt: skip
+    overview = dashboard(range_key="day", now=now)
+    assert {t["line"]["color"] for t in overview["figures"]["requests"]["data"]} == {charts.model_colour("paint")}
+    day = date(2031, 1, 14)
+    row = DailyUsage(date=day, model="paint", requests=3, errors=0, input_tokens=1, output_tokens=1, cached_tokens=0,
+                     cost=Decimal("0.02"))  # fmt: skip
+    cost = figures([row], start=day, end=day, currency="USD")["cost"]
+    assert [t["marker"]["color"] for t in cost["data"]] == [charts.model_colour("paint")]
