@@ -9,7 +9,7 @@ either): that answer is not cacheable, and reloading it does not show the secret
 
 from __future__ import annotations
 
-from datetime import UTC, timedelta
+from datetime import UTC, date, timedelta
 from decimal import Decimal
 
 from django import forms
@@ -20,7 +20,8 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
-from django.views.decorators.http import require_http_methods
+from django.utils.http import content_disposition_header
+from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
@@ -39,7 +40,15 @@ from console.pages.portal_forms import (
     InvoiceFilterForm,
     UsageWindowForm,
 )
-from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
+from console.pages.portal_usage import (
+    budget_status,
+    by_model,
+    daily_usage,
+    figures,
+    money_text,
+    totals_of,
+    usage_csv,
+)
 from core.errors import InvalidInput
 from serving.selectors import cache_quality
 
@@ -54,17 +63,22 @@ def _is_admin(request: OrgRequest) -> bool:
 # --- Usage -----------------------------------------------------------------------------
 
 
+def _usage_window(request: OrgRequest) -> tuple[UsageWindowForm, date, date, int | None]:
+    """The window asked for (the last 30 UTC days by default, and while the form has errors)."""
+    today = timezone.now().date()  # UTC: rollup days are UTC days
+    keys = [(key.pk, f"{key.name} ({key.masked})") for key in api_keys_of(organization_id=request.organization.pk)]
+    form = UsageWindowForm(request.GET or None, keys=keys, today=today)
+    if form.is_bound and form.is_valid():
+        return form, form.cleaned_data["start"], form.cleaned_data["end"], form.cleaned_data["api_key"]
+    return form, today - timedelta(days=29), today, None
+
+
 @org_member_required()
 def usage(request: OrgRequest, org_id: int) -> HttpResponse:
     """Usage and cost by model and day over a window, totals, and the month's budget status."""
     organization = request.organization
-    today = timezone.now().date()  # UTC: rollup days are UTC days
-    keys = [(key.pk, f"{key.name} ({key.prefix}…)") for key in api_keys_of(organization_id=organization.pk)]
-    form = UsageWindowForm(request.GET or None, keys=keys, today=today)
-    if form.is_bound and form.is_valid():
-        start, end, api_key_id = form.cleaned_data["start"], form.cleaned_data["end"], form.cleaned_data["api_key"]
-    else:  # unbound, or errors shown beside the fields: the default window meanwhile
-        start, end, api_key_id = today - timedelta(days=29), today, None
+    today = timezone.now().date()
+    form, start, end, api_key_id = _usage_window(request)
     rows = daily_usage(organization_id=organization.pk, start=start, end=end, api_key_id=api_key_id)
     currency = str(settings.BILLING_CURRENCY)
     cached = cache_by_model(organization_id=organization.pk, start=start, end=end)
@@ -88,8 +102,22 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
         "budget": budget_status(organization=organization, today=today),
         "currency": currency,
         "usage_api": f"/api/orgs/{organization.pk}/usage/?start_date={start}&end_date={end}",
+        "csv_query": request.GET.urlencode(),
     }
     return render(request, "console/portal/usage.html", context)
+
+
+@org_member_required()
+@require_GET
+def usage_download(request: OrgRequest, org_id: int) -> HttpResponse:
+    """The usage window as CSV, per UTC day, model and key."""
+    _, start, end, api_key_id = _usage_window(request)
+    rows = daily_usage(organization_id=request.organization.pk, start=start, end=end, api_key_id=api_key_id,
+                       by_key=True)  # fmt: skip
+    response = HttpResponse(usage_csv(rows, currency=str(settings.BILLING_CURRENCY)), content_type="text/csv")
+    filename = f"usage-{request.organization.slug}-{start}-{end}.csv"
+    response["Content-Disposition"] = content_disposition_header(True, filename) or "attachment"
+    return response
 
 
 # --- API keys --------------------------------------------------------------------------
@@ -240,6 +268,7 @@ def invoice_download(request: OrgRequest, org_id: int, invoice_id: int, kind: st
 P = "portal/<int:org_id>/"
 urlpatterns: list[URLPattern | URLResolver] = [
     path(P, usage, name="portal-usage"),
+    path(f"{P}usage.csv", usage_download, name="portal-usage-csv"),
     path(f"{P}cache-budget/", cache_budget, name="portal-cache-budget"),
     path(f"{P}keys/", keys, name="portal-keys"),
     path(f"{P}keys/new/", key_create, name="portal-key-create"),

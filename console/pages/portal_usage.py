@@ -7,6 +7,8 @@ records), so the page shows what ``GET /api/orgs/{id}/usage/`` reports for the s
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -62,8 +64,10 @@ class UsageTotals:
         self.cost += row.cost
 
 
-def daily_usage(*, organization_id: int, start: date, end: date, api_key_id: int | None = None) -> list[DailyUsage]:
-    """Every (day, model) row of the window, both days inclusive, oldest first."""
+def daily_usage(*, organization_id: int, start: date, end: date, api_key_id: int | None = None,
+                by_key: bool = False) -> list[DailyUsage]:  # fmt: skip
+    """Every (day, model) row of the window (with ``by_key``, every (day, model, key) row),
+    both days inclusive, oldest first."""
     rows: list[DailyUsage] = []
     after: UsageCursor | None = None
     while True:
@@ -72,7 +76,7 @@ def daily_usage(*, organization_id: int, start: date, end: date, api_key_id: int
             start=start,
             end=end,
             api_key_id=api_key_id,
-            by_key=False,
+            by_key=by_key,
             limit=_PAGE,
             after=after,
         )
@@ -230,3 +234,21 @@ def budget_status(*, organization: Organization, today: date) -> BudgetStatus:
         alerts=list(budget_alerts_of(organization_id=organization.pk, month=label)[:50]),
         spent=month.cost,
     )
+
+
+CSV_COLUMNS = ("date", "model", "api_key", "api_key_name", "requests", "errors", "input_tokens", "output_tokens",
+               "cached_tokens", "cost", "currency")  # fmt: skip
+
+
+def usage_csv(rows: Iterable[DailyUsage], *, currency: str) -> str:
+    """The window's rows per UTC day, model and key, as CSV (exact costs, unrounded)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        key = f"{row.api_key_prefix}…" if row.api_key_prefix else ""
+        counts = (row.requests, row.errors, row.input_tokens, row.output_tokens, row.cached_tokens)
+        writer.writerow(
+            [row.date.isoformat(), row.model, key, row.api_key_name, *counts, f"{row.cost.normalize():f}", currency]
+        )
+    return out.getvalue()

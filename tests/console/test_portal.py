@@ -302,6 +302,26 @@ class TestUsage:
         rollup(world.other_key, today, "chat-a", requests=999, cost="9", tokens=(9, 9, 9))  # another tenant
         return {"today": today.astimezone(UTC).date(), "second": second}
 
+    def test_the_window_downloads_as_csv_per_day_model_and_key(self, world, usage):
+        response = world.client("member").get(url("portal-usage-csv", world.org), {"days": "7"})
+        assert response.status_code == 200
+        assert response["Content-Type"] == "text/csv"
+        assert "attachment" in response["Content-Disposition"]
+        lines = response.content.decode().splitlines()
+        assert lines[0] == ("date,model,api_key,api_key_name,requests,errors,input_tokens,output_tokens,"
+                            "cached_tokens,cost,currency")  # fmt: skip
+        rows = sorted(tuple(line.split(",")) for line in lines[1:])
+        today, two_days_ago = str(usage["today"]), str(usage["today"] - timedelta(days=2))
+        assert [(r[0], r[1], r[3], r[4], r[9]) for r in rows] == [
+            (two_days_ago, "embed-b", "production", "7", "0.0000014"),
+            (today, "chat-a", "production", "3", "0.000120000001"),
+            (today, "chat-a", "staging", "2", "0.00008"),
+        ]  # the other organisation's 999 requests and the 40-day-old row are not in it
+        assert world.client("outsider").get(url("portal-usage-csv", world.org)).status_code == 404
+        page = world.client("member").get(url("portal-usage", world.org), {"days": "7"}).content.decode()
+        assert 'id="usage-csv"' in page
+        assert page.index('id="budget"') < page.index('id="total-requests"')  # the month's budget first
+
     def test_totals_and_charts_match_the_rollups(self, world, usage):
         response = world.client("member").get(url("portal-usage", world.org), {"days": "7"})
         assert response.status_code == 200
