@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -19,8 +20,27 @@ from registry.artifacts import get_artifact_store
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 from registry.signatures import is_predict_framework, predict_config
 
-# The user acting: a platform admin through the API, or None for the operator (commands, bootstrap).
-Actor: TypeAlias = AbstractBaseUser | AnonymousUser | None
+
+@dataclass(frozen=True)
+class SystemActor:
+    """A part of the platform acting on its own (the audit log names it): never a user."""
+
+    name: str
+    pk: None = None
+    is_authenticated: bool = False
+
+    def get_username(self) -> str:
+        return self.name
+
+
+CANARY_CONTROLLER = SystemActor("canary controller")
+AUTOSCALER = SystemActor("autoscaler")
+HOT_SWAP = SystemActor("hot-swap")
+SUPERVISOR = SystemActor("engine supervisor")
+
+# Who acts: a platform admin through the API or the console, a part of the platform
+# (``SystemActor``), or None for the operator (commands, bootstrap).
+Actor: TypeAlias = AbstractBaseUser | AnonymousUser | SystemActor | None
 
 
 def model_version_transition(*, version: ModelVersion, status: str) -> ModelVersion:
@@ -477,7 +497,7 @@ def audit_record(
     user = actor if actor is not None and actor.is_authenticated else None
     return AuditEntry.objects.create(
         actor_id=user.pk if user is not None else None,
-        actor_name=user.get_username() if user is not None else "",
+        actor_name=user.get_username() if user is not None else actor.name if isinstance(actor, SystemActor) else "",
         action=action,
         target_type=target_type,
         target=target,
@@ -568,7 +588,7 @@ def replica_record_load_time(*, replica: Replica, seconds: float, host: str) -> 
     it ready, so the two commit together."""
     deployment = Deployment.objects.select_related("version__model").get(pk=replica.deployment_id)
     return audit_record(
-        actor=None,
+        actor=SUPERVISOR,
         action="replica.ready",
         target_type="replica",
         target=str(replica.pk),

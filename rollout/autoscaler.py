@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Deployment
-from registry.services import Actor, audit_record, deployment_scale
+from registry.services import AUTOSCALER, Actor, audit_record, deployment_scale
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> 
             continue
         before = deployment.replicas
         scaled = deployment_scale(
-            actor=None,
+            actor=AUTOSCALER,
             deployment=deployment,
             replicas=decision.target_replicas,
             reasons=list(decision.reasons),

@@ -32,7 +32,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.transitions import check_transition
 from registry.models import Deployment, Model, ModelVersion
-from registry.services import Actor, audit_record, traffic_set
+from registry.services import CANARY_CONTROLLER, Actor, audit_record, traffic_set
 from rollout.canary_stats import CRITERIA, Judgement, RequestSample, Verdict, judge
 from rollout.models import Canary, CanaryDecision
 
@@ -356,7 +356,7 @@ def canary_decide(*, canary_id: int, load_samples: SampleLoader, now: datetime |
             reasons=reasons,
             figures={**judgement.figures, "window_start": since.isoformat()},
         )
-        _audit(None, f"canary.{verdict}", before, canary, decision=decision.pk, reasons=reasons)
+        _audit(CANARY_CONTROLLER, f"canary.{verdict}", before, canary, decision=decision.pk, reasons=reasons)
     return decision
 
 
@@ -415,7 +415,7 @@ def _apply(canary: Canary, judgement: Judgement, now: datetime) -> tuple[str, li
         weights = _weights(canary, move.canary_percent)
         try:
             with transaction.atomic():
-                traffic_set(actor=None, model=canary.model, weights=weights)
+                traffic_set(actor=CANARY_CONTROLLER, model=canary.model, weights=weights)
         except InvalidInput as exc:
             logger.error("canary %s: the split %s could not be set: %s", canary.pk, weights, exc)
             reasons.append(f"the split {weights} could not be set ({exc.message}); holding")

@@ -28,6 +28,7 @@ from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import AuditEntry, Deployment, ModelVersion, Replica
 from registry.services import (
+    HOT_SWAP,
     SERVING_STATUSES,
     Actor,
     audit_record,
@@ -150,7 +151,7 @@ def deployment_swap_shift(*, swap: AuditEntry, heartbeat_after: datetime) -> boo
         Deployment.objects.filter(pk=new.pk).update(traffic_weight=after["new"])
         Deployment.objects.filter(pk=old.pk).update(traffic_weight=0)
         audit_record(
-            actor=None,
+            actor=HOT_SWAP,
             action=SWAP_SHIFT,
             target_type="deployment",
             target=str(old.pk),
@@ -174,7 +175,7 @@ def deployment_swap_drain(*, swap: AuditEntry) -> bool:
         elif old.status == Deployment.Status.PENDING:  # never ready: nothing to drain
             deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
         audit_record(
-            actor=None,
+            actor=HOT_SWAP,
             action=SWAP_DRAIN,
             target_type="deployment",
             target=str(old.pk),
@@ -195,7 +196,7 @@ def deployment_swap_finish(*, swap: AuditEntry, outcome: str, reason: str) -> bo
         if outcome == "completed" and old is not None and old.status == Deployment.Status.DRAINING:
             deployment_transition(deployment=old, status=Deployment.Status.STOPPED)
         audit_record(
-            actor=None,
+            actor=HOT_SWAP,
             action=SWAP_DONE,
             target_type="deployment",
             target=swap.target,

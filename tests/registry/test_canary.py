@@ -362,6 +362,8 @@ class TestController:
         assert actions.count("canary.promote_step") == 2
         assert "canary.promote" in actions
         assert actions.count("traffic.set") == 4  # the start, two steps, the promotion
+        on_its_own = AuditEntry.objects.filter(target=model.name, action="traffic.set", actor_name="canary controller")
+        assert on_its_own.count() == 3  # the two steps and the promotion (auto_promote): the controller's
 
     def test_without_auto_promote_it_stops_at_100_and_waits_for_a_person(self, api_key):
         model = deployed_model()

@@ -305,6 +305,7 @@ class TestTick:
         deployment.refresh_from_db()
         assert deployment.replicas == 2
         entry = AuditEntry.objects.get(action="autoscale", target=str(deployment.pk))
+        assert entry.actor_name == "autoscaler"  # the audit log names the part of the platform that acted
         assert entry.after["reasons"] == ["queue 9 per replica > target 4"]
         assert entry.after["observations"]["waiting"] == 9.0
         step_until(supervisor, lambda: len(ready(deployment)) == 2)
