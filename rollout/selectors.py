@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Prefetch, Q
+from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
 from registry.models import AuditEntry, Model
 from rollout.hotswap import SWAP
@@ -63,3 +63,14 @@ def canary_arm_at(*, model: str, version: str, at: datetime) -> tuple[Canary, st
     if running.base_version.version == version:
         return running, "base"
     return None
+
+
+def canaries_of(*, model: Model) -> QuerySet[Canary]:
+    """Every canary the model ever ran, newest first, with how many decisions each made and
+    when the last was."""
+    return (
+        Canary.objects.filter(model=model)
+        .select_related("base_version", "canary_version", "created_by")
+        .annotate(decision_count=Count("decisions"), last_decision_at=Max("decisions__at"))
+        .order_by("-created_at", "-id")
+    )

@@ -41,7 +41,7 @@ from rollout.canary import (
     canary_rollback,
 )
 from rollout.models import Canary, CanaryDecision
-from rollout.selectors import canary_latest, models_with_latest_canary
+from rollout.selectors import canaries_of, canary_latest, models_with_latest_canary
 from serving.selectors import shadow_comparison, shadow_policy_of
 from serving.services import shadow_policy_delete, shadow_policy_set
 
@@ -243,6 +243,8 @@ def _detail(
         "hours": hours,
         "window_label": SHADOW_WINDOWS[hours],
         "windows": SHADOW_WINDOWS,
+        # Every canary the model ran, the one above included (the live fragment does not need it).
+        "history": [] if fragment else list(canaries_of(model=model)),
     }
     template = "console/deployments/_canary_live.html" if fragment else "console/deployments/canary_detail.html"
     return render(request, template, context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import timedelta
 
 import pytest
@@ -243,6 +244,18 @@ class TestButtons:
             .count("has no active canary")
             == 1
         )
+
+    def test_every_canary_stays_in_the_history(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/rollback/", {"confirm": "yes"}).status_code == 302
+        second = canary_create(actor=None, model=canary.model, base_version="v1", canary_version="v2", steps=[50, 100],
+                               interval_seconds=60)  # fmt: skip
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        history = re.search(r'<section class="card" id="canary-history">(.*?)</section>', html, re.S)
+        assert history
+        rows = re.findall(r'<tr data-canary="(\d+)"', history.group(1))
+        assert rows == [str(second.pk), str(canary.pk)]  # newest first, the rolled-back one kept
+        assert "Rolled back" in history.group(1)
+        assert "50 → 100 %" in history.group(1)
 
     def test_an_unknown_action_is_404(self, admin_client, canary):
         assert admin_client.post("/console/canaries/gpt-tiny/explode/").status_code == 404
