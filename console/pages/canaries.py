@@ -29,7 +29,7 @@ from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
-from registry.models import Model
+from registry.models import Deployment, Model
 from registry.selectors import model_named, model_traffic_split, model_version_named
 from rollout.canary import (
     CanaryConflict,
@@ -66,6 +66,36 @@ def _model_or_404(name: str) -> Model:
 
 def _versions(model: Model) -> list[str]:
     return [version.version for version in model.versions.all()]
+
+
+def criteria_text(criteria: dict[str, float]) -> list[str]:
+    """A canary's absolute bounds in the units the pages use (the success rate in %)."""
+    out = []
+    for key, value in criteria.items():
+        if key == "min_success_rate":
+            out.append(f"success rate ≥ {value * 100:g} %")
+        elif key == "max_p99_latency_ms":
+            out.append(f"p99 latency ≤ {value:,g} ms")
+        elif key == "max_ttft_p99_ms":
+            out.append(f"p99 TTFT ≤ {value:,g} ms")
+        else:
+            out.append(f"{key} {value:g}")
+    return out
+
+
+def _wizard_versions(model: Model) -> tuple[list[str], list[str]]:
+    """(versions serving now: a running deployment with traffic, versions deployed: a pending
+    or running deployment), newest first."""
+    serving, deployed = [], []
+    for version in model.versions.all().prefetch_related("deployments"):
+        live = [
+            d for d in version.deployments.all() if d.status in (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+        ]
+        if live:
+            deployed.append(version.version)
+        if any(d.status == Deployment.Status.RUNNING and d.traffic_weight > 0 for d in live):
+            serving.append(version.version)
+    return serving, deployed
 
 
 # --- Charts and the decision timeline ---------------------------------------------------
@@ -223,6 +253,7 @@ def _detail(
     context = {
         "model": model,
         "canary": canary,
+        "criteria": criteria_text(canary.success_criteria) if canary else [],
         "stamp": _stamp(canary),
         "figure": comparison_figure(decisions) if judged(decisions) else None,
         "timeline": timeline(decisions),
@@ -275,10 +306,10 @@ def canary_state(request: HttpRequest, name: str) -> JsonResponse:
 def canary_new(request: HttpRequest, name: str) -> HttpResponse:
     """The start wizard."""
     model = _model_or_404(name)
-    versions = _versions(model)
+    serving, deployed = _wizard_versions(model)
     current = active_canary(model=model)
     if request.method == "POST":
-        form = CanaryStartForm(request.POST, versions=versions)
+        form = CanaryStartForm(request.POST, serving=serving, deployed=deployed)
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -300,11 +331,13 @@ def canary_new(request: HttpRequest, name: str) -> HttpResponse:
                 )
                 return HttpResponseRedirect(reverse("console:canary", kwargs={"name": model.name}))
     else:
-        initial: dict[str, Any] = {}
-        if len(versions) >= 2:
-            initial = {"base_version": versions[1], "canary_version": versions[0]}  # newest is the candidate
-        form = CanaryStartForm(versions=versions, initial=initial)
-    return render(request, "console/deployments/canary_new.html", {"model": model, "form": form, "current": current})
+        candidates = [v for v in deployed if v not in serving]
+        initial: dict[str, Any] = {"base_version": serving[0] if serving else None,
+                                   "canary_version": candidates[0] if candidates else None}  # the newest  # fmt: skip
+        form = CanaryStartForm(serving=serving, deployed=deployed, initial=initial)
+    context = {"model": model, "form": form, "current": current, "schedule": form.schedule(),
+               "serving": serving, "deployed": deployed}  # fmt: skip
+    return render(request, "console/deployments/canary_new.html", context)
 
 
 @platform_admin_required

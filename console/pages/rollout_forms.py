@@ -118,18 +118,20 @@ class CanaryStartForm(forms.Form):
     )
     max_p99_latency_ms = forms.FloatField(required=False, label="Max p99 latency (ms)")
     min_success_rate = forms.FloatField(
-        required=False, label="Min success rate", help_text="a share from 0 to 1: 0.99 is 99 %"
-    )
+        required=False, min_value=0, max_value=100, label="Min success rate (%)",
+        help_text="e.g. 99: the canary fails a window where more than 1 request in 100 ends in a server error",
+    )  # fmt: skip
     max_ttft_p99_ms = forms.FloatField(required=False, label="Max p99 TTFT (ms)")
     auto_promote = forms.BooleanField(required=False, help_text="promote without a person once every step passed")
 
     CRITERIA = ("max_p99_latency_ms", "min_success_rate", "max_ttft_p99_ms")
 
-    def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, serving: Iterable[str], deployed: Iterable[str], **kwargs: Any) -> None:
+        """Only valid choices: the base is a version serving now, the candidate another deployed one."""
         super().__init__(*args, **kwargs)
-        choices = _choices(versions)
-        _set_choices(self, "base_version", choices)
-        _set_choices(self, "canary_version", choices)
+        serving, deployed = list(serving), list(deployed)
+        _set_choices(self, "base_version", _choices(serving))
+        _set_choices(self, "canary_version", _choices([v for v in deployed if v not in serving] or deployed))
 
     def clean_steps(self) -> list[int]:
         raw = [part.strip().rstrip("%") for part in str(self.cleaned_data["steps"]).split(",")]
@@ -139,7 +141,21 @@ class CanaryStartForm(forms.Form):
             raise forms.ValidationError("Give whole percentages separated by commas, e.g. 5,25,50,100.") from None
 
     def criteria(self) -> dict[str, float]:
-        return {key: self.cleaned_data[key] for key in self.CRITERIA if self.cleaned_data.get(key) is not None}
+        """The success criteria as the service takes them (the success rate as a share)."""
+        found = {key: self.cleaned_data[key] for key in self.CRITERIA if self.cleaned_data.get(key) is not None}
+        if "min_success_rate" in found:
+            found["min_success_rate"] = round(found["min_success_rate"] / 100, 6)
+        return found
+
+    def schedule(self) -> list[tuple[int, int, int]] | None:
+        """(percent, from second, to second) of each step at the fastest (a window each), for
+        the steps and interval entered (or the initial ones); None while they do not parse."""
+        data = self.cleaned_data if self.is_bound and hasattr(self, "cleaned_data") else {}
+        steps = data.get("steps") if self.is_bound else [int(p) for p in str(self["steps"].initial).split(",")]
+        interval = data.get("interval_seconds") if self.is_bound else self["interval_seconds"].initial
+        if not steps or not interval:
+            return None
+        return [(percent, i * int(interval), (i + 1) * int(interval)) for i, percent in enumerate(steps)]
 
 
 class ShadowForm(forms.Form):

@@ -333,7 +333,7 @@ def admin_rolls_out_a_new_version(
     page.fill("#id_interval_seconds", "2")
     page.fill("#id_min_samples", "20")
     page.fill("#id_max_p99_latency_ms", "60000")
-    page.fill("#id_min_success_rate", "0.95")
+    page.fill("#id_min_success_rate", "95")
     page.check("#id_auto_promote")
     screenshot(page, "story-07-canary-wizard")
     page.click("main button:has-text('Start canary')")

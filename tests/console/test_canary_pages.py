@@ -161,7 +161,7 @@ class TestWizard:
     def form(self, **changes: str) -> dict[str, str]:
         return {
             "base_version": "v1", "canary_version": "v2", "steps": "10, 50, 100", "interval_seconds": "120",
-            "min_samples": "40", "max_p99_latency_ms": "2000", "min_success_rate": "0.99", "max_ttft_p99_ms": "",
+            "min_samples": "40", "max_p99_latency_ms": "2000", "min_success_rate": "99", "max_ttft_p99_ms": "",
             "auto_promote": "on", **changes,
         }  # fmt: skip
 
@@ -180,15 +180,30 @@ class TestWizard:
         assert canary.created_by.username == "ops"
         assert weights(chat_model) == {"v1": 90, "v2": 10}
         assert AuditEntry.objects.filter(action="canary.create", actor_name="ops").exists()
-        assert "Canary of gpt-tiny started" in admin_client.get(response["Location"]).content.decode()
+        page = admin_client.get(response["Location"]).content.decode()
+        assert "Canary of gpt-tiny started" in page
+        assert "p99 latency ≤ 2,000 ms" in page  # the units of the wizard
+        assert "success rate ≥ 99 %" in page
+
+    def test_the_wizard_offers_only_valid_versions_and_shows_the_schedule(self, admin_client, chat_model):
+        html = admin_client.get("/console/canaries/gpt-tiny/new/").content.decode()
+        base = re.search(r'<select name="base_version"[^>]*>(.*?)</select>', html, re.S)
+        candidate = re.search(r'<select name="canary_version"[^>]*>(.*?)</select>', html, re.S)
+        assert base
+        assert candidate
+        assert re.findall(r'<option value="([^"]*)"', base.group(1)) == ["v1"]  # serving now
+        assert re.findall(r'<option value="([^"]*)"', candidate.group(1)) == ["v2"]  # deployed, not serving
+        schedule = re.findall(r"<li>(\d+) % of the requests to the candidate from (\d+) s to (\d+) s</li>", html)
+        assert schedule == [("5", "0", "300"), ("25", "300", "600"), ("50", "600", "900"), ("100", "900", "1200")]
+        assert "The earliest it can finish is 1200 s after it starts" in html
 
     @pytest.mark.parametrize(
         ("changes", "message"),
         [
             ({"steps": "50, 25"}, "Steps must increase."),
             ({"steps": "five"}, "Give whole percentages separated by commas"),
-            ({"canary_version": "v1"}, "Must differ from base_version."),
-            ({"min_success_rate": "5"}, "Must be a share between 0 and 1 (0.99 is 99 %)."),
+            ({"canary_version": "v1"}, "Select a valid choice. v1 is not one of the available choices."),
+            ({"min_success_rate": "150"}, "Ensure this value is less than or equal to 100."),
             ({"interval_seconds": "0"}, "Ensure this value is greater than or equal to 1."),
         ],
     )

@@ -133,7 +133,7 @@ class TestRollout:
         page.fill("#id_interval_seconds", "2")
         page.fill("#id_min_samples", "20")
         page.fill("#id_max_p99_latency_ms", "60000")
-        page.fill("#id_min_success_rate", "0.95")
+        page.fill("#id_min_success_rate", "95")
         screenshot(page, "rollout-07-wizard")
         page.click("main button:has-text('Start canary')")
         page.wait_for_selector("[data-canary-status]")
