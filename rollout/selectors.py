@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
-from registry.models import AuditEntry, Model
+from registry.models import AuditEntry, Deployment, Model, ModelVersion
 from rollout.hotswap import SWAP
 from rollout.models import Canary, CanaryDecision
 
@@ -74,3 +75,52 @@ def canaries_of(*, model: Model) -> QuerySet[Canary]:
         .annotate(decision_count=Count("decisions"), last_decision_at=Max("decisions__at"))
         .order_by("-created_at", "-id")
     )
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """What a version is now, in one word and a detail, the same on every page."""
+
+    state: str  # serving | canary | base | deployed | promoted | rolled_back | stopped | registered
+    label: str  # e.g. "canary at 25 %"
+
+
+def lifecycle_of(*, versions: list[ModelVersion]) -> dict[int, Lifecycle]:
+    """Each version's state now (by version id), from its deployments (prefetched or not) and
+    its model's canaries: two queries for any number of versions."""
+    ids = [v.pk for v in versions]
+    deployments: dict[int, list[Deployment]] = {}
+    for deployment in Deployment.objects.filter(version_id__in=ids):
+        deployments.setdefault(deployment.version_id, []).append(deployment)
+    canaries: dict[int, list[Canary]] = {}
+    for canary in Canary.objects.filter(Q(canary_version_id__in=ids) | Q(base_version_id__in=ids)).order_by(
+        "-created_at", "-id"
+    ):
+        for version_id in {canary.canary_version_id, canary.base_version_id} & set(ids):
+            canaries.setdefault(version_id, []).append(canary)
+    out = {}
+    for version in versions:
+        out[version.pk] = _lifecycle(version.pk, deployments.get(version.pk, []), canaries.get(version.pk, []))
+    return out
+
+
+def _lifecycle(version_id: int, deployments: list[Deployment], canaries: list[Canary]) -> Lifecycle:
+    active = next((c for c in canaries if c.status in Canary.ACTIVE_STATUSES), None)
+    if active is not None and active.canary_version_id == version_id:
+        return Lifecycle("canary", f"canary at {active.canary_percent} %")
+    running = [d for d in deployments if d.status == Deployment.Status.RUNNING]
+    weight = sum(d.traffic_weight for d in running)
+    if active is not None:
+        return Lifecycle("base", f"canary base at {100 - active.canary_percent} %")
+    latest = next((c for c in canaries if c.canary_version_id == version_id), None)
+    if weight > 0:
+        if latest is not None and latest.status == Canary.Status.PROMOTED:
+            return Lifecycle("promoted", f"promoted, serving {weight} %")
+        return Lifecycle("serving", f"serving {weight} %")
+    if latest is not None and latest.status == Canary.Status.ROLLED_BACK:
+        return Lifecycle("rolled_back", "rolled back")
+    if any(d.status in (Deployment.Status.PENDING, Deployment.Status.RUNNING) for d in deployments):
+        return Lifecycle("deployed", "deployed, no traffic")
+    if deployments:
+        return Lifecycle("stopped", "stopped")
+    return Lifecycle("registered", "registered, not deployed")

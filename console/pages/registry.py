@@ -44,6 +44,7 @@ from registry.selectors import (
 from registry.services import VersionConflict, model_version_create, model_version_create_from_upload
 from registry.signatures import is_predict_framework
 from registry.uploads import is_archive, stage_files, unpack_archive
+from rollout.selectors import lifecycle_of
 from serving.predict.worker_stats import batch_histogram, replica_stats
 
 VERSIONS_PER_PAGE = 25
@@ -72,9 +73,13 @@ def model_list(request: HttpRequest) -> HttpResponse:
     versions = model_versions_listed(
         q=filters.get("q", ""), status=filters.get("status", ""), framework=filters.get("framework", "")
     )
+    page = page_of(request, versions, VERSIONS_PER_PAGE)
+    shown = list(page.object_list)
+    now = lifecycle_of(versions=shown)
     context = {
         "form": form,
-        "page": page_of(request, versions, VERSIONS_PER_PAGE),
+        "page": page,
+        "rows": [(version, now[version.pk]) for version in shown],
         "query": query_without_page(request),
     }
     return render(request, "console/registry/models.html", context)
@@ -121,6 +126,7 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
     context = {
         **_small_model_context(found, [row.replica for rows in replicas.values() for row in rows]),
         "version": found,
+        "now": lifecycle_of(versions=[found])[found.pk],
         "config": _pretty_json(found.config),
         "history": [AuditRow.of(e) for e in model_version_history(version=found)],
         "deployments": deployments,
