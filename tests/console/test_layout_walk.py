@@ -29,7 +29,9 @@ OVERFLOW_JS = """
   const found = [];
   if (root.scrollWidth > root.clientWidth + 1) {
     const widest = [...document.querySelectorAll('body *')]
-      .filter((el) => el.getBoundingClientRect().right > root.clientWidth + 1)
+      .filter((el) => el.getBoundingClientRect().right > root.clientWidth + 1
+        || (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX === 'visible'
+            && el.clientWidth > 0))
       .map((el) => `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}.${el.className}`
         + ` (right ${Math.round(el.getBoundingClientRect().right)})`);
     found.push(`the page scrolls sideways: ${root.scrollWidth} px in ${root.clientWidth} px;`
@@ -79,6 +81,7 @@ def admin_pages(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def walk_world(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
     """A key, a registered model with a version and some usage of ``org``, committed."""
+    from accounts.models import Organization
     from accounts.services import api_key_create
     from registry.models import Model, ModelVersion
 
@@ -86,6 +89,12 @@ def walk_world(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
     org = committed_users["org"]
 
     def create() -> dict[str, Any]:
+        # A name with no place to break (other tests and real customers make such): tables that
+        # list organisations must scroll inside their card, not widen the page.
+        Organization.objects.create(name=f"Walk{tag}" + "Unbroken" * 25, slug=f"walk-long-{tag}")
+        long_model = Model.objects.create(name=f"walk-{tag}-" + "unbroken" * 20, task="chat")
+        ModelVersion.objects.create(model=long_model, version="1", framework="pytorch", artifact_sha256="0" * 64,
+                                    artifact_uri=f"local://walk-long-{tag}/1", artifact_size=1)  # fmt: skip
         key = api_key_create(organization=org, name=f"walk-{tag}").api_key
         model = Model.objects.create(name=f"walk-{tag}", task="chat")
         ModelVersion.objects.create(model=model, version="1", framework="pytorch", artifact_uri=f"local://walk-{tag}/1",
@@ -97,8 +106,9 @@ def walk_world(committed_users, django_db_blocker) -> Iterator[dict[str, Any]]:
         from registry.models import AuditEntry
 
         ApiKey.objects.filter(pk=made["key"].pk).delete()
-        ModelVersion.objects.filter(model=made["model"]).delete()
-        Model.objects.filter(pk=made["model"].pk).delete()
+        Organization.objects.filter(slug=f"walk-long-{tag}").delete()
+        ModelVersion.objects.filter(model__name__startswith=f"walk-{tag}").delete()
+        Model.objects.filter(name__startswith=f"walk-{tag}").delete()
         AuditEntry.objects.filter(target__contains=tag).delete()
 
     with django_db_blocker.unblock():
