@@ -101,12 +101,15 @@ def _midnight(day: date) -> datetime:
     return datetime.combine(day, time.min, UTC)
 
 
+def _days(start: date, end: date) -> Q:
+    """The daily rollups of UTC days ``start`` to ``end``, both inclusive."""
+    return Q(period=UsageRollup.Period.DAY, start__gte=_midnight(start), start__lt=_midnight(end + timedelta(days=1)))
+
+
 def _daily(
     rollups: QuerySet[UsageRollup], *, start: date, end: date, by_key: bool, limit: int, after: UsageCursor | None
 ) -> UsagePage:
-    rows = rollups.filter(
-        period=UsageRollup.Period.DAY, start__gte=_midnight(start), start__lt=_midnight(end + timedelta(days=1))
-    )
+    rows = rollups.filter(_days(start, end))
     if after is not None:
         at = _midnight(after.date)
         position = Q(start__gt=at) | Q(start=at, model__gt=after.model)
@@ -174,12 +177,7 @@ def cost_by_organization(*, organization_ids: list[int], start: date, end: date)
     """Each organisation's cost over UTC days ``start`` to ``end`` inclusive, from the daily
     rollups, in one query (0 for an organisation without usage)."""
     rows = (
-        UsageRollup.objects.filter(
-            organization_id__in=organization_ids,
-            period=UsageRollup.Period.DAY,
-            start__gte=_midnight(start),
-            start__lt=_midnight(end + timedelta(days=1)),
-        )
+        UsageRollup.objects.filter(_days(start, end), organization_id__in=organization_ids)
         .values("organization_id")
         .annotate(cost=Sum("cost"))
         .order_by()
@@ -199,12 +197,7 @@ def usage_by_key(*, api_key_ids: list[int], start: date, end: date) -> dict[int,
     """Each key's requests and cost over UTC days ``start`` to ``end`` inclusive, from the daily
     rollups, in one query (nothing used: zero)."""
     rows = (
-        UsageRollup.objects.filter(
-            api_key_id__in=api_key_ids,
-            period=UsageRollup.Period.DAY,
-            start__gte=_midnight(start),
-            start__lt=_midnight(end + timedelta(days=1)),
-        )
+        UsageRollup.objects.filter(_days(start, end), api_key_id__in=api_key_ids)
         .values("api_key_id")
         .annotate(requests=Sum("requests"), cost=Sum("cost"))
         .order_by()
@@ -217,8 +210,7 @@ def usage_by_key(*, api_key_ids: list[int], start: date, end: date) -> dict[int,
 def cache_by_model(*, organization_id: int, start: date, end: date) -> dict[str, tuple[int, Decimal]]:
     """An organisation's requests answered from the cache and the money they saved, per model,
     over whole UTC days (the daily rollups)."""
-    window = Q(start__gte=_midnight(start), start__lt=_midnight(end + timedelta(days=1)))
-    days = UsageRollup.objects.filter(window, period=UsageRollup.Period.DAY, organization_id=organization_id)
+    days = UsageRollup.objects.filter(_days(start, end), organization_id=organization_id)
     rows = days.values("model").annotate(hits=Sum("cache_hits"), saved=Sum("saved"))
     return {row["model"]: (int(row["hits"] or 0), Decimal(row["saved"] or 0)) for row in rows}
 

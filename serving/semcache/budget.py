@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from django.conf import settings
 from redis.exceptions import RedisError
 
@@ -186,14 +185,12 @@ def agree_by_text(cached: str, live: str) -> bool | None:
 
 async def audit(*, model: str, tier: str, cached: str, live: str) -> bool:
     """Compare a would-be hit's cached answer with the engine's own; count it. True: agreed."""
-    from serving.semcache.embed import embed_texts
+    from serving.semcache.embed import cosine, embed_texts
 
     agreed = agree_by_text(cached, live)
     if agreed is None:
         first, second = await embed_texts([cached, live])
-        a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
-        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
-        agreed = cosine >= settings.SEMANTIC_CACHE_AUDIT_AGREEMENT
+        agreed = cosine(first, second) >= settings.SEMANTIC_CACHE_AUDIT_AGREEMENT
     await count(model, tier, "audits")
     if not agreed:
         await count(model, tier, "disagreed")

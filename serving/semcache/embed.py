@@ -7,11 +7,21 @@ for it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from django.conf import settings
 
 from serving import engine
 from serving.errors import EngineUnavailable
 from serving.routing import find_model, router
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """The cosine similarity of two embeddings (1 = the same direction; 0 for a zero vector)."""
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return dot / norm if norm else 0.0
 
 
 async def embed_texts(texts: list[str]) -> list[list[float]]:

@@ -17,7 +17,6 @@ import asyncio
 import functools
 import hashlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from core.lifecycle import Background, unobserved
 from core.redis import async_redis
 from serving import metrics
 from serving.semcache import budget, feedback, signature, store
-from serving.semcache.embed import embed_texts
+from serving.semcache.embed import cosine, embed_texts
 from serving.semcache.policy import CacheIntent
 from serving.semcache.verify import SAME, Thresholds, verify_words
 
@@ -120,12 +119,6 @@ async def _off_loop_if_long(size: int, fn: Callable[[], R]) -> R:
     return await asyncio.to_thread(fn) if size > VERIFY_INLINE_CHARS else fn()
 
 
-def _cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    norm = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
-    return dot / norm if norm else 0.0
-
-
 async def _lookup(probe: CacheProbe) -> CacheHit | None:
     """Find the scope's entries by signature (no embedding), verify their words, and only for
     one whose words pass embed the query for the similarity guard."""
@@ -156,7 +149,7 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
             if probe.embedding is None:
                 # Only now, for a candidate whose words pass: a miss never waits on the embedder.
                 [probe.embedding] = await embed_texts([text])
-            similarity = _cosine(probe.embedding, entry.embedding)
+            similarity = cosine(probe.embedding, entry.embedding)
             minimum = Thresholds.from_settings().minimum
             if similarity < minimum:
                 metrics.CACHE_REJECTIONS.labels("low_similarity").inc()
