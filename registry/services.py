@@ -491,9 +491,18 @@ def audit_record(
     target: str,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
-) -> AuditEntry:
+    always: bool = False,
+) -> AuditEntry | None:
     """Record a management write. Call inside the write's transaction.atomic, so that the
-    entry commits with the write and a write that rolls back leaves none."""
+    entry commits with the write and a write that rolls back leaves none.
+
+    A write that changed nothing (``before`` given and equal to ``after``: the same traffic
+    split, bounds or policy set again) records nothing and returns None, so no caller needs its
+    own check. An entry with no ``before`` (a creation, an event) is always recorded; so is one
+    with ``always``, for an entry other code reads as a marker (a hot-swap's steps).
+    """
+    if before is not None and before == after and not always:
+        return None
     user = actor if actor is not None and actor.is_authenticated else None
     return AuditEntry.objects.create(
         actor_id=user.pk if user is not None else None,
@@ -582,7 +591,7 @@ def deployment_scale(
     return locked
 
 
-def replica_record_load_time(*, replica: Replica, seconds: float, host: str) -> AuditEntry:
+def replica_record_load_time(*, replica: Replica, seconds: float, host: str) -> AuditEntry | None:
     """Record how long a replica's engine took from its start to its first good /health (the
     model's load time; target: ready within 60 s). Call inside the transaction that marks
     it ready, so the two commit together."""

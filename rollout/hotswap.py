@@ -181,6 +181,7 @@ def deployment_swap_drain(*, swap: AuditEntry) -> bool:
             target=str(old.pk),
             before={"swap": swap.pk, "status": before},
             after={"swap": swap.pk, "status": old.status},
+            always=True,  # the step's marker (swap_step reads it), even if the old one had stopped already
         )
         publish_routing_change("deployments")
     return True
