@@ -127,13 +127,16 @@ def model_version_named(*, model: Model, version: str) -> ModelVersion | None:
 def deployment_board(*, model_ids: list[int], include_stopped: bool = False) -> QuerySet[Deployment]:
     """The deployments of these models, oldest first, with their version and replicas; stopped
     ones only when asked."""
-    deployments = (
-        Deployment.objects.filter(version__model_id__in=model_ids)
-        .select_related("version__model")
+    deployments = _with_replicas(Deployment.objects.filter(version__model_id__in=model_ids))
+    return deployments if include_stopped else deployments.exclude(status=Deployment.Status.STOPPED)
+
+
+def _with_replicas(deployments: QuerySet[Deployment]) -> QuerySet[Deployment]:
+    return (
+        deployments.select_related("version__model")
         .prefetch_related(Prefetch("replica_set", queryset=Replica.objects.order_by("id")))
         .order_by("id")
     )
-    return deployments if include_stopped else deployments.exclude(status=Deployment.Status.STOPPED)
 
 
 def replica_load_seconds(*, replica_ids: list[int]) -> dict[int, float]:
@@ -161,6 +164,33 @@ def scale_decisions(*, model: Model | None = None, deployment_ids: list[int] | N
     if deployment_ids is not None:
         entries = entries.filter(target__in=[str(pk) for pk in deployment_ids])
     return entries
+
+
+def deployments_live(*, deployment_ids: list[int]) -> QuerySet[Deployment]:
+    """The deployments given, with their version, model and replicas (the live table's figures)."""
+    return _with_replicas(Deployment.objects.filter(pk__in=deployment_ids))
+
+
+def last_changes(*, deployments: list[Deployment]) -> dict[int, AuditEntry]:
+    """Each deployment's latest audited change (by deployment id): an entry about the
+    deployment itself or its model's traffic split, whichever is newer. Two queries."""
+    own = AuditEntry.objects.filter(target_type="deployment", target__in=[str(d.pk) for d in deployments])
+    latest: dict[int, AuditEntry] = {}
+    for entry in own.order_by("target", "-created_at", "-id").distinct("target"):
+        latest[int(entry.target)] = entry
+    names = {d.version.model.name for d in deployments}
+    splits = AuditEntry.objects.filter(action="traffic.set", target_type="model", target__in=names)
+    split_of = {e.target: e for e in splits.order_by("target", "-created_at", "-id").distinct("target")}
+    for deployment in deployments:
+        split = split_of.get(deployment.version.model.name)
+        mine = latest.get(deployment.pk)
+        if (
+            split is not None
+            and split.created_at >= deployment.created_at
+            and (mine is None or split.created_at > mine.created_at)
+        ):
+            latest[deployment.pk] = split
+    return latest
 
 
 def models_for_board(*, q: str = "") -> QuerySet[Model]:

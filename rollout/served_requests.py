@@ -1,12 +1,17 @@
 """What the requests one version of a model served in a time window tell about it, read from usage records.
 
 The canary controller (``rollout.canary``) judges versions by these; its Celery task
-(``rollout.tasks.canary_tick``) hands this function to the controller.
+(``rollout.tasks.canary_tick``) hands this function to the controller. The console's
+deployments table shows the same counts, summed in SQL (``served_summaries``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+
+from django.db import connection
+from django.db.models import Count
 
 from billing.models import CacheOutcome, FailedAttempt, UsageRecord
 from rollout.canary_stats import RequestSample
@@ -47,3 +52,60 @@ def served_requests(*, model: str, version: str, since: datetime) -> list[Reques
         for status, latency in failed
     ]
     return samples
+
+
+@dataclass(frozen=True)
+class ServedSummary:
+    """What one version served in a window, counted as the canary controller counts it: engine
+    answers and failed attempts (cache hits left out), server errors (5xx), p99 latency of the
+    answered (2xx, nearest rank)."""
+
+    requests: int
+    errors: int
+    p99_latency_ms: int | None
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def error_percent(self) -> float | None:
+        return 100.0 * self.errors / self.requests if self.requests else None
+
+
+_SUMMARY_SQL = f"""
+SELECT model, model_version, count(*), count(*) FILTER (WHERE status_code >= 500),
+       percentile_disc(0.99) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status_code BETWEEN 200 AND 299)
+FROM {UsageRecord._meta.db_table}
+WHERE model = ANY(%s) AND created_at >= %s AND cache = '{CacheOutcome.MISS.value}'
+GROUP BY model, model_version
+"""
+
+
+def served_summaries(
+    *, versions: list[tuple[str, str]], since: datetime, now: datetime
+) -> dict[tuple[str, str], ServedSummary]:
+    """Each (model, version)'s ``ServedSummary`` from ``since`` to ``now``: two grouped queries
+    (usage records, failed attempts) for any number of versions; a version with no request has
+    a summary of zeros."""
+    wanted = set(versions)
+    models = sorted({model for model, _ in wanted})
+    found: dict[tuple[str, str], tuple[int, int, int | None]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_SUMMARY_SQL, [models, since])
+        for model, version, n, errors, p99 in cursor.fetchall():
+            found[(model, version)] = (n, errors, p99)
+    failed = (
+        FailedAttempt.objects.filter(model__in=models, created_at__gte=since)
+        .values_list("model", "model_version")
+        .annotate(n=Count("id"))
+    )
+    extra = {(model, version): n for model, version, n in failed}
+    seconds = max((now - since).total_seconds(), 0.0)
+    out = {}
+    for key in wanted:
+        n, errors, p99 = found.get(key, (0, 0, None))
+        more = extra.get(key, 0)
+        out[key] = ServedSummary(requests=n + more, errors=errors + more, p99_latency_ms=p99, seconds=seconds)
+    return out

@@ -9,6 +9,7 @@ renders the page again with the form's errors). Canaries and shadows: ``console.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -17,6 +18,7 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.pages import canaries
@@ -29,6 +31,8 @@ from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
     deployment_board,
     deployment_with_version,
+    deployments_live,
+    last_changes,
     model_named,
     model_traffic_split,
     model_version_named,
@@ -47,12 +51,30 @@ from registry.services import (
 )
 from rollout.autoscaler import deployment_autoscale_set
 from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, swap_get
-from rollout.selectors import swap_latest_id
+from rollout.selectors import Lifecycle, lifecycle_of, swap_latest_id
+from rollout.served_requests import ServedSummary, served_summaries
 
 MODELS_PER_PAGE = 25
 DECISIONS_PER_PAGE = 25
 DECISIONS_PER_MODEL = 5
 SWAP_PHASES = ("starting", "shifted", "draining", "completed")
+# The live table's window: what "requests/s", "p99" and "errors" are over.
+LIVE_WINDOW = timedelta(minutes=5)
+LIVE_IDS_MAX = 200
+NONE = "\u2013"  # an en dash: no figure (no request in the window)
+# Audited actions as the live table's "last change" says them.
+CHANGES = {
+    "deployment.create": "deployed",
+    "deployment.scale": "scaled",
+    "autoscale": "scaled",
+    "deployment.bounds": "replica bounds set",
+    "deployment.autoscale": "autoscaling set",
+    "deployment.swap": "hot-swap started",
+    "deployment.swap.shift": "hot-swap shifted traffic",
+    "deployment.swap.drain": "hot-swap draining",
+    "deployment.swap.done": "hot-swap finished",
+    "traffic.set": "traffic split set",
+}
 
 
 @dataclass
@@ -71,6 +93,24 @@ class ReplicaRow:
         return replica_restart_refusal(replica=self.replica, deployment_status=self.deployment_status) is None
 
 
+def live_cells(deployment: Deployment, served: ServedSummary) -> dict[str, str]:
+    """The live table's figures of one deployment as shown, for the page and its polling alike."""
+    replicas = list(deployment.replica_set.all())
+    ready = sum(1 for r in replicas if r.state == Replica.State.READY)
+    restarting = sum(1 for r in replicas if r.restart_requested_at is not None)
+    rate = served.per_second
+    error_percent = served.error_percent
+    return {
+        "status": deployment.get_status_display(),
+        "state": deployment.status,
+        "replicas": f"{ready}/{deployment.replicas} ready" + (f", {restarting} restarting" if restarting else ""),
+        "rate": NONE if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
+        "p99": NONE if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
+        "errors": NONE if error_percent is None else f"{error_percent:.1f} %",
+        "requests": f"{served.requests:,}",
+    }
+
+
 @dataclass
 class DeploymentRow:
     deployment: Deployment
@@ -79,6 +119,22 @@ class DeploymentRow:
     autoscale_form: forms.Form
     swap_form: forms.Form
     swap: Swap | None
+    live: dict[str, str] = field(default_factory=dict)
+    last_change: AuditEntry | None = None
+    lifecycle: Lifecycle | None = None
+
+    @property
+    def last_change_words(self) -> str:
+        entry = self.last_change
+        return "" if entry is None else CHANGES.get(entry.action, entry.action)
+
+    @property
+    def refused(self) -> str:
+        """The drawer to open on load: the one whose form was refused."""
+        for kind, form in (("scale", self.scale_form), ("autoscale", self.autoscale_form), ("swap", self.swap_form)):
+            if form.is_bound and form.errors:
+                return kind
+        return ""
 
     @property
     def swap_open(self) -> bool:
@@ -97,6 +153,14 @@ class ModelPanel:
     traffic_form: forms.Form | None
     deploy_form: forms.Form
     decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def refused(self) -> str:
+        """The drawer to open on load: the one whose form was refused."""
+        for kind, form in (("traffic", self.traffic_form), ("deploy", self.deploy_form)):
+            if form is not None and form.is_bound and form.errors:
+                return kind
+        return ""
 
 
 # A form refused on a POST, shown again in its place: (form kind, model name or deployment id) -> form.
@@ -150,11 +214,45 @@ def _board(request: HttpRequest, refused: Refused | None = None) -> HttpResponse
         grouped[deployment.version.model_id].append(deployment)
     load = replica_load_seconds(replica_ids=[r.pk for ds in grouped.values() for d in ds for r in d.replica_set.all()])
     panels = [_panel(model, grouped[model.pk], load, refused or {}) for model in models]
+    rows = [row for panel in panels for row in panel.deployments]
+    deployments = [row.deployment for row in rows]
+    served = _served(deployments)
+    changes = last_changes(deployments=deployments)
+    now = lifecycle_of(versions=list({d.version_id: d.version for d in deployments}.values()))
+    for row in rows:
+        d = row.deployment
+        row.live = live_cells(d, served[d.pk])
+        row.last_change = changes.get(d.pk)
+        row.lifecycle = now.get(d.version_id)
     context = {
         "page": page, "panels": panels, "q": q, "include_stopped": include_stopped, "phases": SWAP_PHASES,
-        "query": query_without_page(request),
+        "query": query_without_page(request), "live_minutes": int(LIVE_WINDOW.total_seconds() // 60),
     }  # fmt: skip
     return render(request, "console/deployments/board.html", context)
+
+
+def _served(deployments: list[Deployment]) -> dict[int, ServedSummary]:
+    """What each deployment's version served over the live window (by deployment id)."""
+    end = timezone.now()
+    versions = [(d.version.model.name, d.version.version) for d in deployments]
+    summaries = served_summaries(versions=versions, since=end - LIVE_WINDOW, now=end)
+    return {d.pk: summaries[(d.version.model.name, d.version.version)] for d in deployments}
+
+
+@require_GET
+@platform_admin_required
+def live(request: HttpRequest) -> JsonResponse:
+    """The live table's figures of the deployments asked for (``?ids=1,2``), which the page
+    polls: the same cells the page rendered."""
+    try:
+        ids = [int(part) for part in request.GET.get("ids", "").split(",") if part.strip()]
+    except ValueError:
+        return JsonResponse({"error": "ids must be deployment ids separated by commas."}, status=400)
+    if len(ids) > LIVE_IDS_MAX:
+        return JsonResponse({"error": f"at most {LIVE_IDS_MAX} ids."}, status=400)
+    deployments = list(deployments_live(deployment_ids=ids))
+    served = _served(deployments)
+    return JsonResponse({"deployments": {str(d.pk): live_cells(d, served[d.pk]) for d in deployments}})
 
 
 def _back(request: HttpRequest, model: Model | None = None) -> HttpResponseRedirect:
@@ -392,6 +490,7 @@ def scaling(request: HttpRequest) -> HttpResponse:
 urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/", board, name="deployments"),
     path("console/deployments/scaling/", scaling, name="deployments-scaling"),
+    path("console/deployments/live/", live, name="deployments-live"),
     path("console/deployments/models/<str:name>/deploy/", deploy, name="deployments-deploy"),
     path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
     path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),

@@ -61,3 +61,49 @@ function followSwap(box) {
 }
 
 document.querySelectorAll("[data-swap-id]").forEach(followSwap);
+
+// The live table: its figures polled every 5 seconds while the page is shown (the same cells
+// the server rendered, from console/deployments/live/).
+const LIVE_EVERY_MS = 5000;
+const liveRows = [...document.querySelectorAll("table.live tr[data-deployment]")];
+const liveUrl = document.querySelector("[data-live-url]")?.dataset.liveUrl;
+
+async function refreshLive() {
+  if (document.hidden || !liveRows.length || !liveUrl) {
+    return;
+  }
+  const ids = liveRows.map((row) => row.dataset.deployment).join(",");
+  try {
+    const response = await fetch(`${liveUrl}?ids=${ids}`, { headers: { Accept: "application/json" } });
+    if (!response.ok) {
+      return;
+    }
+    const { deployments } = await response.json();
+    liveRows.forEach((row) => {
+      const cells = deployments[row.dataset.deployment];
+      if (!cells) {
+        return;
+      }
+      row.querySelectorAll("[data-live]").forEach((cell) => {
+        const value = cells[cell.dataset.live];
+        if (value !== undefined && cell.textContent !== value) {
+          cell.textContent = value;
+        }
+      });
+      const status = row.querySelector("[data-live=status]");
+      if (status) {
+        status.className = `status status-${cells.state}`;
+      }
+      const rate = row.querySelector("[data-live=rate]");
+      if (rate) {
+        rate.title = `${cells.requests} requests`;
+      }
+    });
+  } catch (error) {
+    // A missed poll is retried at the next tick.
+  }
+}
+
+if (liveRows.length) {
+  window.setInterval(refreshLive, LIVE_EVERY_MS);
+}

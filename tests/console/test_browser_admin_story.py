@@ -244,7 +244,7 @@ def deployment_rows(page: Any, model: str) -> dict[str, dict[str, str]]:
     for i in range(rows.count()):
         row = rows.nth(i)
         cells = row.locator("td")
-        shown[cells.nth(1).inner_text()] = {
+        shown[row.locator("td.version [data-version]").inner_text()] = {
             "id": row.get_attribute("data-deployment") or "",
             "status": cells.nth(2).inner_text(),
             "weight": row.locator("td.weight").inner_text(),
@@ -309,7 +309,8 @@ def admin_rolls_out_a_new_version(
     page.fill("#filter-model", name)
     page.locator("form.filters button[type=submit]").click()
     panel = page.locator(f"section[data-model='{name}']")
-    deploy = panel.locator("form[action$='/deploy/']")
+    panel.get_by_role("button", name="Deploy a version…").click()
+    deploy = page.locator("dialog.drawer[open] form[action$='/deploy/']")
     deploy.locator("select[name$='-version']").select_option("v2")
     deploy.locator("input[name$='-traffic_percent']").fill("0")
     deploy.locator("input[name$='-replicas']").fill("1")
@@ -359,8 +360,8 @@ def admin_rolls_out_a_new_version(
     # Restart v2's replica: asked with a confirm step, shown as requested until the supervisor
     # has started it again (held for a moment so the page can show the request).
     v2 = shown["v2"]["id"]
-    detail = page.locator(f"details#deployment-{v2}")
-    detail.locator("summary").click()
+    detail = page.locator(f"dialog#drawer-replicas-{v2}")
+    page.locator(f"[data-drawer='drawer-replicas-{v2}']").click()
     replica_row = detail.locator("table.replicas tbody tr[data-replica]").first
     replica_id = int(replica_row.get_attribute("data-replica") or 0)
     pid_before = committed(django_db_blocker, lambda: replica_pid(replica_id))
@@ -371,6 +372,8 @@ def admin_rolls_out_a_new_version(
         page.get_by_role("button", name=f"Restart replica #{replica_id}").click()
         page.wait_for_selector(".message-success")
         assert f"Restart of replica {replica_id} requested" in page.locator(".messages").inner_text()
+        assert "1 restarting" in page.locator(f"tr[data-deployment='{v2}'] [data-live=replicas]").inner_text()
+        page.locator(f"[data-drawer='drawer-replicas-{v2}']").click()
         assert detail.locator(f"tr[data-replica='{replica_id}'] [data-restart-requested]").is_visible()
         screenshot(page, "story-12-restart-requested")
 
@@ -379,10 +382,11 @@ def admin_rolls_out_a_new_version(
         return row.locator("[data-restart-requested]").count() == 0 and row.locator(".status-ready").count() == 1
 
     reload_until(page, restarted, "replica restarted")
-    detail.evaluate("details => { details.open = true; }")  # closed again once nothing is under way
+    page.locator(f"[data-drawer='drawer-replicas-{v2}']").click()
     assert committed(django_db_blocker, lambda: replica_pid(replica_id)) not in (None, pid_before)
     assert any(f"replica {replica_id} stopped for its restart" in m for m in supervisor.messages)
     screenshot(page, "story-13-replica-restarted")
+    page.keyboard.press("Escape")  # the drawer closes; the page is usable again
 
     # Price the chat model the customer will use, so their requests cost something.
     page.click("nav[aria-label=Console] a:has-text('Prices')")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import Membership, Role
+from accounts.services import api_key_create, organization_create
+from billing.models import FailedAttempt, UsageRecord
+from console.pages.deployments import NONE
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
-from registry.services import deployment_scale, replica_record_load_time
+from registry.selectors import last_changes
+from registry.services import deployment_scale, replica_record_load_time, traffic_set
+from rollout.canary_stats import percentile
 from rollout.hotswap import deployment_swap_version
+from rollout.served_requests import served_requests, served_summaries
 from tests.support.registry import make_version
 
 pytestmark = pytest.mark.django_db
@@ -308,3 +317,119 @@ def test_unknown_things_are_404(admin_client: Any) -> None:
     assert admin_client.post("/console/deployments/models/nope/traffic/", {}).status_code == 404
     assert admin_client.post("/console/deployments/999999/scale/", {}).status_code == 404
     assert admin_client.get("/console/deployments/swaps/999999/status/").status_code == 404
+
+
+def usage(key: Any, model: str, version: str, rows: list[tuple[int, int]], *, at: Any, cache: str = "miss") -> None:
+    """Usage records of ``model``:``version`` admitted at ``at``: (status, latency ms) each."""
+    UsageRecord.objects.bulk_create(
+        UsageRecord(
+            api_key=key,
+            organization_id=key.organization_id,
+            model=model,
+            model_version=version,
+            latency_ms=latency,
+            status_code=status,
+            created_at=at,
+            cache=cache,
+        )
+        for status, latency in rows
+    )
+
+
+@pytest.fixture
+def api_key() -> Any:
+    org = organization_create(name=f"Live table {uuid.uuid4().hex[:6]}")
+    return api_key_create(organization=org, name="traffic").api_key
+
+
+class TestLiveTable:
+    """Requests/s, p99 and errors per deployment over the last minutes, counted as canaries count."""
+
+    def test_served_summaries_count_as_the_canary_controller_does(self, chat_model, api_key):
+        now = timezone.now()
+        answered = [(200, ms) for ms in range(1, 101)]  # p99 (nearest rank) of 1..100 ms is 99
+        usage(api_key, "gpt-tiny", "v1", [*answered, (500, 5000), (429, 1)], at=now - timedelta(seconds=30))
+        usage(api_key, "gpt-tiny", "v1", [(200, 1)] * 7, at=now - timedelta(seconds=20), cache="hit")  # no engine
+        usage(api_key, "gpt-tiny", "v1", [(500, 1)] * 9, at=now - timedelta(minutes=9))  # before the window
+        FailedAttempt.objects.create(
+            request_id=uuid.uuid4(), organization_id=api_key.organization_id, model="gpt-tiny", model_version="v1",
+            status_code=502, created_at=now - timedelta(seconds=10),
+        )  # fmt: skip
+        since = now - timedelta(minutes=5)
+        found = served_summaries(versions=[("gpt-tiny", "v1"), ("gpt-tiny", "v2")], since=since, now=now)
+        v1 = found[("gpt-tiny", "v1")]
+        assert (v1.requests, v1.errors, v1.p99_latency_ms) == (103, 2, 99)
+        assert v1.per_second == pytest.approx(103 / 300)
+        assert v1.error_percent == pytest.approx(100 * 2 / 103)
+        # The same requests as the controller's own read of the window.
+        samples = served_requests(model="gpt-tiny", version="v1", since=since)
+        assert len(samples) == v1.requests
+        assert sum(s.server_error for s in samples) == v1.errors
+        assert percentile([s.latency_ms for s in samples if s.answered], 0.99) == v1.p99_latency_ms
+        v2 = found[("gpt-tiny", "v2")]
+        assert (v2.requests, v2.errors, v2.p99_latency_ms, v2.error_percent) == (0, 0, None, None)
+
+    def test_the_board_shows_each_deployments_figures_and_the_endpoint_follows(self, admin_client, chat_model, api_key):
+        v1, v2 = deployment_of(chat_model, "v1"), deployment_of(chat_model, "v2")
+        Replica.objects.create(deployment=v1, host="h", state="ready")
+        Replica.objects.create(deployment=v1, host="h", state="starting")
+        Deployment.objects.filter(pk=v1.pk).update(replicas=3)
+        usage(api_key, "gpt-tiny", "v1", [(200, 40)] * 297 + [(503, 40)] * 3, at=timezone.now() - timedelta(minutes=1))
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        row = html[html.index(f'data-deployment="{v1.pk}"') :].split("</tr>")[0]
+        assert '<td class="num" data-live="rate" title="300 requests">1.00/s</td>' in row
+        assert '<td class="num" data-live="p99">40 ms</td>' in row
+        assert '<td class="num" data-live="errors">1.0 %</td>' in row
+        assert '<span data-live="replicas">1/3 ready</span>' in row
+        assert 'data-lifecycle="serving"' in row
+        quiet = html[html.index(f'data-deployment="{v2.pk}"') :].split("</tr>")[0]
+        assert f'<td class="num" data-live="p99">{NONE}</td>' in quiet
+        assert 'data-lifecycle="deployed"' in quiet
+        # What the page polls: the same cells.
+        live = admin_client.get(f"/console/deployments/live/?ids={v1.pk},{v2.pk}").json()["deployments"]
+        assert live[str(v1.pk)] | {"rate": "?"} == {
+            "status": "Running", "state": "running", "replicas": "1/3 ready", "rate": "?", "p99": "40 ms",
+            "errors": "1.0 %", "requests": "300",
+        }  # fmt: skip
+        assert live[str(v1.pk)]["rate"] in ("1.00/s", "0.99/s")  # the window moved on a little
+        assert live[str(v2.pk)]["errors"] == NONE
+
+    def test_the_endpoint_refuses_bad_ids(self, admin_client):
+        assert admin_client.get("/console/deployments/live/?ids=1,x").status_code == 400
+        many = ",".join(str(i) for i in range(500))
+        assert "at most" in admin_client.get(f"/console/deployments/live/?ids={many}").json()["error"]
+        assert admin_client.get("/console/deployments/live/?ids=").json() == {"deployments": {}}
+
+    def test_last_change_says_what_and_who(self, admin_client, chat_model):
+        v1, v2 = deployment_of(chat_model, "v1"), deployment_of(chat_model, "v2")
+        ops = get_user_model().objects.get(username="ops")
+        deployment_scale(actor=ops, deployment=v1, replicas=2, reasons=["test"], action="deployment.scale")
+        traffic_set(actor=ops, model=chat_model, weights={"v1": 50, "v2": 50})
+        changes = last_changes(deployments=[v1, v2])
+        assert changes[v1.pk].action == changes[v2.pk].action == "traffic.set"  # newer than the scale
+        deployment_scale(actor=None, deployment=v2, replicas=2, reasons=["test"], action="deployment.scale")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        row = html[html.index(f'data-deployment="{v2.pk}"') :].split("</tr>")[0]
+        assert "scaled by the operator" in row
+        row = html[html.index(f'data-deployment="{v1.pk}"') :].split("</tr>")[0]
+        assert "traffic split set by ops" in row
+
+
+class TestDrawers:
+    def test_every_action_is_a_button_opening_its_drawer(self, admin_client, chat_model):
+        v1 = deployment_of(chat_model, "v1")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        for kind, pk in (("deploy", chat_model.pk), ("traffic", chat_model.pk), ("scale", v1.pk),
+                         ("autoscale", v1.pk), ("swap", v1.pk), ("replicas", v1.pk)):  # fmt: skip
+            assert f'data-drawer="drawer-{kind}-{pk}"' in html
+            assert f'<dialog class="drawer" id="drawer-{kind}-{pk}"' in html
+        assert "data-open-on-load" not in html
+
+    def test_a_refused_form_opens_its_drawer_again(self, admin_client, chat_model):
+        v1 = deployment_of(chat_model, "v1")
+        html = admin_client.post(
+            f"/console/deployments/{v1.pk}/scale/",
+            {f"scale-{v1.pk}-replicas": "9", f"scale-{v1.pk}-min_replicas": "1", f"scale-{v1.pk}-max_replicas": "4"},
+        ).content.decode()
+        assert html.count("data-open-on-load") == 1
+        assert f'id="drawer-scale-{v1.pk}" aria-labelledby="drawer-scale-{v1.pk}-title" data-open-on-load' in html

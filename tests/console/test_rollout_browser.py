@@ -80,7 +80,7 @@ def assert_no_sideways_scroll(page: Any) -> None:
 
 def weight_cells(page: Any, model: str) -> dict[str, str]:
     rows = page.locator(f"section[data-model='{model}'] table.deployments tbody tr")
-    return {rows.nth(i).locator("td").nth(1).inner_text(): rows.nth(i).locator("td.weight").inner_text()
+    return {rows.nth(i).locator("td.version [data-version]").inner_text(): rows.nth(i).locator("td.weight").inner_text()
             for i in range(rows.count())}  # fmt: skip
 
 
@@ -99,6 +99,9 @@ class TestRollout:
         panel = page.locator(f"section[data-model='{name}']")
         assert weight_cells(page, name) == {"v1": "100 %", "v2": "0 %"}
         screenshot(page, "rollout-02-deployments")
+        panel.get_by_role("button", name="Traffic split…").click()
+        drawer = page.locator("dialog.drawer[open]")
+        assert drawer.get_by_role("heading").inner_text() == f"Traffic split of {name}"
         panel.locator("#id_weight-v1").fill("60")
         panel.locator("#id_weight-v2").fill("30")
         assert panel.locator("[data-split-sum]").inner_text() == "90"
@@ -113,6 +116,17 @@ class TestRollout:
         assert f"Traffic of {name} split: v1 60 %, v2 40 %." in page.locator(".messages").inner_text()
         assert weight_cells(page, name) == {"v1": "60 %", "v2": "40 %"}
         screenshot(page, "rollout-05-split-set")
+
+        # The live table follows traffic without a reload: requests/s, p99 and errors appear.
+        v1_row = panel.locator("table.live tr[data-deployment]").filter(
+            has=page.locator("[data-version]", has_text="v1")
+        )
+        assert v1_row.locator("[data-live=p99]").inner_text() == "\u2013"  # an en dash: no figure yet
+        in_db_thread(django_db_blocker, lambda: serve_canary_requests(name, rollout_model["key"]))
+        v1_row.locator("[data-live=p99]").filter(has_text=" ms").wait_for(timeout=15_000)
+        assert v1_row.locator("[data-live=errors]").inner_text() == "0.0 %"
+        assert v1_row.locator("[data-live=rate]").inner_text().endswith("/s")
+        screenshot(page, "rollout-05b-live-figures")
 
         # At phone width the page does not scroll sideways.
         page.set_viewport_size({"width": 390, "height": 844})
