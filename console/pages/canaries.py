@@ -24,10 +24,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from plotly.subplots import make_subplots
 
 from console.pages.access import platform_admin_required
+from console.pages.charts import layout
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm
 from core.errors import InvalidInput
+from core.formats import utc
 from core.transitions import IllegalTransition
 from registry.models import Deployment, Model
 from registry.selectors import model_named, model_traffic_split, model_version_named
@@ -41,7 +43,7 @@ from rollout.canary import (
     canary_rollback,
 )
 from rollout.models import Canary, CanaryDecision
-from rollout.selectors import canaries_of, canary_latest, models_with_latest_canary
+from rollout.selectors import Lifecycle, canaries_of, canary_latest, lifecycle_of, models_with_latest_canary
 from serving.selectors import shadow_comparison, shadow_policy_of
 from serving.services import shadow_policy_delete, shadow_policy_set
 
@@ -100,12 +102,25 @@ def _wizard_versions(model: Model) -> tuple[list[str], list[str]]:
 
 # --- Charts and the decision timeline ---------------------------------------------------
 
-# (title, figures path under an arm, scale): what the comparison charts plot per decision window.
-SERIES: tuple[tuple[str, tuple[str, ...], float], ...] = (
-    ("Success rate (%)", ("error_rate",), 100.0),
-    ("p99 latency (ms)", ("latency_ms", "p99"), 1.0),
-    ("p99 TTFT (ms)", ("ttft_ms", "p99"), 1.0),
-    ("Time per output token, median (ms)", ("tpot_ms", "p50"), 1.0),
+
+@dataclass(frozen=True)
+class Series:
+    """One of the comparison charts: where its value sits in an arm's figures, its unit, and
+    what its empty plot says instead of an empty grid."""
+
+    title: str
+    keys: tuple[str, ...]
+    scale: float
+    unit: str
+    empty: str
+
+
+# What the comparison charts plot per decision window.
+SERIES = (
+    Series("Success rate", ("error_rate",), 100.0, "%", "No requests judged yet"),
+    Series("p99 latency", ("latency_ms", "p99"), 1.0, "ms", "No answered requests yet"),
+    Series("p99 time to first token", ("ttft_ms", "p99"), 1.0, "ms", "TTFT: streamed requests only, none yet"),
+    Series("Time per output token, median", ("tpot_ms", "p50"), 1.0, "ms", "TPOT: streams of 2+ tokens only, none yet"),
 )
 ARM_COLOURS = {"base": "#5b6472", "canary": "#2f5bea"}
 
@@ -127,27 +142,46 @@ def judged(decisions: list[CanaryDecision]) -> list[CanaryDecision]:
 
 
 def comparison_figure(decisions: list[CanaryDecision]) -> dict[str, Any]:
-    """Base vs canary per decision window: success rate, p99 latency, p99 TTFT and TPOT, as plotly JSON."""
-    figure = make_subplots(rows=2, cols=2, subplot_titles=[title for title, _, _ in SERIES], vertical_spacing=0.16)
+    """Base vs canary per decision window: success rate, p99 latency, p99 TTFT and TPOT, as plotly
+    JSON. Each plot's y axis names its unit, the x axis its windows (step and canary share; the
+    time is in the hover), and a plot with nothing to show says why."""
+    figure = make_subplots(
+        rows=2, cols=2, subplot_titles=[f"{s.title} ({s.unit})" for s in SERIES],
+        vertical_spacing=0.2, horizontal_spacing=0.12,
+    )  # fmt: skip
     windows = judged(decisions)
-    labels = [f"step {d.step + 1} · {d.canary_percent} % · {timezone.localtime(d.at):%H:%M:%S}" for d in windows]
-    for index, (_title, keys, scale) in enumerate(SERIES):
+    labels = [f"{d.step + 1}: {d.canary_percent} %" for d in windows]
+    times = [f"{utc(d.at, seconds=True)} UTC" for d in windows]
+    for index, series in enumerate(SERIES):
         row, col = divmod(index, 2)
+        axis = "" if index == 0 else str(index + 1)
+        empty = True
         for arm, colour in ARM_COLOURS.items():
-            values = [_arm_value(d.figures["arms"].get(arm) or {}, keys, scale) for d in windows]
+            values = [_arm_value(d.figures["arms"].get(arm) or {}, series.keys, series.scale) for d in windows]
+            empty = empty and all(value is None for value in values)
             figure.add_trace(
                 go.Scatter(
-                    x=labels, y=values, name=arm, legendgroup=arm, showlegend=index == 0,
+                    x=labels, y=values, name=arm, legendgroup=arm, showlegend=index == 0, customdata=times,
                     mode="lines+markers", line={"color": colour},
+                    hovertemplate=f"{arm}: %{{y:,}} {series.unit}<br>step %{{x}} · %{{customdata}}<extra></extra>",
                 ),
                 row=row + 1, col=col + 1,
             )  # fmt: skip
+        if empty:
+            figure.add_annotation(
+                text=series.empty, xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5, y=0.5,
+                showarrow=False, font={"color": "#5b6472"},
+            )  # fmt: skip
+        figure.update_yaxes(title_text=series.unit, row=row + 1, col=col + 1)
+        if row == 1:
+            figure.update_xaxes(title_text="step: canary share", row=row + 1, col=col + 1)
+    # The legend above the plots, at the right: it never takes their room.
+    legend = {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.12}
     figure.update_layout(
-        height=520, margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.12},
-        paper_bgcolor="#fff", plot_bgcolor="#fff", font={"size": 12},
-    )  # fmt: skip
-    figure.update_xaxes(showticklabels=False, gridcolor="#eef1f6")
-    figure.update_yaxes(gridcolor="#eef1f6", rangemode="tozero")
+        {**layout(height=560, legend=True, margin={"l": 60, "r": 10, "t": 50, "b": 60}), "legend": legend}
+    )
+    figure.update_xaxes(type="category", gridcolor="#eef1f6", automargin=True)
+    figure.update_yaxes(gridcolor="#eef1f6", rangemode="tozero", automargin=True)
     figure_json: dict[str, Any] = json.loads(figure.to_json())
     return figure_json
 
@@ -228,14 +262,27 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     elif status in Canary.Status.values:
         rows = [(m, c) for m, c in rows if c is not None and c.status == status]
     page = page_of(request, rows, CANARIES_PER_PAGE)
+    shown = [c for _, c in page.object_list if c is not None]
+    now = lifecycle_of(versions=[v for c in shown for v in (c.base_version, c.canary_version)])
     context = {
         "page": page,
+        # (model, its latest canary, what the canary's version is now)
+        "rows": [(m, c, now.get(c.canary_version_id) if c else None) for m, c in page.object_list],
         "q": q,
         "status": status,
         "statuses": Canary.Status.choices,
         "query": query_without_page(request),
     }
     return render(request, "console/deployments/canary_list.html", context)
+
+
+def _versions_now(canary: Canary | None) -> list[tuple[str, Lifecycle]]:
+    """The canary's base and candidate, each with what it is now."""
+    if canary is None:
+        return []
+    pair = [canary.base_version, canary.canary_version]
+    now = lifecycle_of(versions=pair)
+    return [(version.version, now[version.pk]) for version in pair]
 
 
 def _detail(
@@ -254,6 +301,7 @@ def _detail(
         "model": model,
         "canary": canary,
         "criteria": criteria_text(canary.success_criteria) if canary else [],
+        "versions_now": _versions_now(canary),
         "stamp": _stamp(canary),
         "figure": comparison_figure(decisions) if judged(decisions) else None,
         "timeline": timeline(decisions),

@@ -27,6 +27,7 @@ from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm
 from core.errors import InvalidInput
+from core.formats import MISSING
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
     deployment_board,
@@ -61,7 +62,6 @@ SWAP_PHASES = ("starting", "shifted", "draining", "completed")
 # The live table's window: what "requests/s", "p99" and "errors" are over.
 LIVE_WINDOW = timedelta(minutes=5)
 LIVE_IDS_MAX = 200
-NONE = "\u2013"  # an en dash: no figure (no request in the window)
 # Audited actions as the live table's "last change" says them.
 CHANGES = {
     "deployment.create": "deployed",
@@ -104,9 +104,9 @@ def live_cells(deployment: Deployment, served: ServedSummary) -> dict[str, str]:
         "status": deployment.get_status_display(),
         "state": deployment.status,
         "replicas": f"{ready}/{deployment.replicas} ready" + (f", {restarting} restarting" if restarting else ""),
-        "rate": NONE if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
-        "p99": NONE if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
-        "errors": NONE if error_percent is None else f"{error_percent:.1f} %",
+        "rate": MISSING if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
+        "p99": MISSING if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
+        "errors": MISSING if error_percent is None else f"{error_percent:.1f} %",
         "requests": f"{served.requests:,}",
     }
 

@@ -101,6 +101,8 @@ class TestList:
         html = admin_client.get("/console/canaries/").content.decode()
         assert 'href="/console/canaries/gpt-tiny/"' in html
         assert "v1 → v2" in html
+        row = html[html.index('data-model="gpt-tiny"') :].split("</tr>")[0]
+        assert '<span class="status status-canary" data-lifecycle="canary">canary at 5 %</span>' in row
         assert "never canaried" in html
         filtered = admin_client.get("/console/canaries/?status=active").content.decode()
         assert 'data-model="gpt-tiny"' in filtered
@@ -116,6 +118,8 @@ class TestCanaryPage:
         assert "Running" in html
         assert "v1 95 %" in html
         assert "v2 5 %" in html
+        assert 'v1 <span class="status status-base" data-lifecycle="base">canary base at 95 %</span>' in html
+        assert 'v2 <span class="status status-canary" data-lifecycle="canary">canary at 5 %</span>' in html
         assert f'data-decision="{hold.pk}"' in html
         assert f'data-decision="{worse.pk}"' in html
         assert 'data-test="latency_ms"' in html
@@ -128,12 +132,37 @@ class TestCanaryPage:
         # The comparison charts, built server-side: both arms, four panels, one point per window.
         figure = json.loads(html.split('id="canary-figure" type="application/json">')[1].split("</script>")[0])
         titles = [a["text"] for a in figure["layout"]["annotations"]]
-        assert titles == ["Success rate (%)", "p99 latency (ms)", "p99 TTFT (ms)", "Time per output token, median (ms)"]
+        assert titles == [
+            "Success rate (%)",
+            "p99 latency (ms)",
+            "p99 time to first token (ms)",
+            "Time per output token, median (ms)",
+        ]  # fmt: skip; no empty-plot note: every series has values
+        layout = figure["layout"]
+        assert [layout[f"yaxis{n}"]["title"]["text"] for n in ("", "2", "3", "4")] == ["%", "ms", "ms", "ms"]
+        assert layout["xaxis3"]["title"]["text"] == layout["xaxis4"]["title"]["text"] == "step: canary share"
+        assert figure["data"][0]["x"] == [f"{canary.current_step + 1}: 5 %"] * 2
         assert len(figure["data"]) == 8
         assert {t["name"] for t in figure["data"]} == {"base", "canary"}
         canary_latency = next(t for t in figure["data"] if t["name"] == "canary" and t["yaxis"] == "y2")
         assert canary_latency["y"][1] == worse.figures["arms"]["canary"]["latency_ms"]["p99"]
         assert 'src="/static/plotly/plotly.min.js"' in html
+
+    def test_plots_with_nothing_to_show_say_why(self, admin_client, canary):
+        """Requests that did not stream have no TTFT or TPOT: those plots say so instead of an empty grid."""
+        unstreamed = [RequestSample(200, 300 + i, None, 20, "stop") for i in range(200)]
+        judgement = judge(unstreamed[:150], unstreamed[150:], min_samples=20)
+        CanaryDecision.objects.create(
+            canary=canary, at=timezone.now(), step=0, canary_percent=5, verdict="hold", reasons=judgement.reasons,
+            figures=judgement.figures,
+        )  # fmt: skip
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        figure = json.loads(html.split('id="canary-figure" type="application/json">')[1].split("</script>")[0])
+        notes = {a["text"]: (a["xref"], a["yref"]) for a in figure["layout"]["annotations"] if a["xref"] != "paper"}
+        assert notes == {
+            "TTFT: streamed requests only, none yet": ("x3 domain", "y3 domain"),
+            "TPOT: streams of 2+ tokens only, none yet": ("x4 domain", "y4 domain"),
+        }
 
     def test_a_page_without_decisions_says_when_the_first_comes(self, admin_client, canary):
         html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()

@@ -15,7 +15,7 @@ from django.utils import timezone
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
 from billing.models import FailedAttempt, UsageRecord
-from console.pages.deployments import NONE
+from core.formats import MISSING
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import last_changes
 from registry.services import deployment_scale, replica_record_load_time, traffic_set
@@ -383,7 +383,7 @@ class TestLiveTable:
         assert '<span data-live="replicas">1/3 ready</span>' in row
         assert 'data-lifecycle="serving"' in row
         quiet = html[html.index(f'data-deployment="{v2.pk}"') :].split("</tr>")[0]
-        assert f'<td class="num" data-live="p99">{NONE}</td>' in quiet
+        assert f'<td class="num" data-live="p99">{MISSING}</td>' in quiet
         assert 'data-lifecycle="deployed"' in quiet
         # What the page polls: the same cells.
         live = admin_client.get(f"/console/deployments/live/?ids={v1.pk},{v2.pk}").json()["deployments"]
@@ -392,7 +392,7 @@ class TestLiveTable:
             "errors": "1.0 %", "requests": "300",
         }  # fmt: skip
         assert live[str(v1.pk)]["rate"] in ("1.00/s", "0.99/s")  # the window moved on a little
-        assert live[str(v2.pk)]["errors"] == NONE
+        assert live[str(v2.pk)]["errors"] == MISSING
 
     def test_the_endpoint_refuses_bad_ids(self, admin_client):
         assert admin_client.get("/console/deployments/live/?ids=1,x").status_code == 400

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from core.formats import MISSING
 from tests.support.browser import log_in, screenshot, serve_canary_requests, tick_until_decided
 
 pytestmark = pytest.mark.browser
@@ -121,7 +122,7 @@ class TestRollout:
         v1_row = panel.locator("table.live tr[data-deployment]").filter(
             has=page.locator("[data-version]", has_text="v1")
         )
-        assert v1_row.locator("[data-live=p99]").inner_text() == "\u2013"  # an en dash: no figure yet
+        assert v1_row.locator("[data-live=p99]").inner_text() == MISSING
         in_db_thread(django_db_blocker, lambda: serve_canary_requests(name, rollout_model["key"]))
         v1_row.locator("[data-live=p99]").filter(has_text=" ms").wait_for(timeout=15_000)
         assert v1_row.locator("[data-live=errors]").inner_text() == "0.0 %"
