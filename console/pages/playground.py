@@ -17,6 +17,8 @@ from console.pages.nav import PORTAL, NavItem
 from registry.models import Task
 from registry.selectors import serving_deployments
 from registry.signatures import is_predict_framework
+from serving.selectors import cache_policies_by_model
+from serving.semcache.policy import CacheRules
 
 WEBSOCKET_PATH = "/ws/v1/chat/completions"
 # What the playground starts with; the engine's own limit is the model's context length.
@@ -30,6 +32,7 @@ class ServedModel:
 
     name: str
     task: str
+    model_id: int = 0
     versions: list[str] = field(default_factory=list)  # served versions, oldest deployment first
     weighted: list[str] = field(default_factory=list)  # those taking unpinned traffic
 
@@ -44,7 +47,9 @@ def served_models() -> list[ServedModel]:
     models: dict[str, ServedModel] = {}
     for deployment in serving_deployments():
         version = deployment.version
-        entry = models.setdefault(version.model.name, ServedModel(version.model.name, version.model.task))
+        entry = models.setdefault(
+            version.model.name, ServedModel(version.model.name, version.model.task, version.model_id)
+        )
         if version.version not in entry.versions:
             entry.versions.append(version.version)
         if deployment.traffic_weight > 0 and version.version not in entry.weighted:
@@ -104,13 +109,49 @@ def try_small_models(request: OrgRequest, org_id: int) -> HttpResponse:
     )
 
 
+def cache_terms(models: list[ServedModel]) -> dict[str, dict[str, Any]]:
+    """When each model's semantic cache can answer a playground request, by model name:
+    ``off`` says why it never can (else empty), ``maxTemperature`` is the hottest sampling it
+    takes. These are the gateway's own rules (``serving.routing`` builds its ``CacheRules``
+    from the same policy rows, ``serving.semcache.policy.intent_of`` applies them); the
+    playground always sends a temperature, so the model's default temperature never decides.
+    What else could keep one request out (a prompt over ``max_prompt_tokens``) is said, not
+    checked: only the gateway counts tokens exactly."""
+    policies = cache_policies_by_model()
+    defaults = CacheRules.defaults()
+    terms: dict[str, dict[str, Any]] = {}
+    for model in models:
+        policy = policies.get(model.model_id)
+        enabled = defaults.enabled if policy is None else policy.enabled
+        if not settings.SEMANTIC_CACHE_ENABLED:
+            off = "The semantic cache is turned off on this platform."
+        elif not enabled:
+            off = f"The cache is off for {model.name} (its cache policy)."
+        else:
+            off = ""
+        terms[model.name] = {
+            "off": off,
+            "maxTemperature": defaults.max_temperature if policy is None else float(policy.max_temperature),
+            "maxPromptTokens": defaults.max_prompt_tokens if policy is None else policy.max_prompt_tokens,
+        }
+    return terms
+
+
 @org_member_required()
 def playground(request: OrgRequest, org_id: int) -> HttpResponse:
     chat_models = [m for m in served_models() if m.task == Task.CHAT]
+    cache = cache_terms(chat_models)
+    ws_scheme = "wss" if request.is_secure() else "ws"
     config: dict[str, Any] = {
         "organization": org_id,
         "socketPath": WEBSOCKET_PATH,
-        "models": [{"name": m.name, "versions": m.versions, "weighted": m.weighted} for m in chat_models],
+        # For "View code": the same request through the API, as any client would send it.
+        "apiBase": request.build_absolute_uri("/v1").rstrip("/"),
+        "socketUrl": f"{ws_scheme}://{request.get_host()}{WEBSOCKET_PATH}",
+        "models": [
+            {"name": m.name, "versions": m.versions, "weighted": m.weighted, "cache": cache[m.name]}
+            for m in chat_models
+        ],
     }
     return render(
         request,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -22,6 +23,8 @@ from accounts.services import (
     playground_key_get_or_create,
     playground_key_hash,
 )
+from registry.models import Model
+from serving.models import CachePolicy
 from tests.support.browser import PASSWORD
 from tests.support.gateway import committed, register_fake_replica
 
@@ -81,19 +84,67 @@ class TestWhoMayOpen:
         assert f'href="/portal/{alice_org.pk}/quickstart/" aria-current="page"' in page
 
 
+def config_of(response: Any) -> dict[str, Any]:
+    page = response.content.decode()
+    found: dict[str, Any] = json.loads(page.split('id="playground-config" type="application/json">')[1]
+                                       .split("</script>")[0])  # fmt: skip
+    return found
+
+
 @pytest.mark.django_db
 class TestPlaygroundPage:
     def test_it_offers_the_served_chat_models_and_their_versions(self, alice_org, served):
         response = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/")
-        config = json.loads(response.content.decode().split('id="playground-config" type="application/json">')[1]
-                            .split("</script>")[0])  # fmt: skip
+        config = config_of(response)
         assert config["organization"] == alice_org.pk
         assert config["socketPath"] == "/ws/v1/chat/completions"
+        # For "View code": the same request through the API of this server.
+        assert config["apiBase"] == "http://testserver/v1"
+        assert config["socketUrl"] == "ws://testserver/ws/v1/chat/completions"
         models = {m["name"]: m for m in config["models"]}
-        assert models[served["chat"]] == {"name": served["chat"], "versions": ["1", "2"], "weighted": ["1"]}
+        assert models[served["chat"]] == {
+            "name": served["chat"], "versions": ["1", "2"], "weighted": ["1"],
+            "cache": {"off": "", "maxTemperature": settings.SEMANTIC_CACHE_MAX_TEMPERATURE,
+                      "maxPromptTokens": settings.SEMANTIC_CACHE_MAX_PROMPT_TOKENS},
+        }  # fmt: skip
         assert served["embedding"] not in models  # not a chat model
-        for label in ("System prompt", "Temperature", "Max tokens", "Compare side by side"):
-            assert f">{label}</label>" in response.content.decode()
+        page = response.content.decode()
+        for label in ("System prompt", "Message", "Temperature", "Max tokens", "Compare side by side"):
+            assert f">{label}</label>" in page
+        for button in ("Send", "Stop", "New conversation", "View code"):
+            assert f">{button}</button>" in page
+
+    def test_the_model_and_version_pickers_sit_above_send(self, alice_org, served):
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/").content.decode()
+        form = page.split('id="playground-form"')[1].split("</form>")[0]
+        send = form.index('id="pg-send"')
+        for picker in ("pg-model-a", "pg-version-a", "pg-model-b", "pg-version-b"):
+            assert f'<label for="{picker}">' in form
+            assert form.index(f'id="{picker}"') < send
+
+    def test_behind_https_the_code_names_https_and_wss(self, alice_org, served):
+        client = signed_in(user("ann", org=alice_org))
+        config = config_of(client.get(f"/portal/{alice_org.pk}/playground/", secure=True))
+        assert config["apiBase"] == "https://testserver/v1"
+        assert config["socketUrl"] == "wss://testserver/ws/v1/chat/completions"
+
+    def test_the_cache_option_follows_the_models_policy(self, alice_org, served):
+        """The gateway's rules (serving.semcache.policy.intent_of): a policy that turns the cache
+        off is a reason; one that allows hotter sampling moves the limit the page checks live."""
+        model = Model.objects.get(name=served["chat"])
+        CachePolicy.objects.create(model=model, enabled=True, max_temperature=Decimal("0.8"), max_prompt_tokens=500)
+        client = signed_in(user("ann", org=alice_org))
+        terms = {m["name"]: m["cache"] for m in config_of(client.get(f"/portal/{alice_org.pk}/playground/"))["models"]}
+        assert terms[served["chat"]] == {"off": "", "maxTemperature": 0.8, "maxPromptTokens": 500}
+
+        CachePolicy.objects.filter(model=model).update(enabled=False)
+        terms = {m["name"]: m["cache"] for m in config_of(client.get(f"/portal/{alice_org.pk}/playground/"))["models"]}
+        assert terms[served["chat"]]["off"] == f"The cache is off for {served['chat']} (its cache policy)."
+
+    def test_with_the_cache_off_on_the_platform_every_model_says_so(self, alice_org, served, settings):
+        settings.SEMANTIC_CACHE_ENABLED = False
+        config = config_of(signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/"))
+        assert {m["cache"]["off"] for m in config["models"]} == {"The semantic cache is turned off on this platform."}
 
     def test_no_secret_is_in_the_page(self, alice_org, served):
         page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/").content.decode()

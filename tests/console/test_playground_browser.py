@@ -1,18 +1,26 @@
 """The playground and the quickstart in real Chromium, against the real SmolLM2 replica.
 
 An org member signs in, streams a long answer and watches the readout move, stops it (the
-request is metered as cancelled, 499, to the member's playground key), then compares two
-models side by side. What the engine writes is never asserted, only that it streams.
+request is metered as cancelled, 499, to the member's playground key, and the status says
+"stopped by you"), holds a two-turn conversation (the second request carries both turns), runs
+the code "View code" shows for it, then compares two models side by side. What the engine
+writes is never asserted, only that it streams.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 
+from accounts.services import api_key_create
 from tests.processes import Gateway, start_gateway
 from tests.serving.conftest import fake_model  # noqa: F401 - a fixture of the data-plane tests, used here too
 from tests.support.browser import log_in, screenshot
@@ -65,8 +73,10 @@ def test_the_real_model_and_its_version_are_offered(playground_gateway, committe
     client = Client()
     client.force_login(committed_users["org_member"])
     page = client.get(f"/portal/{committed_users['org'].pk}/playground/").content.decode()
+    config = json.loads(page.split('id="playground-config" type="application/json">')[1].split("</script>")[0])
     version = bundled_models["versions"][CHAT].version
-    assert f'{{"name": "{CHAT}", "versions": ["{version}"], "weighted": ["{version}"]}}' in page
+    offered = {m["name"]: m for m in config["models"]}[CHAT]
+    assert (offered["versions"], offered["weighted"]) == ([version], [version])
 
 
 class TestPlaygroundInChromium:
@@ -94,7 +104,9 @@ class TestPlaygroundInChromium:
         page.click("#pg-stop")
         page.wait_for_selector(".pg-column[data-column='a'][data-state^='cancelled']", timeout=30_000)
         screenshot(page, "playground-3-stopped")
-        assert readout(page, "a", "status") == "cancelled (499)"
+        assert readout(page, "a", "status") == "stopped by you"
+        assert readout(page, "a", "status-code") == "HTTP 499"
+        assert "stopped by you" in column(page, "a").locator(".pg-assistant .pg-who").inner_text()
         assert page.locator("#pg-send").is_enabled()
         request_id = column(page, "a").get_attribute("data-request-id")
         shown = int(readout(page, "a", "tokens"))
@@ -141,15 +153,157 @@ class TestPlaygroundInChromium:
         assert readout(page, "b", "served").startswith("Version 1 ·")
         assert "cache" not in readout(page, "a", "served") + readout(page, "b", "served")
 
-        # The engine fails: the column says so, in words, and the other still answers.
+        # The engine fails: the column says so, in words, and the other still answers. It is
+        # each column's second turn: each sends its own answer of the first.
+        assert page.input_value("#pg-message") == ""  # sent: the box is free for the next turn
         fake_model.control(mode="error500")
+        page.fill("#pg-message", "And about butter?")
         page.click("#pg-send")
         page.wait_for_selector(".pg-column[data-column='b'][data-state^='error']", timeout=60_000)
         page.wait_for_selector(".pg-column[data-column='a'][data-state='completed']", timeout=180_000)
-        error = column(page, "b").locator("[data-field='error']")
-        assert error.is_visible()
-        assert error.inner_text().strip()
+        assert readout(page, "b", "status").startswith("error: ")
+        assert len(readout(page, "b", "status")) > len("error: ")
+        # The failed turn stays on show but is not sent again.
+        assert column(page, "b").locator(".pg-turn.pg-left").count() == 2
+        assert column(page, "a").locator(".pg-turn").count() == 4
         screenshot(page, "playground-6-engine-error")
+        page.context.close()
+
+    def test_a_conversation_sends_every_turn_and_its_code_runs(
+        self, playground_gateway, chromium, committed_users, django_db_blocker
+    ):
+        page = open_playground(chromium, playground_gateway, committed_users)
+        sent: list[dict[str, Any]] = []
+        page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(json.loads(payload))))
+        page.select_option("#pg-model-a", CHAT)
+        version = page.locator("#pg-version-a option").nth(1).get_attribute("value")
+        page.select_option("#pg-version-a", version)  # pinned
+        page.fill("#pg-temperature", "0")
+        page.uncheck("#pg-cache")  # at 0 the cache could answer: both turns from the engine
+        page.fill("#pg-max-tokens", "12")
+        page.fill("#pg-message", "What is the capital of France?")
+        page.click("#pg-send")
+        page.wait_for_selector(".pg-column[data-column='a'][data-state='completed']", timeout=180_000)
+        assert readout(page, "a", "status") in ("done (stop)", "cut off at max tokens")
+        assert readout(page, "a", "status-code") == "HTTP 200"
+        first_prompt = int(column(page, "a").get_attribute("data-prompt-tokens"))
+        first_completion = int(column(page, "a").get_attribute("data-completion-tokens"))
+        answer = column(page, "a").locator(".pg-assistant .pg-text").inner_text()
+        assert answer.strip()
+
+        page.fill("#pg-message", "And of Italy?")
+        page.click("#pg-send")
+        page.wait_for_selector(".pg-column[data-column='a'][data-state='completed'][data-run-id='a-2']",
+                               timeout=180_000)  # fmt: skip
+        screenshot(page, "playground-8-two-turns")
+        requests = [frame for frame in sent if frame.get("type") == "chat.completion"]
+        assert len(requests) == 2
+        second = requests[1]
+        assert second["model_version"] == version
+        assert second["body"]["cache"] is False
+        messages = second["body"]["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+        assert (messages[0]["content"], messages[2]["content"]) == ("What is the capital of France?", "And of Italy?")
+        assert messages[1]["content"].strip() == answer.strip()
+        # The engine read both turns: the second prompt holds the first prompt and its answer.
+        assert int(column(page, "a").get_attribute("data-prompt-tokens")) > first_prompt + first_completion
+        assert column(page, "a").locator(".pg-turn").count() == 4
+
+        # "View code": exactly what was last sent, the version pinned, no secret.
+        page.click("#pg-view-code")
+        dialog = page.locator("#drawer-code-pg")
+        dialog.wait_for(state="visible")
+        assert "last sent" in page.locator("#pg-code-what").inner_text()
+        assert "HTTP 200" in page.locator("#pg-code-status").inner_text()
+        code = {name: page.locator(f"[data-code='{name}']").text_content() for name in ("curl", "python", "websocket")}
+        assert f"curl -N {playground_gateway.base_url}/v1/chat/completions" in code["curl"]
+        assert f"X-Model-Version: {version}" in code["curl"]
+        assert '"Authorization: Bearer $API_KEY"' in code["curl"]
+        assert f'extra_headers={{"X-Model-Version": "{version}"}}' in code["python"]
+        assert 'extra_body={"cache": False}' in code["python"]
+        assert f'"model_version": "{version}"' in code["websocket"]
+        for text in code.values():
+            assert "And of Italy?" in text
+            assert "What is the capital of France?" in text
+            assert "sk-" not in text
+        page.click("#pg-tab-python")
+        assert page.locator("#pg-panel-python").is_visible()
+        assert not page.locator("#pg-panel-curl").is_visible()
+        screenshot(page, "playground-9-view-code")
+        page.keyboard.press("Escape")
+
+        # The code runs as it reads, with a key of the organisation's own.
+        secret = committed(
+            django_db_blocker, lambda: api_key_create(organization=committed_users["org"], name="view code").secret
+        )
+        env = {**os.environ, "API_KEY": secret}
+        curl = subprocess.run(["bash", "-c", code["curl"]], env=env, capture_output=True, text=True, timeout=180)
+        assert curl.returncode == 0, curl.stderr
+        assert "data: [DONE]" in curl.stdout, curl.stdout[-500:]
+        assert '"completion_tokens"' in curl.stdout
+        for name in ("python", "websocket"):
+            run = subprocess.run([sys.executable, "-c", code[name]], env=env, capture_output=True, text=True,
+                                 timeout=180)  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            assert "completion_tokens" in run.stdout, run.stdout[-500:]
+        assert "'status': 'completed'" in run.stdout  # the socket's usage frame
+
+        # A new conversation starts from nothing.
+        page.click("#pg-new")
+        assert column(page, "a").locator(".pg-turn").count() == 0
+        assert readout(page, "a", "status") == "idle"
+        page.fill("#pg-message", "Hello")
+        page.click("#pg-view-code")
+        page.locator("#drawer-code-pg").wait_for(state="visible")
+        assert "would send now" in page.locator("#pg-code-what").inner_text()
+        assert "What is the capital" not in page.locator("[data-code='curl']").text_content()
+        page.context.close()
+
+    def test_the_cache_option_says_why_it_cannot_apply(self, playground_gateway, chromium, committed_users):
+        page = open_playground(chromium, playground_gateway, committed_users)
+        limit = f"{settings.SEMANTIC_CACHE_MAX_TEMPERATURE:g}"
+        cache, hint = page.locator("#pg-cache"), page.locator("#pg-cache-hint")
+        page.select_option("#pg-model-a", CHAT)
+        page.fill("#pg-temperature", "0.2")
+        assert cache.is_enabled()
+        assert cache.is_checked()
+        assert cache.get_attribute("aria-describedby") == "pg-cache-hint"
+        assert f"temperature {limit} or below" in hint.inner_text()
+
+        page.fill("#pg-temperature", "1.0")  # said at once, as the temperature changes
+        assert cache.is_disabled()
+        assert not cache.is_checked()
+        assert hint.inner_text() == f"Not at temperature 1: {CHAT}'s cache answers at {limit} or below."
+        screenshot(page, "playground-10-cache-disabled")
+        # What would be sent leaves the cache to the gateway, which would not use it.
+        page.fill("#pg-message", "Hi")
+        page.click("#pg-view-code")
+        page.locator("#drawer-code-pg").wait_for(state="visible")
+        curl = page.locator("[data-code='curl']").text_content()
+        assert '"temperature": 1,' in curl
+        assert '"cache"' not in curl
+        page.keyboard.press("Escape")
+
+        page.fill("#pg-temperature", "0.3")  # the member's choice comes back
+        assert cache.is_enabled()
+        assert cache.is_checked()
+        page.uncheck("#pg-cache")
+        page.fill("#pg-temperature", "1.5")
+        page.fill("#pg-temperature", "0.4")
+        assert cache.is_enabled()
+        assert not cache.is_checked()
+
+        # At 800 px, comparing, with the code open: nothing scrolls sideways.
+        page.set_viewport_size({"width": 800, "height": 900})
+        page.check("#pg-compare")
+        assert page.locator("#pg-model-b").is_visible()
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        screenshot(page, "playground-11-800px")
+        page.click("#pg-view-code")
+        page.locator("#drawer-code-pg").wait_for(state="visible")
+        assert page.locator("#pg-code-columns").is_visible()  # which column's request
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        screenshot(page, "playground-12-800px-code")
         page.context.close()
 
     def test_the_form_explains_bad_settings_and_fits_a_phone(self, playground_gateway, chromium, committed_users):
