@@ -283,6 +283,29 @@ def credit_line(*, credit: Decimal, plan_name: str) -> LineDraft:
     )
 
 
+@dataclass(frozen=True)
+class InvoiceFigures:
+    """An invoice's lines (usage and adjustments, then the credit line if any) and totals."""
+
+    lines: list[LineDraft]
+    totals: Totals
+
+
+def invoice_figures(records: QuerySet[UsageRecord], *, organization: Organization, period: dt.date) -> InvoiceFigures:
+    """The lines and totals of the invoice of ``period`` that bills ``records``: what drafting
+    writes (``billing.services.invoices``) and what a preview shows, from one computation."""
+    drafts = usage_lines(records, period=period)
+    plan = Plan.objects.filter(tier=organization.tier).first()
+    sums = totals(
+        (line.amount for line in drafts),
+        credit_available=plan.included_credit if plan is not None else ZERO,
+        tax_rate=organization.tax_rate,
+    )
+    if sums.credit > 0 and plan is not None:
+        drafts.append(credit_line(credit=sums.credit, plan_name=plan.name))
+    return InvoiceFigures(lines=drafts, totals=sums)
+
+
 # --- Reads ------------------------------------------------------------------------------
 
 
@@ -315,6 +338,35 @@ def uninvoiced_usage(*, organization_id: int, period: dt.date) -> QuerySet[Usage
     """Records an invoice of ``period`` would take (see the module docstring)."""
     billable = _billable_by(period).filter(organization_id=organization_id)
     return UsageRecord.objects.filter(pk__in=billable.values("pk"))
+
+
+@dataclass(frozen=True)
+class InvoicePreview:
+    """What an organisation's invoice of ``period`` would say if it were drafted now."""
+
+    period: dt.date
+    figures: InvoiceFigures
+    draft: Invoice | None  # the month's draft that drafting would refresh, if there is one
+
+
+def invoice_preview(*, organization: Organization, period: dt.date) -> InvoicePreview | None:
+    """The lines and totals ``billing.services.invoice_draft`` would give the organisation's
+    invoice of the UTC month of ``period`` now: the records a draft holds already and those it
+    would take, through the same ``invoice_figures``. Reads only: no invoice is made or
+    changed and no record is assigned. None when the month's invoice is finalized or paid
+    (it never changes again)."""
+    period = month_start(period)
+    invoice = (
+        Invoice.objects.filter(organization=organization, period=period).exclude(status=Invoice.Status.VOID).first()
+    )
+    if invoice is not None and invoice.status != Invoice.Status.DRAFT:
+        return None
+    taken = uninvoiced_usage(organization_id=organization.pk, period=period)
+    records = (
+        taken if invoice is None else UsageRecord.objects.filter(Q(pk__in=taken.values("pk")) | Q(invoice=invoice))
+    )
+    figures = invoice_figures(records, organization=organization, period=period)
+    return InvoicePreview(period=period, figures=figures, draft=invoice)
 
 
 def organizations_to_invoice(*, period: dt.date) -> QuerySet[Organization]:

@@ -22,7 +22,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from accounts.models import Organization, Plan
+from accounts.models import Organization
 from billing import invoicing
 from billing.models import Invoice, InvoiceLine, InvoiceSequence, UsageRecord
 from billing.signals import invoice_finalized
@@ -72,15 +72,9 @@ def _fill(invoice: Invoice, organization: Organization) -> None:
     if invoice.status != Invoice.Status.DRAFT:
         raise InvoiceFrozen(invoice)
     invoicing.uninvoiced_usage(organization_id=organization.pk, period=invoice.period).update(invoice=invoice)
-    drafts = invoicing.usage_lines(UsageRecord.objects.filter(invoice=invoice), period=invoice.period)
-    plan = Plan.objects.filter(tier=organization.tier).first()
-    sums = invoicing.totals(
-        (line.amount for line in drafts),
-        credit_available=plan.included_credit if plan is not None else invoicing.ZERO,
-        tax_rate=organization.tax_rate,
-    )
-    if sums.credit > 0 and plan is not None:
-        drafts.append(invoicing.credit_line(credit=sums.credit, plan_name=plan.name))
+    held = UsageRecord.objects.filter(invoice=invoice)
+    figures = invoicing.invoice_figures(held, organization=organization, period=invoice.period)
+    drafts, sums = figures.lines, figures.totals
     InvoiceLine.objects.filter(invoice=invoice).delete()
     InvoiceLine.objects.bulk_create([line.as_line(invoice) for line in drafts])
     invoice.currency = settings.BILLING_CURRENCY
