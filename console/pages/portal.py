@@ -9,8 +9,10 @@ either): that answer is not cacheable, and reloading it does not show the secret
 
 from __future__ import annotations
 
-from datetime import UTC, date, timedelta
+from dataclasses import dataclass
+from datetime import UTC, date
 from decimal import Decimal
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -35,6 +37,9 @@ from console.pages.cache import quality_context
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
+    DEFAULT_RANGE,
+    GROUP_CHOICES,
+    USAGE_RANGES,
     ApiKeyCreateForm,
     ApiKeyFilterForm,
     InvoiceFilterForm,
@@ -42,10 +47,12 @@ from console.pages.portal_forms import (
 )
 from console.pages.portal_usage import (
     budget_status,
+    by_key,
     by_model,
     daily_usage,
     figures,
     money_text,
+    month_preview,
     totals_of,
     usage_csv,
 )
@@ -63,29 +70,77 @@ def _is_admin(request: OrgRequest) -> bool:
 # --- Usage -----------------------------------------------------------------------------
 
 
-def _usage_window(request: OrgRequest) -> tuple[UsageWindowForm, date, date, int | None]:
-    """The window asked for (the last 30 UTC days by default, and while the form has errors)."""
+@dataclass(frozen=True)
+class UsageQuery:
+    """What the usage page and its CSV show: UTC days ``start`` to ``end`` (both included),
+    named by ``range`` (a preset, or "custom"), one key or all, per model or per key."""
+
+    form: UsageWindowForm
+    start: date
+    end: date
+    range: str
+    api_key_id: int | None
+    group: str
+    keys: dict[int, ApiKey]
+
+    @property
+    def range_label(self) -> str:
+        return next((r.label for r in USAGE_RANGES if r.key == self.range), "Custom range")
+
+    def query(self, **changes: str) -> str:
+        """This query string with ``changes`` (a preset link drops the days, the days a preset)."""
+        values: dict[str, str] = {"start": str(self.start), "end": str(self.end), "group": self.group}
+        if self.api_key_id is not None:
+            values["api_key"] = str(self.api_key_id)
+        if "range" in changes:
+            del values["start"], values["end"]
+        values.update(changes)
+        return urlencode({k: v for k, v in values.items() if v and not (k == "group" and v == "model")})
+
+
+def _usage_query(request: OrgRequest) -> UsageQuery:
+    """The window asked for; the last 30 UTC days, all keys, per model by default and while
+    the form has errors (which it shows)."""
     today = timezone.now().date()  # UTC: rollup days are UTC days
-    keys = [(key.pk, f"{key.name} ({key.masked})") for key in api_keys_of(organization_id=request.organization.pk)]
-    form = UsageWindowForm(request.GET or None, keys=keys, today=today)
+    keys = {key.pk: key for key in api_keys_of(organization_id=request.organization.pk)}
+    choices = [(key.pk, f"{key.name} ({key.masked})") for key in keys.values()]
+    form = UsageWindowForm(request.GET or None, keys=choices, today=today)
     if form.is_bound and form.is_valid():
-        return form, form.cleaned_data["start"], form.cleaned_data["end"], form.cleaned_data["api_key"]
-    return form, today - timedelta(days=29), today, None
+        data = form.cleaned_data
+        # The form shown again holds the days shown, to adjust them from there.
+        shown = UsageWindowForm(
+            initial={"start": data["start"], "end": data["end"], "api_key": data["api_key"], "group": data["group"]},
+            keys=choices,
+            today=today,
+        )
+        return UsageQuery(shown, data["start"], data["end"], data["range"], data["api_key"], data["group"], keys)
+    start, end = next(r for r in USAGE_RANGES if r.key == DEFAULT_RANGE).days(today)
+    if not form.is_bound:
+        form = UsageWindowForm(initial={"start": start, "end": end}, keys=choices, today=today)
+    group = form.cleaned_data.get("group", "model") if form.is_bound else "model"
+    return UsageQuery(form, start, end, DEFAULT_RANGE, None, group, keys)
 
 
 @org_member_required()
 def usage(request: OrgRequest, org_id: int) -> HttpResponse:
-    """Usage and cost by model and day over a window, totals, and the month's budget status."""
+    """Usage and cost per model or key over a window, totals, the month's budget status and
+    (for admins) the month's invoice so far."""
     organization = request.organization
-    today = timezone.now().date()
-    form, start, end, api_key_id = _usage_window(request)
-    rows = daily_usage(organization_id=organization.pk, start=start, end=end, api_key_id=api_key_id)
+    now = timezone.now()
+    asked = _usage_query(request)
+    start, end = asked.start, asked.end
+    per_key = asked.group == "key"
+    rows = daily_usage(
+        organization_id=organization.pk, start=start, end=end, api_key_id=asked.api_key_id, by_key=per_key
+    )
     currency = str(settings.BILLING_CURRENCY)
     cached = cache_by_model(organization_id=organization.pk, start=start, end=end)
     quality = quality_context(cache_quality(models=set(cached), organization_id=organization.pk))
     for row in quality["quality"]:
         row["hits"], saved = cached.get(row["model"], (0, Decimal(0)))
         row["saved"] = money_text(saved)
+    key_rows = by_key(rows, asked.keys) if per_key else []
+    labels = {row.api_key_id: row.label for row in key_rows} if per_key else None
     context = {
         **quality,
         "own_reports": True,
@@ -93,16 +148,21 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
         if _is_admin(request)
         else None,
         "organization": organization,
-        "form": form,
+        "form": asked.form,
+        "asked": asked,
         "start": start,
         "end": end,
+        "ranges": [(r, asked.query(range=r.key)) for r in USAGE_RANGES],
+        "groups": [(key, label, asked.query(group=key)) for key, label in GROUP_CHOICES],
         "totals": totals_of(rows),
         "models": by_model(rows),
-        "figures": figures(rows, start=start, end=end, currency=currency),
-        "budget": budget_status(organization=organization, today=today),
+        "key_rows": key_rows,
+        "figures": figures(rows, start=start, end=end, currency=currency, keys=labels),
+        "budget": budget_status(organization=organization, today=now.date()),
+        "preview": month_preview(organization=organization, now=now) if _is_admin(request) else None,
         "currency": currency,
         "usage_api": f"/api/orgs/{organization.pk}/usage/?start_date={start}&end_date={end}",
-        "csv_query": request.GET.urlencode(),
+        "csv_query": asked.query(),
     }
     return render(request, "console/portal/usage.html", context)
 
@@ -110,11 +170,17 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
 @org_member_required()
 @require_GET
 def usage_download(request: OrgRequest, org_id: int) -> HttpResponse:
-    """The usage window as CSV, per UTC day, model and key."""
-    _, start, end, api_key_id = _usage_window(request)
-    rows = daily_usage(organization_id=request.organization.pk, start=start, end=end, api_key_id=api_key_id,
+    """The usage window as CSV, per UTC day, model and key; a window that does not parse is a
+    400 that says why (never another window than the one asked for)."""
+    asked = _usage_query(request)
+    if asked.form.is_bound and asked.form.errors:
+        problems = "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in asked.form.errors.items())
+        return HttpResponse(f"No CSV for this window: {problems}\n", status=400, content_type="text/plain")
+    start, end = asked.start, asked.end
+    rows = daily_usage(organization_id=request.organization.pk, start=start, end=end, api_key_id=asked.api_key_id,
                        by_key=True)  # fmt: skip
-    response = HttpResponse(usage_csv(rows, currency=str(settings.BILLING_CURRENCY)), content_type="text/csv")
+    body = usage_csv(rows, currency=str(settings.BILLING_CURRENCY), keys=asked.keys)
+    response = HttpResponse(body, content_type="text/csv")
     filename = f"usage-{request.organization.slug}-{start}-{end}.csv"
     response["Content-Disposition"] = content_disposition_header(True, filename) or "attachment"
     return response

@@ -6,6 +6,8 @@ Forms only parse and bound input; the rules (plan ceilings, who may do what) liv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -16,18 +18,66 @@ from accounts.models import CAP_FIELDS, LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPE
 from accounts.services import NAME_MAX_LENGTH
 from billing.models import Invoice
 
-RANGE_CHOICES = [("7", "Last 7 days"), ("30", "Last 30 days"), ("90", "Last 90 days")]
-DEFAULT_DAYS = 30
+DEFAULT_RANGE = "30"
 MAX_WINDOW_DAYS = 366
 
 
-class UsageWindowForm(forms.Form):
-    """Last 7, 30 or 90 days (UTC, today included), or ``start`` to ``end``."""
+@dataclass(frozen=True)
+class UsageRange:
+    """A named window of whole UTC days, today included where it reaches today."""
 
-    days = forms.ChoiceField(label="Range", choices=RANGE_CHOICES, required=False, initial=str(DEFAULT_DAYS))
-    start = forms.DateField(label="From", required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    end = forms.DateField(label="To", required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    key: str
+    label: str
+    days: Callable[[date], tuple[date, date]]  # today → (first day, last day)
+
+
+def _last(n: int) -> Callable[[date], tuple[date, date]]:
+    return lambda today: (today - timedelta(days=n - 1), today)
+
+
+def _this_month(today: date) -> tuple[date, date]:
+    return today.replace(day=1), today
+
+
+def _last_month(today: date) -> tuple[date, date]:
+    last_day = today.replace(day=1) - timedelta(days=1)
+    return last_day.replace(day=1), last_day
+
+
+USAGE_RANGES = (
+    UsageRange("7", "Last 7 days", _last(7)),
+    UsageRange("30", "Last 30 days", _last(30)),
+    UsageRange("month", "This month", _this_month),
+    UsageRange("last-month", "Last month", _last_month),
+    UsageRange("90", "Last 90 days", _last(90)),
+)
+GROUP_CHOICES = [("model", "By model"), ("key", "By key")]
+_DATE_ERRORS = {"invalid": "Enter a day as YYYY-MM-DD, for example 2026-11-01."}
+
+
+def _day(label: str) -> forms.DateField:
+    return forms.DateField(
+        label=label,
+        required=False,
+        input_formats=["%Y-%m-%d"],
+        error_messages=_DATE_ERRORS,
+        widget=forms.DateInput(attrs={"type": "date"}, format="%Y-%m-%d"),
+    )
+
+
+class UsageWindowForm(forms.Form):
+    """The usage page's question: a named range (``range``, from the preset links) or the
+    days ``start`` to ``end`` (UTC, both included; the dates win when given), one key or all,
+    grouped by model or by key. ``cleaned_data["range"]`` is the preset the days match, or
+    ``"custom"``."""
+
+    range = forms.ChoiceField(
+        label="Range", choices=[(r.key, r.label) for r in USAGE_RANGES], required=False, widget=forms.HiddenInput
+    )
+    start = _day("From")
+    end = _day("To")
     api_key = forms.TypedChoiceField(label="API key", required=False, coerce=int, empty_value=None)
+    group = forms.ChoiceField(label="Group", choices=GROUP_CHOICES, required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, keys: list[tuple[int, str]], today: date, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -35,21 +85,30 @@ class UsageWindowForm(forms.Form):
         api_key = self.fields["api_key"]
         assert isinstance(api_key, forms.TypedChoiceField)
         api_key.choices = [("", "All keys"), *keys]
+        for name in ("start", "end"):  # the browser's picker offers no day after today
+            self.fields[name].widget.attrs["max"] = today.isoformat()
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        data["group"] = data.get("group") or "model"
         start, end = data.get("start"), data.get("end")
         if start is None and end is None:
-            days = int(data.get("days") or DEFAULT_DAYS)
-            data["start"], data["end"] = self.today - timedelta(days=days - 1), self.today
+            if self.has_error("start") or self.has_error("end"):
+                return data
+            chosen = next(r for r in USAGE_RANGES if r.key == (data.get("range") or DEFAULT_RANGE))
+            data["start"], data["end"] = chosen.days(self.today)
+            data["range"] = chosen.key
             return data
         end = end or self.today
-        start = start or end - timedelta(days=DEFAULT_DAYS - 1)
+        start = start or end - timedelta(days=int(DEFAULT_RANGE) - 1)
         if start > end:
-            self.add_error("start", "The first day is after the last one.")
+            self.add_error("end", f"The last day ({end}) is before the first ({start}).")
+        elif end > self.today:
+            self.add_error("end", f"Usage is known up to today, {self.today} (UTC).")
         elif (end - start).days + 1 > MAX_WINDOW_DAYS:
-            self.add_error("start", f"Choose at most {MAX_WINDOW_DAYS} days.")
+            self.add_error("start", f"Choose at most {MAX_WINDOW_DAYS} days ({(end - start).days + 1} asked).")
         data["start"], data["end"] = start, end
+        data["range"] = next((r.key for r in USAGE_RANGES if r.days(self.today) == (start, end)), "custom")
         return data
 
 

@@ -1,8 +1,10 @@
-"""The portal's usage page, as data: an organisation's daily rollups summed into totals, per-model
-rows, plotly figures and its budget status for the month.
+"""The portal's usage page, as data: an organisation's daily rollups summed into totals, rows per
+model or per key, plotly figures, its budget status for the month, and the month's invoice so far.
 
-Everything is read through ``billing.usage_selectors`` (daily rollups, never raw usage
-records), so the page shows what ``GET /api/orgs/{id}/usage/`` reports for the same days.
+Usage is read through ``billing.usage_selectors`` (daily rollups, never raw usage records),
+so the page shows what ``GET /api/orgs/{id}/usage/`` reports for the same days. The invoice
+preview is the exception: an invoice bills usage records, each at its own price, so the
+preview is what ``billing.invoicing`` computes from them when it drafts one.
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ import csv
 import io
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import plotly.graph_objects as go
 from django.conf import settings
 
-from accounts.models import Organization
+from accounts.models import ApiKey, Organization
 from billing import invoicing
-from billing.models import BudgetAlert
+from billing.models import BudgetAlert, Invoice, InvoiceLine
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
 from console.pages import charts
@@ -101,6 +103,41 @@ def by_model(rows: Iterable[DailyUsage]) -> dict[str, UsageTotals]:
     return dict(sorted(models.items()))
 
 
+@dataclass(frozen=True)
+class KeyUsage:
+    """One API key's totals over the window, the key shown as people see it (``sk-…abcd``)."""
+
+    api_key_id: int
+    name: str
+    masked: str
+    active: bool
+    totals: UsageTotals
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.masked})"
+
+
+def by_key(rows: Iterable[DailyUsage], keys: Mapping[int, ApiKey]) -> list[KeyUsage]:
+    """Totals per key (``rows`` read with ``by_key``), keys in name order; ``keys``: the
+    organisation's keys by id, for their masked form."""
+    sums: dict[int, UsageTotals] = defaultdict(UsageTotals)
+    seen: dict[int, DailyUsage] = {}
+    for row in rows:
+        key_id = row.api_key_id or 0
+        sums[key_id].add(row)
+        seen.setdefault(key_id, row)
+    found = []
+    for key_id, totals in sums.items():
+        api_key = keys.get(key_id)
+        if api_key is not None:
+            found.append(KeyUsage(key_id, api_key.name, api_key.masked, api_key.is_active, totals))
+        else:  # not one of the organisation's keys as listed: the rollup's own name and prefix
+            row = seen[key_id]
+            found.append(KeyUsage(key_id, row.api_key_name, f"{row.api_key_prefix}…", False, totals))
+    return sorted(found, key=lambda k: (k.name.lower(), k.masked, k.api_key_id))
+
+
 def _days(start: date, end: date) -> list[date]:
     return [start + timedelta(days=n) for n in range((end - start).days + 1)]
 
@@ -120,29 +157,45 @@ def _layout(title: str, y_title: str, **more: Any) -> dict[str, Any]:
     }
 
 
-def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) -> dict[str, dict[str, Any]]:
+def figures(
+    rows: list[DailyUsage], *, start: date, end: date, currency: str, keys: Mapping[int, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Cost and requests per day (a stacked bar per model) and tokens per model, as plotly
-    figure dicts for ``Plotly.newPlot``. Every day of the window is on the axis, used or not.
+    figure dicts for ``Plotly.newPlot``; with ``keys`` (key id → its label, ``rows`` read
+    with ``by_key``), a bar per key instead. Every day of the window is on the axis, used or not.
 
     Chart values are floats (plotly.js draws numbers); the totals on the page stay Decimal.
     """
     days = _days(start, end)
     day_axis = {"type": "date", "range": [str(start - timedelta(hours=12)), str(end + timedelta(hours=12))]}
+
+    def series_of(row: DailyUsage) -> str:
+        if keys is None:
+            return row.model
+        return keys.get(row.api_key_id or 0) or f"{row.api_key_name} ({row.api_key_prefix}…)"
+
     cost: dict[str, dict[date, Decimal]] = defaultdict(dict)
     requests: dict[str, dict[date, int]] = defaultdict(dict)
+    tokens: dict[str, UsageTotals] = defaultdict(UsageTotals)
     for row in rows:
-        cost[row.model][row.date] = cost[row.model].get(row.date, Decimal(0)) + row.cost
-        requests[row.model][row.date] = requests[row.model].get(row.date, 0) + row.requests
-    models = sorted(cost)
+        name = series_of(row)
+        cost[name][row.date] = cost[name].get(row.date, Decimal(0)) + row.cost
+        requests[name][row.date] = requests[name].get(row.date, 0) + row.requests
+        tokens[name].add(row)
+    names = sorted(cost)
+    # A model keeps its colour on every chart; keys take the palette in turn, so no two of
+    # a few keys share one.
+    colours = {
+        name: charts.model_colour(name) if keys is None else charts.PALETTE[i % len(charts.PALETTE)]
+        for i, name in enumerate(names)
+    }
+    by = "model" if keys is None else "key"
     cost_figure = go.Figure(
         [
             go.Bar(
-                name=m,
-                x=[str(d) for d in days],
-                y=[float(cost[m].get(d, 0)) for d in days],
-                marker_color=charts.model_colour(m),
+                name=n, x=[str(d) for d in days], y=[float(cost[n].get(d, 0)) for d in days], marker_color=colours[n]
             )
-            for m in models
+            for n in names
         ],
         layout=_layout("Cost per day", currency, xaxis=day_axis),
     )
@@ -154,25 +207,19 @@ def figures(rows: list[DailyUsage], *, start: date, end: date, currency: str) ->
     cost_figure.update_traces(hovertemplate=f"%{{x}}: {sign}%{{y:,~r}}{suffix}<extra>%{{fullData.name}}</extra>")
     requests_figure = go.Figure(
         [
-            go.Bar(
-                name=m,
-                x=[str(d) for d in days],
-                y=[requests[m].get(d, 0) for d in days],
-                marker_color=charts.model_colour(m),
-            )
-            for m in models
+            go.Bar(name=n, x=[str(d) for d in days], y=[requests[n].get(d, 0) for d in days], marker_color=colours[n])
+            for n in names
         ],
         layout=_layout("Requests per day", "requests", xaxis=day_axis),
     )
-    per_model = by_model(rows)
-    names = list(per_model)
+    per = [tokens[n] for n in names]
     tokens_figure = go.Figure(
         [
-            go.Bar(name="Input", x=names, y=[t.input_tokens for t in per_model.values()]),
-            go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per_model.values()]),
-            go.Bar(name="Output", x=names, y=[t.output_tokens for t in per_model.values()]),
+            go.Bar(name="Input", x=names, y=[t.input_tokens for t in per]),
+            go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per]),
+            go.Bar(name="Output", x=names, y=[t.output_tokens for t in per]),
         ],
-        layout=_layout("Tokens per model", "tokens", xaxis={"type": "category"}),
+        layout=_layout(f"Tokens per {by}", "tokens", xaxis={"type": "category"}),
     )
     return {
         name: json.loads(figure.to_json())
@@ -240,15 +287,102 @@ CSV_COLUMNS = ("date", "model", "api_key", "api_key_name", "requests", "errors",
                "cached_tokens", "cost", "currency")  # fmt: skip
 
 
-def usage_csv(rows: Iterable[DailyUsage], *, currency: str) -> str:
-    """The window's rows per UTC day, model and key, as CSV (exact costs, unrounded)."""
+def usage_csv(rows: Iterable[DailyUsage], *, currency: str, keys: Mapping[int, ApiKey] | None = None) -> str:
+    """The window's rows per UTC day, model and key, as CSV (exact costs, unrounded); a key
+    of ``keys`` (by id) as people see it, ``sk-…abcd``."""
+    keys = keys or {}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        key = f"{row.api_key_prefix}…" if row.api_key_prefix else ""
+        known = keys.get(row.api_key_id or 0)
+        key = known.masked if known is not None else f"{row.api_key_prefix}…" if row.api_key_prefix else ""
         counts = (row.requests, row.errors, row.input_tokens, row.output_tokens, row.cached_tokens)
         writer.writerow(
             [row.date.isoformat(), row.model, key, row.api_key_name, *counts, f"{row.cost.normalize():f}", currency]
         )
     return out.getvalue()
+
+
+# --- This month so far: the invoice as it would be drafted now ----------------------------
+
+
+@dataclass(frozen=True)
+class PreviewLine:
+    """One line of the month's invoice preview, as people read it."""
+
+    model: str
+    item: str  # "Input tokens", "Batch output tokens"…
+    note: str  # "late usage of 2026-10" for an adjustment
+    quantity: int
+    unit: str  # what the quantity counts: tokens or inferences
+    per: str  # what the unit price is for: "1M tokens", "1k inferences"
+    unit_price: Decimal | None  # None where no price was in effect
+    amount: Decimal
+    priced: bool
+
+
+@dataclass(frozen=True)
+class MonthPreview:
+    """The organisation's invoice of this UTC month if it were drafted now."""
+
+    period: date
+    as_of: datetime
+    lines: list[PreviewLine]  # usage and adjustments; the plan's credit is ``credit_label`` and the totals'
+    credit_label: str
+    totals: invoicing.Totals
+    currency: str
+    draft: str  # the number of the month's draft, if one is already open
+
+    @property
+    def unpriced(self) -> int:
+        return sum(1 for line in self.lines if not line.priced)
+
+    @property
+    def tax_percent(self) -> str:
+        # The invoice's own reading of a rate (0.0750 → "7.5"); the Invoice is never saved.
+        return Invoice(tax_rate=self.totals.tax_rate).tax_percent
+
+
+def _preview_line(line: invoicing.LineDraft) -> PreviewLine:
+    token_kind = InvoiceLine.TokenKind(line.token_kind)
+    item = f"{'Batch ' if line.batch else ''}{token_kind.label.lower()}"
+    per = invoicing.price_per(line.token_kind)
+    unit = "inferences" if per == 1000 else "tokens"
+    note = (
+        f"late usage of {invoicing.period_label(line.usage_period)}"
+        if line.kind == InvoiceLine.Kind.ADJUSTMENT and line.usage_period
+        else ""
+    )
+    priced = line.price_id is not None
+    return PreviewLine(
+        model=line.model,
+        item=item[:1].upper() + item[1:],
+        note=note,
+        quantity=line.quantity,
+        unit=unit,
+        per=f"1M {unit}" if per == 1_000_000 else f"1k {unit}",
+        unit_price=line.unit_price if priced else None,
+        amount=line.amount,
+        priced=priced,
+    )
+
+
+def month_preview(*, organization: Organization, now: datetime) -> MonthPreview | None:
+    """What the invoice of ``now``'s UTC month would say if drafted now, line for line
+    (``billing.invoicing.invoice_preview``: the drafting's own computation, read only).
+    None once the month's invoice is finalized."""
+    preview = invoicing.invoice_preview(organization=organization, period=invoicing.month_start(now))
+    if preview is None:
+        return None
+    billed = [line for line in preview.figures.lines if line.kind != InvoiceLine.Kind.CREDIT]
+    credit = next((line.description for line in preview.figures.lines if line.kind == InvoiceLine.Kind.CREDIT), "")
+    return MonthPreview(
+        period=preview.period,
+        as_of=now,
+        lines=[_preview_line(line) for line in billed],
+        credit_label=credit or "Included credit",
+        totals=preview.figures.totals,
+        currency=str(settings.BILLING_CURRENCY),
+        draft=invoicing.display_number(preview.draft) if preview.draft is not None else "",
+    )

@@ -303,7 +303,7 @@ class TestUsage:
         return {"today": today.astimezone(UTC).date(), "second": second}
 
     def test_the_window_downloads_as_csv_per_day_model_and_key(self, world, usage):
-        response = world.client("member").get(url("portal-usage-csv", world.org), {"days": "7"})
+        response = world.client("member").get(url("portal-usage-csv", world.org), {"range": "7"})
         assert response.status_code == 200
         assert response["Content-Type"] == "text/csv"
         assert "attachment" in response["Content-Disposition"]
@@ -318,12 +318,12 @@ class TestUsage:
             (today, "chat-a", "staging", "2", "0.00008"),
         ]  # the other organisation's 999 requests and the 40-day-old row are not in it
         assert world.client("outsider").get(url("portal-usage-csv", world.org)).status_code == 404
-        page = world.client("member").get(url("portal-usage", world.org), {"days": "7"}).content.decode()
+        page = world.client("member").get(url("portal-usage", world.org), {"range": "7"}).content.decode()
         assert 'id="usage-csv"' in page
         assert page.index('id="budget"') < page.index('id="total-requests"')  # the month's budget first
 
     def test_totals_and_charts_match_the_rollups(self, world, usage):
-        response = world.client("member").get(url("portal-usage", world.org), {"days": "7"})
+        response = world.client("member").get(url("portal-usage", world.org), {"range": "7"})
         assert response.status_code == 200
         totals = response.context["totals"]
         assert (totals.requests, totals.input_tokens, totals.output_tokens, totals.cached_tokens) == (12, 120, 100, 5)
@@ -349,7 +349,7 @@ class TestUsage:
         client = world.client("member")
         start = usage["today"] - timedelta(days=29)
         api = client.get(f"/api/orgs/{world.org.pk}/usage/", {"start_date": str(start), "limit": 100}).json()
-        page = client.get(url("portal-usage", world.org), {"days": "30"}).context["totals"]
+        page = client.get(url("portal-usage", world.org), {"range": "30"}).context["totals"]
         assert page.requests == sum(row["requests"] for row in api["data"])
         assert page.cost == sum(Decimal(row["cost"]) for row in api["data"])
 
@@ -358,7 +358,7 @@ class TestUsage:
         old = usage["today"] - timedelta(days=40)
         wide = client.get(url("portal-usage", world.org), {"start": str(old), "end": str(usage["today"])})
         assert wide.context["totals"].requests == 112
-        one_key = client.get(url("portal-usage", world.org), {"days": "7", "api_key": usage["second"].pk})
+        one_key = client.get(url("portal-usage", world.org), {"range": "7", "api_key": usage["second"].pk})
         assert (one_key.context["totals"].requests, one_key.context["totals"].cost) == (2, Decimal("0.00008"))
 
     def test_a_window_ending_before_it_starts_is_a_field_error(self, world, usage):
@@ -367,7 +367,7 @@ class TestUsage:
             url("portal-usage", world.org), {"start": str(today), "end": str(today - timedelta(days=3))}
         )
         assert response.status_code == 200
-        assert "The first day is after the last one." in response.content.decode()
+        assert f"The last day ({today - timedelta(days=3)}) is before the first ({today})." in response.content.decode()
         assert response.context["start"] == today - timedelta(days=29)  # the default window meanwhile
 
     def test_a_key_of_another_organisation_is_not_a_choice(self, world, usage):

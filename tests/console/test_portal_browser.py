@@ -12,17 +12,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.console.test_layout_walk import OVERFLOW_JS
 from tests.processes import Gateway, start_gateway
 from tests.support.browser import log_in, screenshot
 from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
 
 pytestmark = pytest.mark.browser
+
+DASH = "\N{EN DASH}"  # between the first and the last day the usage page shows
 
 
 @pytest.mark.django_db
@@ -132,6 +136,40 @@ def test_an_org_admin_creates_a_key_calls_the_api_and_sees_usage_and_an_invoice(
         # The chart has the model's trace (plotly draws a legend entry per trace).
         assert embedder.name in page.locator("#chart-cost .legend").text_content()
         screenshot(page, "portal-05-usage-after")
+
+        # Per key, this month: the key masked with its name, the days shown, the invoice so far.
+        page.get_by_role("link", name="By key", exact=True).click()
+        page.wait_for_selector("#usage-by-key")
+        key = committed(django_db_blocker, lambda: ApiKey.objects.get(organization=org, name="browser key"))
+        assert key.masked in page.inner_text("#usage-by-key")
+        assert "browser key" in page.inner_text("#usage-by-key")
+        assert "browser key" in page.locator("#chart-cost .legend").text_content()
+        page.get_by_role("link", name="This month", exact=True).click()
+        page.wait_for_selector("#chart-cost .main-svg")
+        today = records[request_ids[0]].created_at.date()
+        assert page.inner_text("#usage-range") == f"{today.replace(day=1)} {DASH} {today} (UTC)"
+        assert page.inner_text("#usage-presets a[aria-current]") == "This month"
+        assert page.locator("#usage-by-key").is_visible()  # the grouping stays
+        assert embedder.name in page.inner_text("#month-preview-lines")
+        assert "$" in page.inner_text("#month-preview-total")
+        screenshot(page, "portal-05b-usage-by-key-this-month")
+        with page.expect_download() as csv_download:
+            page.click("#usage-csv")
+        assert csv_download.value.suggested_filename == f"usage-{org.slug}-{today.replace(day=1)}-{today}.csv"
+        # A custom range that ends before it starts says so, and the page still works.
+        page.get_by_label("From", exact=True).fill(str(today))
+        page.get_by_label("To", exact=True).fill(str(today.replace(day=1) - timedelta(days=1)))
+        page.get_by_role("button", name="Show").click()
+        assert "is before the first" in page.inner_text("#usage-window-errors")
+        screenshot(page, "portal-05c-usage-bad-range")
+        page.set_viewport_size({"width": 800, "height": 900})
+        page.get_by_role("link", name="By key", exact=True).click()
+        page.wait_for_selector("#chart-cost .main-svg")
+        assert page.evaluate(OVERFLOW_JS) == []
+        screenshot(page, "portal-05d-usage-800")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.get_by_role("link", name="By model", exact=True).click()
+        page.wait_for_selector("#usage-by-model")
 
         # Phone width: nothing scrolls sideways but the tables inside their wrappers.
         page.set_viewport_size({"width": 390, "height": 844})
