@@ -26,8 +26,9 @@ from rest_framework.response import Response
 
 from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
+from registry.audit_selectors import AuditTarget, audit_entries
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
-from registry.selectors import audit_entries, deployments_with_replicas, models_with_deployments
+from registry.selectors import deployments_with_replicas, models_with_deployments
 from registry.services import (
     VersionConflict,
     deployment_bounds_set,
@@ -326,8 +327,13 @@ class AuditPagination(PageNumberPagination):
     tags=["registry"],
     parameters=[
         OpenApiParameter("action", str, description="e.g. model_version.register, deployment.create, traffic.set"),
-        OpenApiParameter("actor", str, description="the acting user's username"),
-        OpenApiParameter("target", str, description="the target's id or name, exactly"),
+        OpenApiParameter("actor", str, description="the acting user's username, or the part of the platform"),
+        OpenApiParameter(
+            "target",
+            str,
+            description="type:id for a target with everything under it (deployment:12 and its replicas, "
+            "model:NAME, model_version:NAME:VERSION, replica:7, canary:NAME), else a target's id or name exactly",
+        ),
         OpenApiParameter("q", OpenApiTypes.STR, description="text in the target, action or username"),
     ],
 )
@@ -340,9 +346,12 @@ class AuditEntryList(generics.ListAPIView[AuditEntry]):
 
     def get_queryset(self) -> QuerySet[AuditEntry]:
         params = self.request.query_params
+        target = params.get("target") or None
+        within = AuditTarget.parse(target) if target else None
         return audit_entries(
-            action=params.get("action"), actor=params.get("actor"), target=params.get("target"), q=params.get("q")
-        )
+            action=params.get("action"), actor=params.get("actor"), target=None if within else target,
+            within=within, q=params.get("q"),
+        )  # fmt: skip
 
 
 # --- Deployment operations: replicas and restarts ---------------------------

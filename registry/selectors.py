@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 
@@ -71,33 +69,6 @@ def deployments_with_replicas(*, model: str | None = None) -> QuerySet[Deploymen
         .order_by("-created_at", "-id")
     )
     return deployments.filter(version__model__name=model) if model is not None else deployments
-
-
-def audit_entries(
-    *,
-    action: str | None = None,
-    actor: str | None = None,
-    target: str | None = None,
-    q: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> QuerySet[AuditEntry]:
-    """Audit entries, newest first. ``actor`` is a username; ``q`` searches target, action and
-    actor; ``since`` (inclusive) and ``until`` (exclusive) bound when they were written."""
-    entries = AuditEntry.objects.order_by("-created_at", "-id")
-    if since is not None:
-        entries = entries.filter(created_at__gte=since)
-    if until is not None:
-        entries = entries.filter(created_at__lt=until)
-    if action:
-        entries = entries.filter(action=action)
-    if actor:
-        entries = entries.filter(actor_name=actor)
-    if target:
-        entries = entries.filter(target=target)
-    if q:
-        entries = entries.filter(Q(target__icontains=q) | Q(action__icontains=q) | Q(actor_name__icontains=q))
-    return entries
 
 
 def model_traffic_split(*, model: Model) -> dict[str, int]:
@@ -234,13 +205,3 @@ def model_version_with_replicas(*, name: str, version: str) -> ModelVersion | No
         .filter(model__name=name, version=version)
         .first()
     )
-
-
-def model_version_history(*, version: ModelVersion) -> QuerySet[AuditEntry]:
-    """The audit entries about this version (registered, status moves), oldest first."""
-    return AuditEntry.objects.filter(target_type="model_version", target=str(version)).order_by("created_at", "id")
-
-
-def audit_actions() -> list[str]:
-    """Every action the audit log holds, for a search form's choices."""
-    return list(AuditEntry.objects.order_by("action").values_list("action", flat=True).distinct())

@@ -37,6 +37,8 @@ CANARY_CONTROLLER = SystemActor("canary controller")
 AUTOSCALER = SystemActor("autoscaler")
 HOT_SWAP = SystemActor("hot-swap")
 SUPERVISOR = SystemActor("engine supervisor")
+# The names the audit log gives the parts of the platform, which the console marks as such.
+SYSTEM_ACTOR_NAMES = frozenset(actor.name for actor in (CANARY_CONTROLLER, AUTOSCALER, HOT_SWAP, SUPERVISOR))
 
 # Who acts: a platform admin through the API or the console, a part of the platform
 # (``SystemActor``), or None for the operator (commands, bootstrap).

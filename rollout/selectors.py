@@ -1,14 +1,17 @@
-"""Reads of rollouts: canaries with their decisions, the latest hot-swap of a deployment."""
+"""Reads of rollouts: canaries with their decisions, the latest hot-swap of a deployment, what
+a version is now and the timeline of its life."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
 from registry.models import AuditEntry, Deployment, Model, ModelVersion
-from rollout.hotswap import SWAP
+from registry.selectors import SCALE_ACTIONS
+from rollout.hotswap import SWAP, SWAP_DONE, SWAP_DRAIN, SWAP_SHIFT
 from rollout.models import Canary, CanaryDecision
 
 
@@ -124,3 +127,150 @@ def _lifecycle(version_id: int, deployments: list[Deployment], canaries: list[Ca
     if deployments:
         return Lifecycle("stopped", "stopped")
     return Lifecycle("registered", "registered, not deployed")
+
+
+# --- A version's timeline, from the audit log ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One event of a version's life: its audit entry (time, actor, link), a kind the page can
+    style, and what happened in a few words."""
+
+    entry: AuditEntry
+    kind: str  # registered | deployed | traffic | canary | promoted | rolled_back | swap | scaled | stopped
+    label: str  # e.g. "traffic 5 → 25 %"
+
+
+# Changes to one of the version's deployments that its timeline shows (besides the swaps).
+_DEPLOYMENT_ACTIONS = ("deployment.create", *SCALE_ACTIONS, "deployment.bounds", "deployment.autoscale")
+_SWAP_ACTIONS = (SWAP, SWAP_SHIFT, SWAP_DRAIN, SWAP_DONE)
+
+
+def version_timeline(*, version: ModelVersion, limit: int = 200) -> list[TimelineEvent]:
+    """The latest ``limit`` events of ``version``'s life, oldest first: registered, deployed,
+    traffic changes, its canaries (started, each step, paused, completed, promoted, rolled back,
+    as candidate or as base), hot-swaps to and from it, scaling and bounds, stopped. Read from
+    the audit log alone (three queries), so a deleted deployment's events stay."""
+    name, number = version.model.name, version.version
+    ids = list(Deployment.objects.filter(version=version).values_list("pk", flat=True))
+    keys = [str(pk) for pk in ids]
+    about = (
+        Q(target_type="model_version", target=str(version))
+        | Q(target_type="deployment", target__in=keys, action__in=(*_DEPLOYMENT_ACTIONS, *_SWAP_ACTIONS))
+        | Q(target_type="deployment", action=SWAP, after__swap_to__in=ids)
+        | Q(target_type="model", target=name, action="traffic.set")
+        & (Q(before__has_key=number) | Q(after__has_key=number))
+        # A hold is an event only when it ends the steps (the canary waits for a person then).
+        | Q(target_type="canary", target=name)
+        & (Q(after__canary_version=number) | Q(after__base_version=number))
+        & (~Q(action="canary.hold") | Q(after__status="completed"))
+    )
+    entries = list(AuditEntry.objects.filter(about).order_by("-created_at", "-id")[:limit])
+    swaps = {e.pk: e for e in entries if e.action == SWAP}
+    # The steps of a swap to this version name the deployment it replaced, not this one's.
+    arriving = [pk for pk, e in swaps.items() if (e.after or {}).get("swap_to") in ids]
+    if arriving:
+        steps = AuditEntry.objects.filter(action__in=(SWAP_SHIFT, SWAP_DRAIN, SWAP_DONE), after__swap__in=arriving)
+        seen = {e.pk for e in entries}
+        entries += [e for e in steps if e.pk not in seen]
+    events = []
+    for entry in sorted(entries, key=lambda e: (e.created_at, e.pk)):
+        event = _event(entry, number, set(keys), swaps)
+        if event is not None:
+            events.append(TimelineEvent(entry, *event))
+    return events
+
+
+def _event(entry: AuditEntry, number: str, mine: set[str], swaps: dict[int, AuditEntry]) -> tuple[str, str] | None:
+    """The kind and words of ``entry`` on the timeline of version ``number`` (whose deployments'
+    ids are ``mine``), or None when it did not touch this version."""
+    before: dict[str, Any] = entry.before if isinstance(entry.before, dict) else {}
+    after: dict[str, Any] = entry.after if isinstance(entry.after, dict) else {}
+    action = entry.action
+    if entry.target_type == "model_version":
+        return ("registered", "registered") if action == "model_version.register" else ("registered", action)
+    if action == "traffic.set":
+        old, new = before.get(number, 0), after.get(number, 0)
+        return None if old == new else ("traffic", f"traffic {old} → {new} %")
+    if entry.target_type == "canary":
+        return _canary_event(action, before, after, number)
+    if action in _SWAP_ACTIONS:
+        return _swap_event(entry, after, mine, swaps)
+    deployment = f"deployment #{entry.target}"
+    if action == "deployment.create":
+        replicas = after.get("replicas")
+        return "deployed", (
+            f"deployed as {deployment}: {replicas} replica{'' if replicas == 1 else 's'}, "
+            f"{after.get('traffic_weight', 0)} % of traffic"
+        )
+    if action in SCALE_ACTIONS:
+        how = "autoscaled" if action == "autoscale" else "scaled"
+        return "scaled", f"{how} {deployment}: {before.get('replicas')} → {after.get('replicas')} replicas"
+    if action == "deployment.bounds":
+        return "scaled", f"{deployment} keeps {after.get('min_replicas')} to {after.get('max_replicas')} replicas"
+    if action == "deployment.autoscale":
+        enabled = bool((after.get("autoscale") or {}).get("enabled"))
+        return "scaled", f"autoscaling of {deployment} {'on' if enabled else 'off'}"
+    return None
+
+
+def _canary_event(action: str, before: dict[str, Any], after: dict[str, Any], number: str) -> tuple[str, str] | None:
+    candidate, base = after.get("canary_version"), after.get("base_version")
+    percent, steps = after.get("canary_percent"), after.get("steps") or []
+    step = f"step {int(after.get('current_step', 0)) + 1} of {len(steps)}"
+    waits = after.get("status") == "completed" and before.get("status") != "completed"
+    waiting = ", waiting for a person to promote" if waits else ""
+    if number == candidate:
+        words = {
+            "canary.create": ("canary", f"canary started against {base} at {percent} %"),
+            "canary.promote_step": ("canary", f"canary {step}: {percent} %{waiting}"),
+            "canary.hold": ("canary", f"canary passed every step at {percent} %{waiting}"),
+            "canary.pause": ("canary", "canary paused"),
+            "canary.resume": ("canary", "canary resumed"),
+            "canary.promote": ("promoted", "promoted: serving 100 %"),
+            "canary.rollback": ("rolled_back", "rolled back: no traffic"),
+        }
+    else:
+        words = {
+            "canary.create": ("canary", f"base of a canary of {candidate} at {percent} %"),
+            "canary.promote_step": (
+                "canary",
+                f"canary {candidate} {step}: {percent} %, this version {100 - percent} %"
+                if isinstance(percent, int)
+                else f"canary {candidate} {step}",
+            ),
+            "canary.hold": ("canary", f"canary {candidate} passed every step{waiting}"),
+            "canary.pause": ("canary", f"canary {candidate} paused"),
+            "canary.resume": ("canary", f"canary {candidate} resumed"),
+            "canary.promote": ("stopped", f"replaced by {candidate} (promoted): no traffic"),
+            "canary.rollback": ("traffic", f"canary {candidate} rolled back: serving 100 %"),
+        }
+    return words.get(action)
+
+
+def _swap_event(
+    entry: AuditEntry, after: dict[str, Any], mine: set[str], swaps: dict[int, AuditEntry]
+) -> tuple[str, str] | None:
+    swap_id = after.get("swap")
+    swap = entry if entry.action == SWAP else swaps.get(swap_id) if isinstance(swap_id, int) else None
+    if swap is None:
+        return None
+    facts: dict[str, Any] = swap.after if isinstance(swap.after, dict) else {}
+    leaving = swap.target in mine  # this version's deployment is the one replaced
+    other = facts.get("to_version") if leaving else facts.get("from_version")
+    what = f"hot-swap to {other}" if leaving else f"hot-swap from {other}"
+    if entry.action == SWAP:
+        return "swap", f"{what} started: deployment #{swap.target} → #{facts.get('swap_to')}"
+    if entry.action == SWAP_SHIFT:
+        return "swap", f"{what}: traffic moved" + ("" if leaving else " here")
+    if entry.action == SWAP_DRAIN:
+        return ("stopped", f"{what}: deployment #{swap.target} draining") if leaving else None
+    outcome, reason = after.get("outcome"), after.get("reason")
+    if outcome == "completed":
+        if leaving:
+            return "stopped", f"{what} completed: deployment #{swap.target} stopped"
+        return "swap", f"{what} completed"
+    if outcome == "cancelled" and not leaving:
+        return "stopped", f"{what} cancelled: deployment #{facts.get('swap_to')} stopped"
+    return "swap", f"{what} {outcome}" + (f": {reason}" if reason and reason != outcome else "")

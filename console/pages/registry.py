@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -25,26 +27,30 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.pages.access import platform_admin_required
+from console.pages.audit_rows import audit_rows, describe_target
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
+from registry.audit_selectors import AuditTarget, audit_actions, audit_actors, audit_entries
 from registry.batching import BatcherConfig
 from registry.bundled_import import bundled_import_start, bundled_models_status, import_state
-from registry.models import AuditEntry, ModelVersion, Replica, Task
+from registry.models import ModelVersion, Replica, Task
 from registry.selectors import (
-    audit_actions,
-    audit_entries,
     model_version_frameworks,
-    model_version_history,
     model_version_with_replicas,
     model_versions_listed,
     replica_load_seconds,
 )
-from registry.services import VersionConflict, model_version_create, model_version_create_from_upload
+from registry.services import (
+    SYSTEM_ACTOR_NAMES,
+    VersionConflict,
+    model_version_create,
+    model_version_create_from_upload,
+)
 from registry.signatures import is_predict_framework
 from registry.uploads import is_archive, stage_files, unpack_archive
-from rollout.selectors import lifecycle_of
+from rollout.selectors import lifecycle_of, version_timeline
 from serving.predict.worker_stats import batch_histogram, replica_stats
 
 VERSIONS_PER_PAGE = 25
@@ -128,11 +134,19 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
         "version": found,
         "now": lifecycle_of(versions=[found])[found.pk],
         "config": _pretty_json(found.config),
-        "history": [AuditRow.of(e) for e in model_version_history(version=found)],
+        "timeline": version_timeline(version=found),
+        "system_actors": SYSTEM_ACTOR_NAMES,
+        "audit_of_version": _audit_of(AuditTarget("model_version", str(found))),
+        "audit_of_model": _audit_of(AuditTarget("model", found.model.name)),
         "deployments": deployments,
         "stale_after": settings.REPLICA_STALE_AFTER,
     }
     return render(request, "console/registry/version.html", context)
+
+
+def _audit_of(target: AuditTarget) -> str:
+    """The audit log filtered to ``target`` and everything under it."""
+    return f"{reverse('console:audit')}?{urlencode({'target': str(target)})}"
 
 
 def _pretty_json(value: Any) -> str:
@@ -423,70 +437,24 @@ def bundled_models_progress(request: HttpRequest) -> HttpResponse:
 # --- The audit log --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Change:
-    field: str
-    before: str
-    after: str
-    changed: bool
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def _as_fields(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    return value if isinstance(value, dict) else {"value": value}
-
-
-@dataclass(frozen=True)
-class AuditRow:
-    """An audit entry with its before and after as a field-by-field diff."""
-
-    entry: AuditEntry
-    changes: list[Change]
-
-    @property
-    def changed(self) -> list[Change]:
-        return [c for c in self.changes if c.changed]
-
-    @property
-    def unchanged(self) -> list[Change]:
-        return [c for c in self.changes if not c.changed]
-
-    @classmethod
-    def of(cls, entry: AuditEntry) -> AuditRow:
-        before, after = _as_fields(entry.before), _as_fields(entry.after)
-        fields = [*before, *(k for k in after if k not in before)]
-        changes = [
-            Change(
-                field=str(name),
-                before=_show(before[name]) if name in before else "—",
-                after=_show(after[name]) if name in after else "—",
-                changed=before.get(name, ...) != after.get(name, ...),
-            )
-            for name in fields
-        ]
-        return cls(entry=entry, changes=changes)
-
-
 class AuditFilterForm(forms.Form):
-    q = forms.CharField(label="Search", required=False, max_length=255, help_text="target, action or actor contains")
+    target = forms.CharField(
+        label="Target", required=False, max_length=255,
+        help_text="type:id, e.g. deployment:12 or model:NAME (with everything under it), or an exact target",
+    )  # fmt: skip
+    actor = forms.CharField(label="Actor", required=False, max_length=150,
+                            help_text="a username, or a part of the platform (autoscaler, …)")  # fmt: skip
     action = forms.ChoiceField(label="Action", required=False)
-    actor = forms.CharField(label="Actor (username)", required=False, max_length=150)
-    target = forms.CharField(label="Target (exact)", required=False, max_length=255)
+    q = forms.CharField(label="Search", required=False, max_length=255, help_text="target, action or actor contains")
     since = forms.DateField(label="From (UTC)", required=False, widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(label="To (UTC, inclusive)", required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    entry = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
-    def __init__(self, *args: Any, actions: list[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, actions: list[str], actors: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["action"].choices = [("", "Any action"), *((a, a) for a in actions)]  # type: ignore[attr-defined]
+        self.fields["actor"].widget.attrs["list"] = "audit-actors"
+        self.actors = actors
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -500,16 +468,43 @@ def _midnight(day: Any) -> datetime | None:
     return datetime.combine(day, time.min, UTC) if day else None
 
 
+def _filters_shown(request: HttpRequest, filters: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each filter in force in words, with the address of the log without it."""
+    words: dict[str, Callable[[Any], str]] = {
+        "entry": lambda v: f"entry #{v}",
+        "target": describe_target,
+        "actor": lambda v: f"by {v}",
+        "action": lambda v: f"action {v}",
+        "q": lambda v: f"contains “{v}”",
+        "since": lambda v: f"from {v:%Y-%m-%d}",
+        "until": lambda v: f"to {v:%Y-%m-%d}",
+    }
+    shown = []
+    for name, say in words.items():
+        value = filters.get(name)
+        if value not in (None, ""):
+            query = request.GET.copy()
+            query.pop(name, None)
+            query.pop("page", None)
+            rest = query.urlencode()
+            shown.append((say(value), reverse("console:audit") + (f"?{rest}" if rest else "")))
+    return shown
+
+
 @platform_admin_required
 def audit_log(request: HttpRequest) -> HttpResponse:
-    form = AuditFilterForm(request.GET or None, actions=audit_actions())
+    form = AuditFilterForm(request.GET or None, actions=audit_actions(), actors=audit_actors())
     filters = form.cleaned_data if form.is_valid() else {}
     until = _midnight(filters.get("until"))
+    target = (filters.get("target") or "").strip()
+    within = AuditTarget.parse(target) if target else None
     entries = audit_entries(
         q=filters.get("q") or None,
         action=filters.get("action") or None,
         actor=filters.get("actor") or None,
-        target=filters.get("target") or None,
+        target=target if target and within is None else None,
+        within=within,
+        entry_id=filters.get("entry"),
         since=_midnight(filters.get("since")),
         until=until + timedelta(days=1) if until else None,
     )
@@ -517,8 +512,9 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "page": page,
-        "rows": [AuditRow.of(entry) for entry in page.object_list],
+        "rows": audit_rows(page.object_list),
         "query": query_without_page(request),
+        "filters_shown": _filters_shown(request, filters),
     }
     return render(request, "console/registry/audit.html", context)
 

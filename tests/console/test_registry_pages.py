@@ -144,8 +144,10 @@ class TestVersionDetail:
         assert stored.uri in html
         assert stored.sha256 in html
         assert "&quot;max_seq_len&quot;: 4096" in html
-        assert "model_version.register" in html
-        assert "by registrar" in html
+        timeline = html.split("data-timeline", 1)[1].split("</ol>", 1)[0]
+        assert 'data-event="registered"' in timeline
+        assert 'data-event="deployed"' in timeline
+        assert "by registrar" in timeline
         assert f'data-deployment="{deployment.pk}"' in html
         row = html.split(f'data-replica="{replica.pk}"', 1)[1].split("</tr>", 1)[0]
         assert "healthy" in row
@@ -245,7 +247,7 @@ class TestAuditLog:
         assert "by registrar" in entry
         assert '<th scope="row">v1</th><td class="diff-before">100</td><td class="diff-after">90</td>' in entry
         assert '<th scope="row">v2</th><td class="diff-before">—</td><td class="diff-after">10</td>' in entry
-        assert "1 unchanged field" in entry
+        assert '<th scope="row">same</th>' not in entry  # an update shows only what it changed
 
     def test_it_paginates(self, admin_browser, admin):
         self.entries(admin)
@@ -293,8 +295,8 @@ class TestAuditLog:
         audit_record(actor=admin, action="model_version.register", target_type="model_version", target="hist:2",
                      before=None, after={"status": "registered"})  # fmt: skip
         response = admin_browser.get(f"/console/models/hist/{version.version}/")
-        assert len(response.context["history"]) == 1
-        assert response.context["history"][0].entry.target == "hist:1"
+        assert len(response.context["timeline"]) == 1
+        assert response.context["timeline"][0].entry.target == "hist:1"
 
 
 def test_deployments_are_listed_with_their_versions(admin_browser):

@@ -92,3 +92,17 @@ class TestEntriesThatStay:
         drain = AuditEntry.objects.get(action=SWAP_DRAIN, after__swap=swap.pk)
         assert drain.before == drain.after == {"swap": swap.pk, "status": "stopped"}
         assert not deployment_swap_drain(swap=swap)
+
+
+class TestTheApiFiltersByObject:
+    def test_a_typed_target_brings_what_is_under_it_and_a_plain_one_stays_exact(self, ml, people, chat_model):
+        v1 = Deployment.objects.get(version__model=chat_model, version__version="v1")
+        deployment_bounds_set(actor=people["ml"], deployment=v1, min_replicas=1, max_replicas=2)
+        traffic_set(actor=people["ml"], model=chat_model, weights={"v1": 50, "v2": 50})
+
+        def actions(target: str) -> list[str]:
+            return [e["action"] for e in ml.get("/api/v1/audit", {"target": target}).json()["results"]]
+
+        assert actions(f"deployment:{v1.pk}") == ["deployment.bounds"]
+        assert actions("model:gpt-tiny") == ["traffic.set", "deployment.bounds"]
+        assert actions("gpt-tiny") == ["traffic.set"]
