@@ -156,7 +156,7 @@ class TestAdminConsole:
         page.wait_for_selector(".message-success")
         assert traffic["artifact"].sha256 in page.locator(".message-success").inner_text()
         assert page.locator("[data-checksum]").inner_text().strip() == traffic["artifact"].sha256
-        assert page.locator(".audit-action:has-text('model_version.register')").count() == 1
+        assert page.locator("[data-timeline] [data-event=registered]").count() == 1  # the version's timeline
         screenshot(page, "console-register-done")
 
         page.click("nav[aria-label=Console] a:has-text('Audit log')")
