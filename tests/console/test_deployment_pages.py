@@ -424,6 +424,11 @@ class TestDrawers:
             assert f'data-drawer="drawer-{kind}-{pk}"' in html
             assert f'<dialog class="drawer" id="drawer-{kind}-{pk}"' in html
         assert "data-open-on-load" not in html
+        # Each deployment's history and the model's, in the audit log filtered to them.
+        audit = reverse("console:audit")
+        assert f'<a href="{audit}?target=deployment:{v1.pk}" data-audit-of="deployment">history</a>' in html
+        assert f'href="{audit}?target=model:gpt-tiny" data-audit-of="model"' in html
+        assert f'<tr id="deployment-{v1.pk}" data-deployment="{v1.pk}">' in html  # the audit log links here
 
     def test_a_refused_form_opens_its_drawer_again(self, admin_client, chat_model):
         v1 = deployment_of(chat_model, "v1")
