@@ -46,6 +46,7 @@ from console.pages.customer_forms import (
     ReissueForm,
     VoidForm,
 )
+from console.pages.invoice_lines import invoice_lines_context
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from core import formats
@@ -153,8 +154,8 @@ def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
         "invoice": invoice,
         "organization": invoice.organization,
         "number": invoicing.display_number(invoice),
-        "lines": list(invoice.lines.order_by("id")),
         "reissued_as": reissued_as,
+        **invoice_lines_context(invoice),
     }
     return render(request, "console/customers/invoice_detail.html", context)
 

@@ -34,6 +34,7 @@ from billing.usage_selectors import cache_by_model, usage_by_key
 from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.cache import quality_context
+from console.pages.invoice_lines import invoice_lines_context
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
@@ -321,7 +322,7 @@ def invoice_detail(request: OrgRequest, org_id: int, invoice_id: int) -> HttpRes
         "organization": request.organization,
         "invoice": invoice,
         "number": invoicing.display_number(invoice),
-        "lines": list(invoice.lines.order_by("id")),
+        **invoice_lines_context(invoice),
     }
     return render(request, "console/portal/invoice_detail.html", context)
 

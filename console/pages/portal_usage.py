@@ -24,10 +24,11 @@ from django.conf import settings
 
 from accounts.models import ApiKey, Organization
 from billing import invoicing
-from billing.models import BudgetAlert, Invoice, InvoiceLine
+from billing.models import BudgetAlert, Invoice
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
 from console.pages import charts
+from console.pages.invoice_lines import LineRow, billed_rows
 from core import formats
 
 # Rows read per selector call; a 90-day window of a few models is one or two pages.
@@ -308,27 +309,12 @@ def usage_csv(rows: Iterable[DailyUsage], *, currency: str, keys: Mapping[int, A
 
 
 @dataclass(frozen=True)
-class PreviewLine:
-    """One line of the month's invoice preview, as people read it."""
-
-    model: str
-    item: str  # "Input tokens", "Batch output tokens"…
-    note: str  # "late usage of 2026-10" for an adjustment
-    quantity: int
-    unit: str  # what the quantity counts: tokens or inferences
-    per: str  # what the unit price is for: "1M tokens", "1k inferences"
-    unit_price: Decimal | None  # None where no price was in effect
-    amount: Decimal
-    priced: bool
-
-
-@dataclass(frozen=True)
 class MonthPreview:
     """The organisation's invoice of this UTC month if it were drafted now."""
 
     period: date
     as_of: datetime
-    lines: list[PreviewLine]  # usage and adjustments; the plan's credit is ``credit_label`` and the totals'
+    lines: list[LineRow]  # usage and adjustments; the plan's credit is ``credit_label`` and the totals'
     credit_label: str
     totals: invoicing.Totals
     currency: str
@@ -344,30 +330,6 @@ class MonthPreview:
         return Invoice(tax_rate=self.totals.tax_rate).tax_percent
 
 
-def _preview_line(line: invoicing.LineDraft) -> PreviewLine:
-    token_kind = InvoiceLine.TokenKind(line.token_kind)
-    item = f"{'Batch ' if line.batch else ''}{token_kind.label.lower()}"
-    per = invoicing.price_per(line.token_kind)
-    unit = "inferences" if per == 1000 else "tokens"
-    note = (
-        f"late usage of {invoicing.period_label(line.usage_period)}"
-        if line.kind == InvoiceLine.Kind.ADJUSTMENT and line.usage_period
-        else ""
-    )
-    priced = line.price_id is not None
-    return PreviewLine(
-        model=line.model,
-        item=item[:1].upper() + item[1:],
-        note=note,
-        quantity=line.quantity,
-        unit=unit,
-        per=f"1M {unit}" if per == 1_000_000 else f"1k {unit}",
-        unit_price=line.unit_price if priced else None,
-        amount=line.amount,
-        priced=priced,
-    )
-
-
 def month_preview(*, organization: Organization, now: datetime) -> MonthPreview | None:
     """What the invoice of ``now``'s UTC month would say if drafted now, line for line
     (``billing.invoicing.invoice_preview``: the drafting's own computation, read only).
@@ -375,13 +337,12 @@ def month_preview(*, organization: Organization, now: datetime) -> MonthPreview 
     preview = invoicing.invoice_preview(organization=organization, period=invoicing.month_start(now))
     if preview is None:
         return None
-    billed = [line for line in preview.figures.lines if line.kind != InvoiceLine.Kind.CREDIT]
-    credit = next((line.description for line in preview.figures.lines if line.kind == InvoiceLine.Kind.CREDIT), "")
+    rows, credit = billed_rows(preview.figures.lines)
     return MonthPreview(
         period=preview.period,
         as_of=now,
-        lines=[_preview_line(line) for line in billed],
-        credit_label=credit or "Included credit",
+        lines=rows,
+        credit_label=credit,
         totals=preview.figures.totals,
         currency=str(settings.BILLING_CURRENCY),
         draft=invoicing.display_number(preview.draft) if preview.draft is not None else "",

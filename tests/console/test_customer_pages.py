@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,8 +20,8 @@ from django.utils import timezone
 from accounts.models import ApiKey, Membership, Organization, Role, Tier
 from accounts.services import api_key_create, api_key_hash, organization_create, organization_update
 from billing import invoicing
-from billing.models import Invoice, Price, Reconciliation, UsageRollup
-from billing.services import invoice_draft
+from billing.models import Invoice, InvoiceLine, Price, Reconciliation, UsageRollup
+from billing.services import invoice_draft, price_set
 from core.errors import InvalidInput
 from registry.models import Model, ModelVersion
 
@@ -332,6 +332,45 @@ class TestInvoices:
     def move(self, world: World, invoice: Invoice, name: str, data: dict[str, str] | None = None) -> str:
         url = reverse(f"console:{name}", kwargs={"invoice_id": invoice.pk})
         return text(world.client().post(url, data or {}, follow=True))
+
+    def test_lines_say_what_they_count_and_what_had_no_price(self, world):
+        """The invoice page (console and portal, one template, console.pages.invoice_lines): tokens
+        per 1M, inferences per 1k, usage with no price "unpriced" and "not charged" (never $0.00),
+        late usage named, the plan's credit once, with the totals."""
+        invoice = invoice_draft(organization=world.org, period=invoicing.parse_period(last_month()))
+        model = Model.objects.create(name="lines-llm", task="chat")
+        version = ModelVersion.objects.create(
+            model=model, version="v1", framework="vllm", artifact_uri="local://lines", artifact_sha256="0" * 64,
+            artifact_size=1,
+        )  # fmt: skip
+        price = price_set(model=model, input_per_million="2.50", output_per_million="10")
+        line = InvoiceLine.objects.create
+        line(invoice=invoice, model="lines-llm", token_kind="input", price=price, quantity=1_234_567,
+             unit_price=Decimal("2.50"), amount=Decimal("3.086418"), description="lines-llm input")  # fmt: skip
+        line(invoice=invoice, model="digits", token_kind="inferences", price=price, quantity=4000,
+             unit_price=Decimal("0.2"), amount=Decimal("0.8"), description="digits inferences")  # fmt: skip
+        line(invoice=invoice, model="new-llm", token_kind="output", price=None, quantity=999,
+             unit_price=Decimal("0"), amount=Decimal("0"), description="new-llm output")  # fmt: skip
+        line(invoice=invoice, kind="adjustment", model="lines-llm", token_kind="output", price=price, quantity=10,
+             unit_price=Decimal("10"), amount=Decimal("0.0001"), usage_period=date(2026, 9, 1),
+             description="late")  # fmt: skip
+        line(invoice=invoice, kind="credit", amount=Decimal("-1"), description="Free tier credit")
+        assert version.pk
+        for page, client in (
+            (reverse("console:invoice", kwargs={"invoice_id": invoice.pk}), world.client()),
+            (reverse("console:portal-invoice", kwargs={"org_id": world.org.pk, "invoice_id": invoice.pk}),
+             world.client("org_admin")),
+        ):  # fmt: skip
+            body = text(client.get(page))
+            table = body[body.index('id="invoice-lines"') : body.index("</table>", body.index('id="invoice-lines"'))]
+            rows = table.split("<tbody>")[1].split("</tbody>")[0].split("</tr>")[:-1]
+            assert len(rows) == 4, page  # the credit is not a usage row
+            assert "1,234,567" in rows[0] and "$2.50" in rows[0] and "per 1M tokens" in rows[0]
+            assert "4,000" in rows[1] and "inferences" in rows[1] and "per 1k inferences" in rows[1]
+            assert 'class="unpriced"' in rows[2] and "unpriced" in rows[2] and "not charged" in rows[2]
+            assert "$0.00" not in rows[2]
+            assert "late usage of 2026-09" in rows[3]
+            assert table.count("Free tier credit") == (1 if invoice.credit else 0)
 
     def test_draft_refresh_finalize_and_pay(self, world, draft):
         number = invoicing.display_number(draft)
