@@ -146,8 +146,8 @@ class TestAdminConsole:
         page.fill("#id_artifact_uri", "local://no/such/artifact")
         page.fill("#id_config", '{"max_seq_len": 1024}')
         page.click("#register-submit")
-        page.wait_for_selector("#id_artifact_uri_error")
-        assert "There is no artifact" in page.locator("#id_artifact_uri_error").inner_text()
+        page.wait_for_selector("#id_artifact_uri-errors")
+        assert "There is no artifact" in page.locator("#id_artifact_uri-errors").inner_text()
         assert page.input_value("#id_name") == name
         screenshot(page, "console-register-error")
 

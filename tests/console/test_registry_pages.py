@@ -192,7 +192,7 @@ class TestRegisterForm:
         assert response.status_code == 200
         assert response.context["form"].errors == {"artifact_uri": ["There is no artifact at local://not/there."]}
         html = response.content.decode()
-        assert 'id="id_artifact_uri_error"' in html
+        assert 'id="id_artifact_uri-errors"' in html
         assert not ModelVersion.objects.filter(model__name="ghost").exists()
         assert not AuditEntry.objects.exists()
 
