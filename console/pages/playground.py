@@ -152,6 +152,7 @@ def playground(request: OrgRequest, org_id: int) -> HttpResponse:
             {"name": m.name, "versions": m.versions, "weighted": m.weighted, "cache": cache[m.name]}
             for m in chat_models
         ],
+        "initial": _initial(chat_models, request.GET.get("model", ""), request.GET.get("version", "")),
     }
     return render(
         request,
@@ -164,6 +165,15 @@ def playground(request: OrgRequest, org_id: int) -> HttpResponse:
             "max_tokens_ceiling": MAX_TOKENS_CEILING,
         },
     )
+
+
+def _initial(models: list[ServedModel], model: str, version: str) -> dict[str, str]:
+    """The model and version a link asks the playground to start on, when they are served
+    (a version not served starts on the model, routed); nothing otherwise."""
+    served = next((m for m in models if m.name == model), None)
+    if served is None:
+        return {}
+    return {"model": served.name, "version": version if version in served.versions else ""}
 
 
 def _keys_url(org_id: int) -> str:

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
+from accounts.services import platform_organization
 from console.pages.access import platform_admin_required
 from console.pages.audit_rows import audit_rows, describe_target
 from console.pages.lists import page_of, query_without_page, refuse
@@ -50,7 +51,7 @@ from registry.services import (
 )
 from registry.signatures import is_predict_framework
 from registry.uploads import is_archive, stage_files, unpack_archive
-from rollout.selectors import lifecycle_of, version_timeline
+from rollout.selectors import Lifecycle, lifecycle_of, version_timeline
 from serving.predict.worker_stats import batch_histogram, replica_stats
 
 VERSIONS_PER_PAGE = 25
@@ -129,10 +130,12 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
         raise Http404("No such model version.")
     replicas = _replica_rows(found)
     deployments = [(d, replicas.get(d.pk, [])) for d in found.deployments.all()]
+    now = lifecycle_of(versions=[found])[found.pk]
     context = {
         **_small_model_context(found, [row.replica for rows in replicas.values() for row in rows]),
         "version": found,
-        "now": lifecycle_of(versions=[found])[found.pk],
+        "now": now,
+        "try_url": _try_url(found, now),
         "config": _pretty_json(found.config),
         "timeline": version_timeline(version=found),
         "system_actors": SYSTEM_ACTOR_NAMES,
@@ -142,6 +145,19 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
         "stale_after": settings.REPLICA_STALE_AFTER,
     }
     return render(request, "console/registry/version.html", context)
+
+
+# What a version can be tried in, while it serves (a pinned request reaches any running deployment).
+TRYABLE = ("serving", "promoted", "canary", "base", "deployed")
+
+
+def _try_url(version: ModelVersion, now: Lifecycle) -> str:
+    """The playground on this version (the platform organisation's, where staff try things)
+    for a chat model that is deployed; empty otherwise."""
+    if version.model.task != Task.CHAT or now.state not in TRYABLE:
+        return ""
+    url = reverse("console:playground", kwargs={"org_id": platform_organization().pk})
+    return f"{url}?{urlencode({'model': version.model.name, 'version': version.version})}"
 
 
 def _audit_of(target: AuditTarget) -> str:

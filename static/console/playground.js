@@ -75,6 +75,12 @@
     column.version.addEventListener("change", () => showTitle(column));
     fillVersions(column);
   }
+  // A link may name the model and version to try (?model=…&version=…, checked by the server).
+  if (config.initial && config.initial.model) {
+    columns[0].model.value = config.initial.model;
+    fillVersions(columns[0]);
+    columns[0].version.value = config.initial.version || "";
+  }
   // The second column starts on another model (or, with one model, on another version).
   if (config.models.length > 1) {
     second.model.value = config.models[1].name;

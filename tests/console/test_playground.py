@@ -114,6 +114,19 @@ class TestPlaygroundPage:
         for button in ("Send", "Stop", "New conversation", "View code"):
             assert f">{button}</button>" in page
 
+    def test_a_link_may_name_the_model_and_version_to_start_on(self, alice_org, served):
+        client = signed_in(user("ann", org=alice_org))
+        page = f"/portal/{alice_org.pk}/playground/"
+        chat = served["chat"]
+        assert config_of(client.get(page, {"model": chat, "version": "2"}))["initial"] == {
+            "model": chat,
+            "version": "2",
+        }
+        # A version not served starts on the model, routed; a model not served (or none asked) on nothing.
+        assert config_of(client.get(page, {"model": chat, "version": "9"}))["initial"] == {"model": chat, "version": ""}
+        assert config_of(client.get(page, {"model": served["embedding"]}))["initial"] == {}
+        assert config_of(client.get(page))["initial"] == {}
+
     def test_the_model_and_version_pickers_sit_above_send(self, alice_org, served):
         page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/").content.decode()
         form = page.split('id="playground-form"')[1].split("</form>")[0]

@@ -16,9 +16,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Membership, Role
+from accounts.services import platform_organization
 from registry import artifacts
 from registry.artifacts import directory_digest
 from registry.bundled import BUNDLED_MODELS
@@ -148,6 +150,9 @@ class TestVersionDetail:
         assert 'data-event="registered"' in timeline
         assert 'data-event="deployed"' in timeline
         assert "by registrar" in timeline
+        # Deployed: try it in the playground, on this version, as the platform's own organisation.
+        playground = reverse("console:playground", kwargs={"org_id": platform_organization().pk})
+        assert f'<a href="{playground}?model=detail&amp;version=1" data-try>Try in the playground</a>' in html
         assert f'data-deployment="{deployment.pk}"' in html
         row = html.split(f'data-replica="{replica.pk}"', 1)[1].split("</tr>", 1)[0]
         assert "healthy" in row
