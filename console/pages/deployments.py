@@ -129,6 +129,17 @@ class DeploymentRow:
         return "" if entry is None else CHANGES.get(entry.action, entry.action)
 
     @property
+    def scale_note(self) -> str:
+        return f"{self.deployment.version} · {self.live.get('replicas', '')}"
+
+    @property
+    def swap_note(self) -> str:
+        return (
+            f"Starts the new version beside {self.deployment.version}, moves this deployment's traffic to it"
+            " once it is ready, then drains and stops the old one."
+        )
+
+    @property
     def refused(self) -> str:
         """The drawer to open on load: the one whose form was refused."""
         for kind, form in (("scale", self.scale_form), ("autoscale", self.autoscale_form), ("swap", self.swap_form)):

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
-from billing.models import FailedAttempt, UsageRecord
+from billing.models import FailedAttempt
 from core.formats import MISSING
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import last_changes
@@ -22,6 +22,7 @@ from registry.services import deployment_scale, replica_record_load_time, traffi
 from rollout.canary_stats import percentile
 from rollout.hotswap import deployment_swap_version
 from rollout.served_requests import served_requests, served_summaries
+from tests.billing.records import make_record
 from tests.support.registry import make_version
 
 pytestmark = pytest.mark.django_db
@@ -321,19 +322,8 @@ def test_unknown_things_are_404(admin_client: Any) -> None:
 
 def usage(key: Any, model: str, version: str, rows: list[tuple[int, int]], *, at: Any, cache: str = "miss") -> None:
     """Usage records of ``model``:``version`` admitted at ``at``: (status, latency ms) each."""
-    UsageRecord.objects.bulk_create(
-        UsageRecord(
-            api_key=key,
-            organization_id=key.organization_id,
-            model=model,
-            model_version=version,
-            latency_ms=latency,
-            status_code=status,
-            created_at=at,
-            cache=cache,
-        )
-        for status, latency in rows
-    )
+    for status, latency in rows:
+        make_record(key, at=at, model=model, version=version, status=status, latency=latency, cache=cache)
 
 
 @pytest.fixture
