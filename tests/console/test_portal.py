@@ -163,6 +163,19 @@ class TestKeys:
         assert "production" in html
         assert world.other_key.masked not in html
 
+    def test_each_key_shows_the_models_it_may_call_and_its_expiry(self, world):
+        world.key.allowed_models = ["chat-a", "chat-b"]
+        world.key.expires_at = datetime(2031, 1, 2, 3, 4, tzinfo=UTC)
+        world.key.save(update_fields=["allowed_models", "expires_at"])
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        row = re.search(rf'<tr id="key-{world.key.pk}">(.*?)</tr>', html, re.S)
+        assert row
+        assert "only chat-a, chat-b · expires 2031-01-02 03:04" in row.group(1)
+        world.key.allowed_models = []
+        world.key.save(update_fields=["allowed_models"])
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        assert "tier · every model · expires" in html
+
     def test_each_key_shows_its_requests_and_spend_this_month(self, world):
         today = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         for start, model, requests, cost in ((today, "m", 1200, "3.5"), (today.replace(day=1), "n", 300, "0.004")):
