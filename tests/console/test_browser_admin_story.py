@@ -32,7 +32,14 @@ from typing import Any
 import pytest
 
 from tests.processes import Gateway, start_gateway
-from tests.support.browser import PASSWORD, log_in, screenshot, serve_canary_requests, tick_until_decided
+from tests.support.browser import (
+    PASSWORD,
+    fill_canary_wizard,
+    log_in,
+    screenshot,
+    serve_canary_requests,
+    tick_until_decided,
+)
 from tests.support.gateway import committed, persisted
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
@@ -328,16 +335,10 @@ def admin_rolls_out_a_new_version(
     page.locator("form.filters button[type=submit]").click()
     page.locator(f"tr[data-model='{name}'] a:has-text('Start a canary')").click()
     page.wait_for_selector("h1:has-text('Start a canary')")
-    page.select_option("#id_base_version", "v1")
-    page.select_option("#id_canary_version", "v2")
-    page.fill("#id_steps", "10,100")
-    page.fill("#id_interval_seconds", "2")
-    page.fill("#id_min_samples", "20")
-    page.fill("#id_max_p99_latency_ms", "60000")
-    page.fill("#id_min_success_rate", "95")
-    page.check("#id_auto_promote")
+    fill_canary_wizard(page, steps="10,100", interval="2", min_samples="20", max_p99_ms="60000", min_success="95",
+                       auto_promote=True)  # fmt: skip
     screenshot(page, "story-07-canary-wizard")
-    page.click("main button:has-text('Start canary')")
+    page.click("[data-wizard-submit]")
     page.wait_for_selector("[data-canary-status]")
     assert page.locator("[data-canary-status]").inner_text() == "Running"
     assert "v1 90 % · v2 10 %" in page.locator(".facts").inner_text()

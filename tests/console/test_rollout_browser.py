@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from core.formats import MISSING
-from tests.support.browser import log_in, screenshot, serve_canary_requests, tick_until_decided
+from tests.support.browser import fill_canary_wizard, log_in, screenshot, serve_canary_requests, tick_until_decided
 
 pytestmark = pytest.mark.browser
 
@@ -142,15 +142,36 @@ class TestRollout:
         page.locator("form.filters button[type=submit]").click()
         page.locator(f"tr[data-model='{name}'] a:has-text('Start a canary')").click()
         page.wait_for_selector("h1:has-text('Start a canary')")
-        page.select_option("#id_base_version", "v1")
-        page.select_option("#id_canary_version", "v2")
+        # One step at a time: the versions first, nothing else on show, and no way to start yet.
+        assert page.locator("fieldset[data-step='1']").is_visible()
+        assert not page.locator("#id_steps").is_visible()
+        assert not page.locator("[data-wizard-submit]").is_visible()
+        page.click("[data-wizard-next]")
+        # Steps that do not increase are refused on the spot; the schedule follows what is typed.
+        page.fill("#id_steps", "50,10")
+        page.click("[data-wizard-next]")
+        assert page.locator("#id_steps").is_visible()
         page.fill("#id_steps", "10,50,100")
         page.fill("#id_interval_seconds", "2")
-        page.fill("#id_min_samples", "20")
-        page.fill("#id_max_p99_latency_ms", "60000")
-        page.fill("#id_min_success_rate", "95")
-        screenshot(page, "rollout-07-wizard")
-        page.click("main button:has-text('Start canary')")
+        assert page.locator("#canary-schedule li").all_inner_texts() == [
+            "10 % of the requests to the candidate from 0 s to 2 s",
+            "50 % of the requests to the candidate from 2 s to 4 s",
+            "100 % of the requests to the candidate from 4 s to 6 s",
+        ]
+        assert "The earliest it can finish is 6 s after it starts" in page.locator("#canary-earliest").inner_text()
+        page.click("[data-wizard-back]")
+        fill_canary_wizard(page, steps="10,50,100", interval="2", min_samples="20", max_p99_ms="60000",
+                           min_success="95", auto_promote=False, shot="rollout-07-wizard")  # fmt: skip
+        review = {
+            page.locator("#canary-review dd").nth(i).get_attribute("data-review"): page.locator("#canary-review dd")
+            .nth(i).inner_text()
+            for i in range(page.locator("#canary-review dd").count())
+        }  # fmt: skip
+        assert review["Versions"] == "v1 → v2"
+        assert review["Steps"] == "10 % → 50 % → 100 %"
+        assert review["Criteria"] == "success rate ≥ 95 %, p99 latency ≤ 60000 ms"
+        assert review["At the end"] == "waits for a person to promote"
+        page.click("[data-wizard-submit]")
         page.wait_for_selector("[data-canary-status]")
         assert page.locator("[data-canary-status]").inner_text() == "Running"
         assert "v1 90 % · v2 10 %" in page.locator(".facts").inner_text()

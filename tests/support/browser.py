@@ -92,6 +92,40 @@ def serve_canary_requests(model: str, key: Any) -> None:
     UsageRecord.objects.bulk_create(records)
 
 
+def fill_canary_wizard(
+    page: Any,
+    *,
+    steps: str,
+    interval: str,
+    min_samples: str,
+    max_p99_ms: str,
+    min_success: str,
+    auto_promote: bool,
+    shot: str = "",
+) -> None:
+    """Walk the canary wizard (v1 → v2) step by step as a person does, each step's Next checked
+    by the page, up to its review; ``shot`` names a screenshot of each step."""
+    page.select_option("#id_base_version", "v1")
+    page.select_option("#id_canary_version", "v2")
+    if shot:
+        screenshot(page, f"{shot}-1-versions")
+    page.click("[data-wizard-next]")
+    page.fill("#id_steps", steps)
+    page.fill("#id_interval_seconds", interval)
+    page.fill("#id_min_samples", min_samples)
+    if shot:
+        screenshot(page, f"{shot}-2-steps")
+    page.click("[data-wizard-next]")
+    page.fill("#id_max_p99_latency_ms", max_p99_ms)
+    page.fill("#id_min_success_rate", min_success)
+    if auto_promote:
+        page.check("#id_auto_promote")
+    page.click("[data-wizard-next]")
+    page.wait_for_selector("#canary-review [data-review='Versions']")
+    if shot:
+        screenshot(page, f"{shot}-4-review")
+
+
 def tick_until_decided(deadline_s: float = 30.0) -> int:
     """The canary controller's beat, as Celery runs it, until it has judged a canary."""
     from rollout.tasks import canary_tick
