@@ -250,10 +250,9 @@ def deployment_rows(page: Any, model: str) -> dict[str, dict[str, str]]:
     shown = {}
     for i in range(rows.count()):
         row = rows.nth(i)
-        cells = row.locator("td")
         shown[row.locator("td.version [data-version]").inner_text()] = {
             "id": row.get_attribute("data-deployment") or "",
-            "status": cells.nth(2).inner_text(),
+            "status": row.locator("[data-live=status]").inner_text(),
             "weight": row.locator("td.weight").inner_text(),
         }
     return shown
