@@ -1,6 +1,6 @@
 """Every page a platform admin can open, in real Chromium at 1280 px and at 800 px: nothing
-overflows the page sideways, and no element sticks out of its container (tables scroll
-inside their own ``.table-wrap``). A screenshot of each page at each width goes under
+overflows the page sideways, no element sticks out of its container (tables scroll
+inside their own ``.table-wrap``), and no template syntax shows as text. A screenshot of each page at each width goes under
 tests/screenshots/ (``walk-<width>-<page>.png``) for people to look at."""
 
 from __future__ import annotations
@@ -150,6 +150,9 @@ def test_no_page_overflows_at_1280_or_800_px(committed_users, walk_world, consol
             screenshot(page, f"walk-{width}-{name}")
             walked += 1
             found = page.evaluate(OVERFLOW_JS)
+            # Template syntax left in the page (a comment over two lines is not a comment).
+            text = page.locator("body").inner_text()
+            found += [f"template syntax shown: {mark}" for mark in ("{#", "#}", "{%", "%}", "{{") if mark in text]
             if found:
                 problems[f"{width} {path}"] = found[:5]
     context.close()
