@@ -1,7 +1,8 @@
 """Every page a platform admin can open, in real Chromium at 1280 px and at 800 px: nothing
 overflows the page sideways, no element sticks out of its container (tables scroll
-inside their own ``.table-wrap``), and no template syntax shows as text. A screenshot of each page at each width goes under
-tests/screenshots/ (``walk-<width>-<page>.png``) for people to look at."""
+inside their own ``.table-wrap``), and no template syntax shows as text. A screenshot of
+each page at each width goes under tests/screenshots/ (``walk-<width>-<page>.png``) for
+people to look at."""
 
 from __future__ import annotations
 
