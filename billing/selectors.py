@@ -8,7 +8,7 @@ from datetime import date, timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from billing.models import BudgetAlert, Invoice, Price, Reconciliation, UsageRecord
+from billing.models import BudgetAlert, FailedAttempt, Invoice, Price, Reconciliation, UsageRecord
 
 # A price that ended this recently is still loaded: a request admitted just before a switch
 # is priced at its admission time, and the routing table it reads may have been reloaded
@@ -81,3 +81,9 @@ def usage_record_for(*, request_id: uuid.UUID, organization_id: int | None = Non
     if organization_id is not None:
         found = found.filter(organization_id=organization_id)
     return found.first()
+
+
+def failed_attempt_for(*, request_id: uuid.UUID) -> FailedAttempt | None:
+    """The attempt of one request that failed on a version before another answered it (the
+    fallback), if there was one."""
+    return FailedAttempt.objects.filter(request_id=request_id).first()

@@ -15,7 +15,7 @@ from django.urls import URLPattern, URLResolver, path
 from django.views.decorators.http import require_GET
 
 from billing.models import UsageRecord
-from billing.selectors import usage_record_for
+from billing.selectors import failed_attempt_for, usage_record_for
 from console.pages.access import OrgRequest, org_member_required, platform_admin_required
 from console.pages.nav import CONSOLE, PORTAL, NavItem
 from rollout.selectors import canary_arm_at
@@ -41,7 +41,13 @@ class RequestIdForm(forms.Form):
 
 def trail(record: UsageRecord) -> list[tuple[str, str]]:
     """How the request was served, in the order it happened."""
-    steps = [("Routed to", f"{record.model} version {record.model_version}")]
+    steps = []
+    failed = failed_attempt_for(request_id=record.request_id)
+    if failed is not None:
+        code = f" {failed.error_code}" if failed.error_code else ""
+        steps.append(("Tried first", f"{failed.model} version {failed.model_version}: failed with {failed.status_code}"
+                                     f"{code} after {failed.latency_ms:,} ms"))  # fmt: skip
+    steps.append(("Fell back to" if failed else "Routed to", f"{record.model} version {record.model_version}"))
     found = canary_arm_at(model=record.model, version=record.model_version, at=record.created_at)
     if found is not None:
         canary, arm = found

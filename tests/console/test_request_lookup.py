@@ -1,5 +1,5 @@
 """Finding one request by its id: platform admins find any, an organisation's members only
-their own; the page says how it was served (version, canary arm, cache) and never a prompt."""
+their own; the page says how it was served (a fallback, version, canary arm, cache) and never a prompt."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.models import FailedAttempt
 from registry.models import Model, ModelVersion
 from rollout.models import Canary
 from tests.billing.records import make_record
@@ -55,6 +56,18 @@ def test_a_platform_admin_finds_any_request_with_how_it_was_served(world, canary
     assert "lookup-chat version 2" in html
     assert "the canary arm" in html
     assert "answered by the engine" in html
+
+
+def test_a_fallback_shows_the_version_that_failed_first(world, canary_record):
+    FailedAttempt.objects.create(
+        request_id=canary_record.request_id, organization_id=world.org.pk, model="lookup-chat", model_version="1",
+        status_code=502, error_code="engine_unavailable", latency_ms=1234, created_at=canary_record.created_at,
+    )  # fmt: skip
+    html = page(world.client("platform_admin"), reverse("console:requests"), str(canary_record.request_id))
+    trail = html.split('id="request-trail">')[1].split("</ol>")[0]
+    assert trail.index("Tried first") < trail.index("Fell back to")
+    assert "lookup-chat version 1: failed with 502 engine_unavailable after 1,234 ms" in trail
+    assert "Routed to" not in trail
 
 
 def test_a_body_id_works_too_and_a_bad_id_is_a_field_error(world, canary_record):
