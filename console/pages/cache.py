@@ -115,9 +115,12 @@ def hit_rate_figure(report: CacheSavingsReport) -> dict[str, Any]:
             )
         )
     fig.update_layout(
-        **charts.layout(height=280, legend=bool(report.series)),
-        xaxis={"type": "date", "gridcolor": "#eef1f6", "range": [report.since.isoformat(), report.until.isoformat()]},
-        yaxis={"title": {"text": "hit rate, %"}, "gridcolor": "#eef1f6", "range": [0, 100], "zeroline": False},
+        **charts.layout(
+            height=280,
+            legend=bool(report.series),
+            xaxis=charts.axis(type="date", range=[report.since.isoformat(), report.until.isoformat()]),
+            yaxis=charts.axis(title={"text": "hit rate, %"}, range=[0, 100], zeroline=False),
+        )
     )
     figure: dict[str, Any] = orjson.loads(fig.to_json())
     return figure

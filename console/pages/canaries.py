@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from plotly.subplots import make_subplots
 
 from console.pages.access import platform_admin_required
-from console.pages.charts import layout
+from console.pages.charts import axis, layout
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import CanaryStartForm, ShadowForm
@@ -154,7 +154,7 @@ def comparison_figure(decisions: list[CanaryDecision]) -> dict[str, Any]:
     times = [f"{utc(d.at, seconds=True)} UTC" for d in windows]
     for index, series in enumerate(SERIES):
         row, col = divmod(index, 2)
-        axis = "" if index == 0 else str(index + 1)
+        ref = "" if index == 0 else str(index + 1)
         empty = True
         for arm, colour in ARM_COLOURS.items():
             values = [_arm_value(d.figures["arms"].get(arm) or {}, series.keys, series.scale) for d in windows]
@@ -169,7 +169,7 @@ def comparison_figure(decisions: list[CanaryDecision]) -> dict[str, Any]:
             )  # fmt: skip
         if empty:
             figure.add_annotation(
-                text=series.empty, xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5, y=0.5,
+                text=series.empty, xref=f"x{ref} domain", yref=f"y{ref} domain", x=0.5, y=0.5,
                 showarrow=False, font={"color": "#5b6472"},
             )  # fmt: skip
         figure.update_yaxes(title_text=series.unit, row=row + 1, col=col + 1)
@@ -180,8 +180,8 @@ def comparison_figure(decisions: list[CanaryDecision]) -> dict[str, Any]:
     figure.update_layout(
         {**layout(height=560, legend=True, margin={"l": 60, "r": 10, "t": 50, "b": 60}), "legend": legend}
     )
-    figure.update_xaxes(type="category", gridcolor="#eef1f6", automargin=True)
-    figure.update_yaxes(gridcolor="#eef1f6", rangemode="tozero", automargin=True)
+    figure.update_xaxes(axis(type="category"))
+    figure.update_yaxes(axis(rangemode="tozero"))
     figure_json: dict[str, Any] = json.loads(figure.to_json())
     return figure_json
 

@@ -37,8 +37,17 @@ def version_colours(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
     return out
 
 
+GRID = "#eef1f6"
+
+
+def axis(**more: Any) -> dict[str, Any]:
+    """An axis in the house style: its labels and title never clipped (the margin grows to fit)."""
+    return {"automargin": True, "gridcolor": GRID, **more}
+
+
 def layout(*, height: int, legend: bool, **more: Any) -> dict[str, Any]:
-    """The house layout: a legend (when there is something to name) below the plot."""
+    """The house layout: a legend (when there is something to name) below the plot, axes whose
+    labels are never clipped (``axis``; pass ``xaxis=axis(...)`` to add to them)."""
     return {
         "template": "none",
         "height": height,
@@ -48,5 +57,7 @@ def layout(*, height: int, legend: bool, **more: Any) -> dict[str, Any]:
         "plot_bgcolor": "#fff",
         "showlegend": legend,
         "legend": {"orientation": "h", "y": -0.25},
+        "xaxis": axis(),
+        "yaxis": axis(),
         **more,
     }

@@ -84,11 +84,13 @@ def _figure(chart: Chart, overview: UsageOverview) -> dict[str, Any]:
                 )
             )
     fig.update_layout(
-        **charts.layout(height=260, legend=bool(overview.series)),
-        xaxis={"type": "date", "gridcolor": "#eef1f6", "range": [overview.start.isoformat(), overview.now.isoformat()]},
-        yaxis={"title": {"text": chart.unit}, "gridcolor": "#eef1f6", "rangemode": "tozero", "zeroline": False},
-        uirevision=overview.time_range.key,  # Plotly.react keeps a person's zoom across live updates
-    )
+        **charts.layout(
+            height=260, legend=bool(overview.series),
+            xaxis=charts.axis(type="date", range=[overview.start.isoformat(), overview.now.isoformat()]),
+            yaxis=charts.axis(title={"text": chart.unit}, rangemode="tozero", zeroline=False),
+            uirevision=overview.time_range.key,  # Plotly.react keeps a person's zoom across live updates
+        )
+    )  # fmt: skip
     figure: dict[str, Any] = orjson.loads(fig.to_json())
     return figure
 

@@ -144,18 +144,13 @@ def _days(start: date, end: date) -> list[date]:
 
 
 def _layout(title: str, y_title: str, **more: Any) -> dict[str, Any]:
-    return {
-        "title": {"text": title, "font": {"size": 15}},
-        "barmode": "stack",
-        "margin": {"l": 56, "r": 16, "t": 44, "b": 40},
-        "height": 320,
-        "showlegend": True,  # the model name, even when there is one
-        "legend": {"orientation": "h", "y": -0.2},
-        "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
-        "paper_bgcolor": "#fff",
-        "plot_bgcolor": "#fff",
+    """The house layout (``charts.layout``) with a title, stacked bars and a legend that names
+    the model even when there is one."""
+    return charts.layout(
+        height=320, legend=True, title={"text": title, "font": {"size": 15}}, barmode="stack",
+        margin={"l": 56, "r": 16, "t": 44, "b": 40}, yaxis=charts.axis(title={"text": y_title}, rangemode="tozero"),
         **more,
-    }
+    )  # fmt: skip
 
 
 def figures(
@@ -168,7 +163,7 @@ def figures(
     Chart values are floats (plotly.js draws numbers); the totals on the page stay Decimal.
     """
     days = _days(start, end)
-    day_axis = {"type": "date", "range": [str(start - timedelta(hours=12)), str(end + timedelta(hours=12))]}
+    day_axis = charts.axis(type="date", range=[str(start - timedelta(hours=12)), str(end + timedelta(hours=12))])
 
     def series_of(row: DailyUsage) -> str:
         if keys is None:
@@ -220,7 +215,7 @@ def figures(
             go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per]),
             go.Bar(name="Output", x=names, y=[t.output_tokens for t in per]),
         ],
-        layout=_layout(f"Tokens per {by}", "tokens", xaxis={"type": "category"}),
+        layout=_layout(f"Tokens per {by}", "tokens", xaxis=charts.axis(type="category")),
     )
     return {
         name: json.loads(figure.to_json())

@@ -36,3 +36,8 @@ def test_the_overview_and_the_portal_draw_a_model_in_its_colour(db):
                      cost=Decimal("0.02"))  # fmt: skip
     cost = figures([row], start=day, end=day, currency="USD")["cost"]
     assert [t["marker"]["color"] for t in cost["data"]] == [charts.model_colour("paint")]
+    # Every chart's axes grow their margin to fit their labels and titles: never clipped.
+    for figure in (*overview["figures"].values(), cost):
+        axes = [value for name, value in figure["layout"].items() if name.startswith(("xaxis", "yaxis"))]
+        assert axes
+        assert all(axis.get("automargin") is True for axis in axes)
