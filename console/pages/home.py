@@ -9,9 +9,10 @@ from django.urls import NoReverseMatch, reverse
 
 from accounts.permissions import is_platform_admin
 from accounts.selectors import invitations_pending_for, organizations_visible_to
-from console.pages.lists import page_of
+from console.pages.lists import page_of, query_without_page
 
 INVITATIONS_PER_PAGE = 25
+ORGANIZATIONS_PER_PAGE = 25
 
 
 @login_required
@@ -25,12 +26,16 @@ def home(request: HttpRequest) -> HttpResponse:
 def portal_home(request: HttpRequest) -> HttpResponse:
     """One organisation: straight to its portal; several: pick one; none: say how to get in.
     Invitations waiting for this user are shown first, to accept or decline (no redirect then)."""
-    organizations = list(organizations_visible_to(request.user).order_by("name"))
+    visible = organizations_visible_to(request.user).order_by("name")
     invitations = page_of(request, invitations_pending_for(request.user), INVITATIONS_PER_PAGE, "invitations_page")
-    if len(organizations) == 1 and not invitations.object_list and not is_platform_admin(request.user):
-        try:
-            return redirect(reverse("console:portal-usage", kwargs={"org_id": organizations[0].pk}))
-        except NoReverseMatch:  # the portal's pages are not installed
-            pass
-    context = {"organizations": organizations, "invitations": invitations}
+    if not invitations.object_list and not is_platform_admin(request.user):
+        only = list(visible[:2])
+        if len(only) == 1:
+            try:
+                return redirect(reverse("console:portal-usage", kwargs={"org_id": only[0].pk}))
+            except NoReverseMatch:  # the portal's pages are not installed
+                pass
+    q = request.GET.get("q", "").strip()
+    organizations = page_of(request, visible.filter(name__icontains=q) if q else visible, ORGANIZATIONS_PER_PAGE)
+    context = {"organizations": organizations, "invitations": invitations, "q": q, "query": query_without_page(request)}
     return render(request, "console/portal_home.html", context)

@@ -13,6 +13,7 @@ from django.core import mail
 from django.test import Client
 
 from accounts.models import Membership, Organization, Role
+from accounts.services import organization_create
 from core import keys
 from core.redis import sync_redis
 
@@ -65,6 +66,23 @@ class TestLanding:
         html = signed_in(ann).get("/portal/").content.decode()
         assert f'href="/portal/{alice_org.pk}/"' in html
         assert f'href="/portal/{bob_org.pk}/"' in html
+
+    def test_a_platform_admin_pages_through_every_organisation_and_finds_one_by_name(self):
+        for n in range(30):
+            organization_create(name=f"Paged org {n:02d}")
+        root = get_user_model().objects.create_superuser(username="pager-root", password=PASSWORD)
+        client = signed_in(root)
+        first = client.get("/portal/", {"q": "Paged org"}).content.decode()
+        assert first.count('<tr><td><a href="/portal/') == 25
+        assert "Page 1 of 2 · 30 in all" in first
+        assert "q=Paged+org&amp;page=2" in first  # the pager keeps the search
+        found = client.get("/portal/", {"q": "org 07"}).content.decode()
+        assert found.count('<tr><td><a href="/portal/') == 1
+        assert ">Paged org 07</a>" in found
+        assert (
+            "No organisation name contains “nothing like it”"
+            in client.get("/portal/", {"q": "nothing like it"}).content.decode()
+        )
 
     def test_someone_in_no_organisation_is_told_how_to_get_in(self):
         html = signed_in(user("lone")).get("/portal/").content.decode()
