@@ -111,7 +111,7 @@ class PriceViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.Gene
             if version is None:
                 raise ValidationError({"version": f"{model.name} has no version {version_name!r}."})
         try:
-            price = price_set(model=model, version=version, **data)
+            price = price_set(model=model, version=version, actor=request.user, **data)
         except InvalidInput as exc:
             raise ValidationError({exc.field: exc.message}) from exc
         return Response(PriceSerializer(price).data, status=status.HTTP_201_CREATED)

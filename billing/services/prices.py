@@ -14,6 +14,7 @@ from billing.models import PRICE_DECIMAL_PLACES, PRICE_MAX_DIGITS, Price
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
+from registry.services import Actor, audit_record
 
 _PRICE_LIMIT = Decimal(10) ** (PRICE_MAX_DIGITS - PRICE_DECIMAL_PLACES)
 _PRICE_QUANTUM = Decimal(1).scaleb(-PRICE_DECIMAL_PLACES)
@@ -45,6 +46,21 @@ def _percent(field: str, value: Decimal | str) -> Decimal:
     return amount
 
 
+PRICE_FIELDS = (
+    "input_per_million", "output_per_million", "cached_input_per_million", "per_thousand_inferences",
+    "cached_per_thousand_inferences", "batch_percent",
+)  # fmt: skip
+
+
+def _snapshot(price: Price) -> dict[str, Any]:
+    """A price as the audit log keeps it (amounts as exact strings, the same read or written)."""
+    return {
+        "version": price.version.version if price.version is not None else None,
+        "effective_from": price.effective_from.isoformat(),
+        **{field: format(Decimal(getattr(price, field)).normalize(), "f") for field in PRICE_FIELDS},
+    }
+
+
 def price_set(
     *,
     model: Model,
@@ -57,6 +73,7 @@ def price_set(
     version: ModelVersion | None = None,
     effective_from: datetime | None = None,
     currency: str | None = None,
+    actor: Actor = None,
 ) -> Price:
     """Price ``model`` (or one ``version`` of it) from ``effective_from`` (default: now) on.
 
@@ -66,7 +83,8 @@ def price_set(
     Cached input tokens cost ``cached_input_per_million`` (default: the input price). A small
     model's requests cost ``per_thousand_inferences`` per thousand items, those answered from
     the result cache ``cached_per_thousand_inferences`` (default: the same). A batch job's
-    requests pay ``batch_percent`` of each (default 50: half price).
+    requests pay ``batch_percent`` of each (default 50: half price). Audited (``price.set``, on
+    the model: the price it replaces and the new one), in the write's transaction.
     """
     if version is not None and version.model_id != model.pk:
         raise InvalidInput("version", f"{version} is not a version of {model}")
@@ -100,5 +118,9 @@ def price_set(
             current.effective_to = start
             current.save(update_fields=["effective_to"])
         price = Price.objects.create(model=model, version=version, currency=currency, effective_from=start, **values)
+        audit_record(
+            actor=actor, action="price.set", target_type="model", target=model.name,
+            before=_snapshot(current) if current is not None else None, after=_snapshot(price),
+        )  # fmt: skip
         publish_routing_change("prices")
     return price

@@ -114,6 +114,8 @@ def _target(entry: AuditEntry, place: TargetPlace | None) -> tuple[str, str | No
     kind, key = entry.target_type, entry.target
     if entry.action == "bundled.import":
         return "the bundled models", reverse("console:bundled-models")
+    if entry.action == "price.set":
+        return f"the price of {key}", f"{reverse('console:prices')}?{urlencode({'model': key})}" if place else None
     if kind == "model":
         url = f"{reverse('console:models')}?{urlencode({'q': key})}" if place else None
         return f"model {key}", url

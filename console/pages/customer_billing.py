@@ -275,7 +275,7 @@ def prices(request: HttpRequest) -> HttpResponse:
                 form.add_error("version", f"{model.name} has no version {version_name!r}.")
             else:
                 try:
-                    price = price_set(model=model, version=version, **data)
+                    price = price_set(model=model, version=version, actor=request.user, **data)
                 except InvalidInput as exc:
                     refuse(form, exc)
                 else:

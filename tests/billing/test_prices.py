@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounts.models import Membership, Role
@@ -14,7 +15,7 @@ from billing.models import Price
 from billing.pricing import PriceQuote, micros_up, price_in_effect, request_cost
 from billing.services import price_set
 from core.errors import InvalidInput
-from registry.models import Model, ModelVersion
+from registry.models import AuditEntry, Model, ModelVersion
 from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
@@ -41,6 +42,32 @@ class TestPriceSet:
         assert first.effective_to == changed_at == second.effective_from
         assert second.effective_to is None
         assert second.cached_input_per_million == Decimal("0.20")  # defaults to the input price
+
+    def test_each_price_change_is_audited_with_the_price_it_replaces(self, model, version):
+        admin = get_user_model().objects.create_user(username="pricer")
+        first = price_set(model=model, input_per_million="0.10", output_per_million="0.30", actor=admin)
+        second = price_set(model=model, version=version, input_per_million="1", output_per_million="2")
+        third = price_set(model=model, input_per_million="0.25", output_per_million="0.30",
+                          effective_from=timezone.now() + timedelta(hours=1))  # fmt: skip
+        entries = list(AuditEntry.objects.filter(action="price.set", target="priced-chat").order_by("id"))
+        assert [(e.actor_name, e.target_type) for e in entries] == [("pricer", "model"), ("", "model"), ("", "model")]
+        assert entries[0].before is None
+        assert entries[0].after == {
+            "version": None, "effective_from": first.effective_from.isoformat(), "input_per_million": "0.1",
+            "output_per_million": "0.3", "cached_input_per_million": "0.1", "per_thousand_inferences": "0",
+            "cached_per_thousand_inferences": "0", "batch_percent": "50",
+        }  # fmt: skip
+        assert entries[1].before is None  # the version had no price of its own
+        assert entries[1].after["version"] == "2"
+        assert entries[1].after["effective_from"] == second.effective_from.isoformat()
+        assert entries[2].before == entries[0].after  # the model's price it ends
+        assert entries[2].after["input_per_million"] == "0.25"
+        assert entries[2].after["effective_from"] == third.effective_from.isoformat()
+
+    def test_a_refused_price_leaves_no_audit_entry(self, model):
+        with pytest.raises(InvalidInput):
+            price_set(model=model, input_per_million="-1", output_per_million="0.30")
+        assert not AuditEntry.objects.filter(action="price.set").exists()
 
     def test_a_later_scheduled_price_must_be_changed_first(self, model):
         price_set(model=model, input_per_million="1", output_per_million="1",

@@ -23,7 +23,7 @@ from billing import invoicing
 from billing.models import Invoice, InvoiceLine, Price, Reconciliation, UsageRollup
 from billing.services import invoice_draft, price_set
 from core.errors import InvalidInput
-from registry.models import Model, ModelVersion
+from registry.models import AuditEntry, Model, ModelVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -483,6 +483,12 @@ class TestPrices:
         listed = text(world.client().get(reverse("console:prices")))
         assert "in effect" in listed
         assert "scheduled" in listed
+        # Both changes are in the audit log, by the admin, linked to the prices page.
+        assert list(AuditEntry.objects.filter(action="price.set").values_list("actor_name", flat=True)) == [
+            "cust-root", "cust-root"
+        ]  # fmt: skip
+        log = text(world.client().get(reverse("console:audit"), {"target": "model:cust-chat"}))
+        assert log.count("/console/prices/?model=cust-chat") == 2
 
     def test_models_that_served_traffic_with_no_price_are_called_out(self, world, model):
         key = api_key_create(organization=world.org, name="unpriced").api_key
