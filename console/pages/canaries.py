@@ -322,8 +322,8 @@ def _detail(
         "hours": hours,
         "window_label": SHADOW_WINDOWS[hours],
         "windows": SHADOW_WINDOWS,
-        # Every canary the model ran, the one above included (the live fragment does not need it).
-        "history": [] if fragment else list(canaries_of(model=model)),
+        # Every canary the model ran, the one above included (in the live fragment: its counts move).
+        "history": list(canaries_of(model=model)),
     }
     template = "console/deployments/_canary_live.html" if fragment else "console/deployments/canary_detail.html"
     return render(request, template, context)

@@ -184,6 +184,9 @@ class TestCanaryPage:
         fragment = admin_client.get("/console/canaries/gpt-tiny/?fragment=1").content.decode()
         assert f'data-decision="{decision.pk}"' in fragment
         assert "<html" not in fragment
+        # The history's decision count moves with it (it is part of what the page refreshes).
+        history = fragment.split('id="canary-history"')[1].split(f'data-canary="{canary.pk}"')[1].split("</tr>")[0]
+        assert '<td class="num">1</td>' in history
 
 
 class TestWizard:
