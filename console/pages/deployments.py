@@ -30,6 +30,7 @@ from core.errors import InvalidInput
 from core.formats import MISSING
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
+    SCALE_ACTIONS,
     deployment_board,
     deployment_with_version,
     deployments_live,
@@ -51,7 +52,16 @@ from registry.services import (
     traffic_set,
 )
 from rollout.autoscaler import deployment_autoscale_set
-from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, swap_get
+from rollout.hotswap import (
+    SWAP,
+    SWAP_DONE,
+    SWAP_DRAIN,
+    SWAP_SHIFT,
+    Swap,
+    deployment_swap_cancel,
+    deployment_swap_version,
+    swap_get,
+)
 from rollout.selectors import Lifecycle, lifecycle_of, swap_latest_id
 from rollout.served_requests import ServedSummary, served_summaries
 
@@ -65,14 +75,13 @@ LIVE_IDS_MAX = 200
 # Audited actions as the live table's "last change" says them.
 CHANGES = {
     "deployment.create": "deployed",
-    "deployment.scale": "scaled",
-    "autoscale": "scaled",
+    **dict.fromkeys(SCALE_ACTIONS, "scaled"),
     "deployment.bounds": "replica bounds set",
     "deployment.autoscale": "autoscaling set",
-    "deployment.swap": "hot-swap started",
-    "deployment.swap.shift": "hot-swap shifted traffic",
-    "deployment.swap.drain": "hot-swap draining",
-    "deployment.swap.done": "hot-swap finished",
+    SWAP: "hot-swap started",
+    SWAP_SHIFT: "hot-swap shifted traffic",
+    SWAP_DRAIN: "hot-swap draining",
+    SWAP_DONE: "hot-swap finished",
     "traffic.set": "traffic split set",
 }
 
@@ -141,19 +150,11 @@ class DeploymentRow:
 
     @property
     def refused(self) -> str:
-        """The drawer to open on load: the one whose form was refused."""
-        for kind, form in (("scale", self.scale_form), ("autoscale", self.autoscale_form), ("swap", self.swap_form)):
-            if form.is_bound and form.errors:
-                return kind
-        return ""
+        return _refused(scale=self.scale_form, autoscale=self.autoscale_form, swap=self.swap_form)
 
     @property
     def swap_open(self) -> bool:
         return self.swap is not None and self.swap.outcome is None
-
-    @property
-    def restart_requested(self) -> bool:
-        return any(row.restart_requested for row in self.replicas)
 
 
 @dataclass
@@ -167,11 +168,14 @@ class ModelPanel:
 
     @property
     def refused(self) -> str:
-        """The drawer to open on load: the one whose form was refused."""
-        for kind, form in (("traffic", self.traffic_form), ("deploy", self.deploy_form)):
-            if form is not None and form.is_bound and form.errors:
-                return kind
-        return ""
+        return _refused(traffic=self.traffic_form, deploy=self.deploy_form)
+
+
+def _refused(**forms_by_kind: forms.Form | None) -> str:
+    """The drawer to open with the page: the kind whose form came back refused, if any."""
+    return next(
+        (kind for kind, form in forms_by_kind.items() if form is not None and form.is_bound and form.errors), ""
+    )
 
 
 # A form refused on a POST, shown again in its place: (form kind, model name or deployment id) -> form.
