@@ -26,7 +26,7 @@ from rest_framework.response import Response
 
 from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
-from registry.audit_selectors import AuditTarget, audit_entries
+from registry.audit_selectors import audit_entries
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 from registry.selectors import deployments_with_replicas, models_with_deployments
 from registry.services import (
@@ -346,12 +346,9 @@ class AuditEntryList(generics.ListAPIView[AuditEntry]):
 
     def get_queryset(self) -> QuerySet[AuditEntry]:
         params = self.request.query_params
-        target = params.get("target") or None
-        within = AuditTarget.parse(target) if target else None
         return audit_entries(
-            action=params.get("action"), actor=params.get("actor"), target=None if within else target,
-            within=within, q=params.get("q"),
-        )  # fmt: skip
+            action=params.get("action"), actor=params.get("actor"), target=params.get("target"), q=params.get("q")
+        )
 
 
 # --- Deployment operations: replicas and restarts ---------------------------

@@ -83,16 +83,15 @@ def audit_entries(
     action: str | None = None,
     actor: str | None = None,
     target: str | None = None,
-    within: AuditTarget | None = None,
     entry_id: int | None = None,
     q: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> QuerySet[AuditEntry]:
     """Audit entries, newest first. ``actor`` is a username (or a part of the platform, e.g.
-    "autoscaler"); ``target`` an exact target of any type; ``within`` a target with everything
-    under it; ``q`` searches target, action and actor; ``since`` (inclusive) and ``until``
-    (exclusive) bound when they were written."""
+    "autoscaler"); ``target`` a typed target with everything under it (``deployment:12``, see
+    ``AuditTarget``), else an exact target of any type; ``q`` searches target, action and
+    actor; ``since`` (inclusive) and ``until`` (exclusive) bound when they were written."""
     entries = AuditEntry.objects.order_by("-created_at", "-id")
     if entry_id is not None:
         entries = entries.filter(pk=entry_id)
@@ -104,10 +103,10 @@ def audit_entries(
         entries = entries.filter(action=action)
     if actor:
         entries = entries.filter(actor_name=actor)
+    target = (target or "").strip()
     if target:
-        entries = entries.filter(target=target)
-    if within is not None:
-        entries = entries.filter(_under(within))
+        within = AuditTarget.parse(target)
+        entries = entries.filter(_under(within) if within is not None else Q(target=target))
     if q:
         entries = entries.filter(Q(target__icontains=q) | Q(action__icontains=q) | Q(actor_name__icontains=q))
     return entries

@@ -512,14 +512,11 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET or None, actions=audit_actions(), actors=audit_actors())
     filters = form.cleaned_data if form.is_valid() else {}
     until = _midnight(filters.get("until"))
-    target = (filters.get("target") or "").strip()
-    within = AuditTarget.parse(target) if target else None
     entries = audit_entries(
         q=filters.get("q") or None,
         action=filters.get("action") or None,
         actor=filters.get("actor") or None,
-        target=target if target and within is None else None,
-        within=within,
+        target=filters.get("target"),
         entry_id=filters.get("entry"),
         since=_midnight(filters.get("since")),
         until=until + timedelta(days=1) if until else None,
