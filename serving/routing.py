@@ -161,7 +161,7 @@ def load_routing_table() -> RoutingTable:
             owner=model.owner or "platform",
             created=int(model.created_at.timestamp()),
             versions=(),
-            cache_rules=_cache_rules(policy),
+            cache_rules=CacheRules.of(policy),
             shadow=shadows.get(model.id),
         )
     return RoutingTable(
@@ -181,23 +181,6 @@ def _predict_fields(framework: str, config: dict[str, Any]) -> dict[str, Any]:
     labels = config.get("labels")
     names = tuple(str(x) for x in labels) if isinstance(labels, list) else ()
     return {"predict": True, "signature": signature, "labels": names}
-
-
-def _cache_rules(policy: CachePolicy | None) -> CacheRules:
-    if policy is None:
-        return CacheRules.defaults()
-    return CacheRules(
-        enabled=policy.enabled,
-        max_temperature=float(policy.max_temperature),
-        max_prompt_tokens=policy.max_prompt_tokens,
-        ttl_seconds=policy.ttl_seconds,
-        shared_scope=policy.shared_scope,
-        wrong_hit_budget=(
-            float(policy.wrong_hit_budget) / 100
-            if policy.wrong_hit_budget is not None
-            else settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET
-        ),
-    )
 
 
 def _default_temperature(artifact_dir: str | None) -> float:

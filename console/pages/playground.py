@@ -118,21 +118,19 @@ def cache_terms(models: list[ServedModel]) -> dict[str, dict[str, Any]]:
     What else could keep one request out (a prompt over ``max_prompt_tokens``) is said, not
     checked: only the gateway counts tokens exactly."""
     policies = cache_policies_by_model()
-    defaults = CacheRules.defaults()
     terms: dict[str, dict[str, Any]] = {}
     for model in models:
-        policy = policies.get(model.model_id)
-        enabled = defaults.enabled if policy is None else policy.enabled
+        rules = CacheRules.of(policies.get(model.model_id))
         if not settings.SEMANTIC_CACHE_ENABLED:
             off = "The semantic cache is turned off on this platform."
-        elif not enabled:
+        elif not rules.enabled:
             off = f"The cache is off for {model.name} (its cache policy)."
         else:
             off = ""
         terms[model.name] = {
             "off": off,
-            "maxTemperature": defaults.max_temperature if policy is None else float(policy.max_temperature),
-            "maxPromptTokens": defaults.max_prompt_tokens if policy is None else policy.max_prompt_tokens,
+            "maxTemperature": rules.max_temperature,
+            "maxPromptTokens": rules.max_prompt_tokens,
         }
     return terms
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from serving.models import CachePolicy
 
 from serving.schemas import ChatCompletionRequest
 
@@ -59,6 +62,24 @@ class CacheRules:
             ttl_seconds=settings.SEMANTIC_CACHE_TTL_SECONDS,
             shared_scope=False,
             wrong_hit_budget=settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET,
+        )
+
+    @classmethod
+    def of(cls, policy: CachePolicy | None) -> CacheRules:
+        """The rules of a model with this policy row (None: the defaults)."""
+        if policy is None:
+            return cls.defaults()
+        return cls(
+            enabled=policy.enabled,
+            max_temperature=float(policy.max_temperature),
+            max_prompt_tokens=policy.max_prompt_tokens,
+            ttl_seconds=policy.ttl_seconds,
+            shared_scope=policy.shared_scope,
+            wrong_hit_budget=(
+                float(policy.wrong_hit_budget) / 100
+                if policy.wrong_hit_budget is not None
+                else settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET
+            ),
         )
 
 
