@@ -119,6 +119,11 @@ class KeyUsage:
         return f"{self.name} ({self.masked})"
 
 
+def _rollup_key(row: DailyUsage) -> str:
+    """A key known only by its rollup row (no longer among the organisation's): its prefix, masked."""
+    return f"{row.api_key_prefix}…" if row.api_key_prefix else ""
+
+
 def by_key(rows: Iterable[DailyUsage], keys: Mapping[int, ApiKey]) -> list[KeyUsage]:
     """Totals per key (``rows`` read with ``by_key``), keys in name order; ``keys``: the
     organisation's keys by id, for their masked form."""
@@ -135,7 +140,7 @@ def by_key(rows: Iterable[DailyUsage], keys: Mapping[int, ApiKey]) -> list[KeyUs
             found.append(KeyUsage(key_id, api_key.name, api_key.masked, api_key.is_active, totals))
         else:  # not one of the organisation's keys as listed: the rollup's own name and prefix
             row = seen[key_id]
-            found.append(KeyUsage(key_id, row.api_key_name, f"{row.api_key_prefix}…", False, totals))
+            found.append(KeyUsage(key_id, row.api_key_name, _rollup_key(row), False, totals))
     return sorted(found, key=lambda k: (k.name.lower(), k.masked, k.api_key_id))
 
 
@@ -168,7 +173,7 @@ def figures(
     def series_of(row: DailyUsage) -> str:
         if keys is None:
             return row.model
-        return keys.get(row.api_key_id or 0) or f"{row.api_key_name} ({row.api_key_prefix}…)"
+        return keys.get(row.api_key_id or 0) or f"{row.api_key_name} ({_rollup_key(row)})"
 
     cost: dict[str, dict[date, Decimal]] = defaultdict(dict)
     requests: dict[str, dict[date, int]] = defaultdict(dict)
@@ -292,7 +297,7 @@ def usage_csv(rows: Iterable[DailyUsage], *, currency: str, keys: Mapping[int, A
     writer.writerow(CSV_COLUMNS)
     for row in rows:
         known = keys.get(row.api_key_id or 0)
-        key = known.masked if known is not None else f"{row.api_key_prefix}…" if row.api_key_prefix else ""
+        key = known.masked if known is not None else _rollup_key(row)
         counts = (row.requests, row.errors, row.input_tokens, row.output_tokens, row.cached_tokens)
         writer.writerow(
             [row.date.isoformat(), row.model, key, row.api_key_name, *counts, f"{row.cost.normalize():f}", currency]
