@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import orjson
@@ -107,16 +108,60 @@ class _Target:
     addresses: tuple[str, ...] | None
 
 
-def _is_internal(address: str) -> bool:
-    """Whether ``address`` is not on the public internet. ``not is_global`` adds what the named
-    flags miss, such as carrier-grade NAT (100.64.0.0/10), often a cloud's internal network."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return True
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (
+# Not globally reachable, from IANA's special-purpose address registries, named here so that the
+# check does not change with the Python release (ipaddress's own lists grew in 3.12.4 and 3.13):
+# 6to4, Teredo and the local-use NAT64 prefix are refused whatever they wrap, as current Pythons do.
+_NOT_GLOBAL_V4 = tuple(ipaddress.IPv4Network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+))  # fmt: skip
+_NOT_GLOBAL_V6 = {
+    ipaddress.IPv6Network(network): name
+    for network, name in (
+        ("::/8", ""), ("64:ff9b:1::/48", "local-use NAT64"), ("100::/64", ""), ("2001::/32", "Teredo"),
+        ("2001::/23", ""), ("2001:db8::/32", ""), ("2002::/16", "6to4"), ("3fff::/20", ""), ("5f00::/16", ""),
+        ("fc00::/7", ""), ("fe80::/10", ""), ("fec0::/10", ""), ("ff00::/8", ""),
+    )
+}  # fmt: skip
+# IPv6 addresses that only translate the IPv4 address in their last 32 bits: a packet to one
+# reaches that IPv4 address (the host's own stack; a NAT64 gateway, RFC 6052), so it is judged
+# by that address alone. A public host reached through DNS64 resolves into 64:ff9b::/96.
+_IPV4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215; the /96 layout is the usual one
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated (RFC 4291)
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # SIIT (RFC 2765)
+_LOW_32 = 0xFFFF_FFFF
+
+
+def _wrapped_ipv4(ip: ipaddress.IPv6Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """The IPv4 addresses that ``ip`` carries, each with how: every form that embeds one."""
+    low = ipaddress.IPv4Address(int(ip) & _LOW_32)
+    wrapped: list[tuple[str, ipaddress.IPv4Address]] = []
+    if ip in _IPV4_MAPPED:
+        wrapped.append(("the IPv4-mapped form of", low))
+    elif ip in _IPV4_TRANSLATED:
+        wrapped.append(("the IPv4-translated form of", low))
+    elif ip in _NAT64 or ip in _NAT64_LOCAL:
+        wrapped.append(("the NAT64 form of", low))
+    elif ip in _IPV4_COMPATIBLE and int(ip) > 1:  # not :: or ::1
+        wrapped.append(("the IPv4-compatible form of", low))
+    if ip.sixtofour is not None:
+        wrapped.append(("the 6to4 form of", ip.sixtofour))
+    if ip.teredo is not None:  # (server, client), the client's bits un-inverted
+        wrapped += [("a Teredo address of server", ip.teredo[0]), ("a Teredo address of client", ip.teredo[1])]
+    # ISATAP (RFC 5214): an interface id of 0000:5efe, or with the u/l and group bits set (0200:5efe), and
+    # the IPv4 address, under any /64 prefix, public ones included.
+    if (int(ip) >> 32) & 0xFCFF_FFFF == 0x0000_5EFE:
+        wrapped.append(("the ISATAP form of", low))
+    return wrapped
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """``not is_global`` adds what the named flags miss, such as carrier-grade NAT (100.64.0.0/10),
+    often a cloud's internal network; the tables, what this Python's lists may not have."""
+    if (
         ip.is_loopback
         or ip.is_private
         or ip.is_link_local
@@ -124,15 +169,52 @@ def _is_internal(address: str) -> bool:
         or ip.is_reserved
         or ip.is_unspecified
         or not ip.is_global
-    )
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
+    ):
         return False
-    return True
+    if isinstance(ip, ipaddress.IPv4Address):
+        return not any(ip in network for network in _NOT_GLOBAL_V4)
+    return not ip.is_site_local and not any(ip in network for network in _NOT_GLOBAL_V6)
+
+
+def _internal_address(address: str) -> str | None:
+    """Why webhooks may not go to ``address`` (an IP address; an IPv6 zone is ignored), in a
+    few words (*an internal address (the 6to4 form of 127.0.0.1)*), or None when it is public.
+
+    The one judge of every address, written in the URL or resolved from its host. An IPv6
+    address that carries an IPv4 one is refused when either is internal, naming the IPv4
+    address; one that only translates it (IPv4-mapped, NAT64's well-known prefix) is as public
+    as the IPv4 address it reaches.
+    """
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return "not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        for how, ipv4 in _wrapped_ipv4(ip):
+            if not _is_public(ipv4):
+                return f"an internal address ({how} {ipv4})"
+        if ip in _IPV4_MAPPED or ip in _NAT64:
+            return None
+        if not _is_public(ip):
+            named = [(network, name) for network, name in _NOT_GLOBAL_V6.items() if name and ip in network]
+            if named:
+                return f"an internal address ({named[0][1]}: {named[0][0]} is not globally routable)"
+            return "an internal address"
+        return None
+    return None if _is_public(ip) else "an internal address"
+
+
+def _ip_literal(host: str) -> tuple[str, str] | None:
+    """``host`` as an IP address written in the URL (IPv6 without brackets) and its IPv6 zone
+    ("" for none): what webhooks would connect to without asking a resolver. None for a name,
+    and for the numbers only a resolver reads as an address (``2130706433``, ``0x7f.1``,
+    ``127.1``): those are judged by what the resolver makes of them, and connected to as such."""
+    address, _, zone = host.partition("%") if ":" in host else (host, "", "")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    return address, zone
 
 
 def _target(url: str) -> _Target:
@@ -142,39 +224,55 @@ def _target(url: str) -> _Target:
         parsed = httpx.URL(url)
     except httpx.InvalidURL:
         raise BadCallback("callback_url is not a valid URL") from None
+    # httpx lower-cases the scheme and the host, and reads the host after any userinfo
+    # ("http://public.example@127.0.0.1/" is 127.0.0.1): what is checked is what is reached.
     if parsed.scheme not in ("http", "https"):
         raise BadCallback("callback_url must be an http or https URL")
     host = parsed.raw_host.decode("ascii")
     if not host:
         raise BadCallback("callback_url must name a host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise BadCallback("callback_url's port must be between 1 and 65535")
     allowed = {name.lower().rstrip(".") for name in settings.WEBHOOK_ALLOWED_HOSTS}
     if host.lower().rstrip(".") in allowed:
         return _Target(parsed, None)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        raise UnresolvedCallback(f"callback_url's host {host} does not resolve") from None
-    # Without an IPv6 scope ("%eth0"): ipaddress refuses it, and a link-local address is refused anyway.
-    addresses = tuple(dict.fromkeys(str(info[4][0]).partition("%")[0] for info in found))
-    if not addresses:
-        raise UnresolvedCallback(f"callback_url's host {host} does not resolve")
+    literal = _ip_literal(host)
+    if literal is not None:
+        addresses: tuple[str, ...] = (literal[0],)
+    else:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            raise UnresolvedCallback(f"callback_url's host {host} does not resolve") from None
+        # Without an IPv6 scope ("%eth0"): a scoped address is link-local, refused anyway.
+        addresses = tuple(dict.fromkeys(str(info[4][0]).partition("%")[0] for info in found))
+        if not addresses:
+            raise UnresolvedCallback(f"callback_url's host {host} does not resolve")
     if not settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES:
         for address in addresses:
-            if _is_internal(address):
+            why = _internal_address(address)
+            if why is not None:
                 raise BadCallback(
-                    f"callback_url resolves to {address}, an internal address; the operator has not allowed "
-                    "webhooks to internal addresses (WEBHOOK_ALLOW_PRIVATE_ADDRESSES)"
+                    f"callback_url resolves to {address}, {why}; the operator has not allowed webhooks to "
+                    "internal addresses (WEBHOOK_ALLOW_PRIVATE_ADDRESSES)"
                 )
-    return _Target(parsed, None if _is_ip_literal(host) else addresses)
+    if literal is not None and literal[1]:
+        raise BadCallback(
+            f"callback_url's host names an IPv6 zone (%{unquote(literal[1])}), which only a link-local address has; "
+            "webhooks cannot be sent to one"
+        )
+    return _Target(parsed, None if literal is not None else addresses)
 
 
 def check_callback_url(url: str) -> str:
     """``url`` if webhooks may go there; BadCallback saying why not.
 
-    An http or https URL with a host, at most 2,000 characters, whose host resolves, every
-    address of it public: a webhook is sent from inside the platform, and must not reach its
-    internal services (cloud metadata, databases, admin ports) for whoever chose the URL.
+    An http or https URL with a host and a port from 1 to 65535, at most 2,000 characters,
+    whose host resolves, every address of it public, and every IPv4 address such an address
+    carries (IPv4-mapped, NAT64, 6to4, Teredo, ISATAP, IPv4-compatible; docs/webhooks.md lists
+    them): a webhook is sent from inside the platform, and must not reach its internal
+    services (cloud metadata, databases, admin ports) for whoever chose the URL.
     Operators allow chosen names whatever they resolve to (WEBHOOK_ALLOWED_HOSTS, not resolved
     here) or every address (WEBHOOK_ALLOW_PRIVATE_ADDRESSES). Blocking (it resolves the host):
     call it from sync code. Sending checks again, and connects only to the addresses it checked.

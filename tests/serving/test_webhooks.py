@@ -267,6 +267,207 @@ class TestCheckCallbackUrl:
             check_callback_url("http://127.0.0.1:9000/hook")
 
 
+# --- Every way of writing an internal address (issue 34, defect 10) ----------------------
+
+# (URL, the address the refusal names, what it adds in brackets: "" for none). The IPv6
+# forms that carry an IPv4 address are refused for the address they carry, named.
+REFUSED_FORMS = [
+    # 6to4 (2002::/16): the audit's two, then one wrapping a public address (6to4 is not
+    # globally routable in itself)
+    ("http://[2002:7f00:1::]/hook", "2002:7f00:1::", "the 6to4 form of 127.0.0.1"),
+    ("http://[2002:a9fe:a9fe::]/latest/meta-data/", "2002:a9fe:a9fe::", "the 6to4 form of 169.254.169.254"),
+    ("http://[2002:a00:1:1::1]:8080/hook", "2002:a00:1:1::1", "the 6to4 form of 10.0.0.1"),
+    ("http://[2002:101:101::1]/hook", "2002:101:101::1", "6to4: 2002::/16 is not globally routable"),
+    # docs/webhooks.md's list
+    ("http://127.0.0.1/hook", "127.0.0.1", ""),
+    ("http://127.255.255.254/hook", "127.255.255.254", ""),
+    ("http://[::1]/hook", "::1", ""),
+    ("http://10.0.0.1/hook", "10.0.0.1", ""),
+    ("http://172.16.0.1/hook", "172.16.0.1", ""),
+    ("http://172.31.255.255/hook", "172.31.255.255", ""),
+    ("http://192.168.1.1/hook", "192.168.1.1", ""),
+    ("http://[fc00::1]/hook", "fc00::1", ""),
+    ("http://[fd00:ec2::254]/latest/meta-data/", "fd00:ec2::254", ""),  # AWS's metadata over IPv6
+    ("http://169.254.169.254/latest/meta-data/", "169.254.169.254", ""),
+    ("http://[fe80::1]/hook", "fe80::1", ""),
+    ("http://100.64.0.1/hook", "100.64.0.1", ""),
+    ("http://100.127.255.254/hook", "100.127.255.254", ""),
+    ("http://224.0.0.1/hook", "224.0.0.1", ""),
+    ("http://[ff02::1]/hook", "ff02::1", ""),
+    ("http://240.0.0.1/hook", "240.0.0.1", ""),
+    ("http://255.255.255.255/hook", "255.255.255.255", ""),
+    ("http://0.0.0.0/hook", "0.0.0.0", ""),
+    ("http://[::]/hook", "::", ""),
+    # IPv4-mapped, however written
+    ("http://[::ffff:127.0.0.1]/hook", "::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1"),
+    ("http://[::ffff:7f00:1]/hook", "::ffff:7f00:1", "the IPv4-mapped form of 127.0.0.1"),
+    (
+        "http://[0:0:0:0:0:ffff:169.254.169.254]/",
+        "0:0:0:0:0:ffff:169.254.169.254",
+        "the IPv4-mapped form of 169.254.169.254",
+    ),
+    # the rest of IANA's special-purpose addresses
+    ("http://192.0.0.1/hook", "192.0.0.1", ""),
+    ("http://192.0.2.1/hook", "192.0.2.1", ""),
+    ("http://192.88.99.1/hook", "192.88.99.1", ""),
+    ("http://198.18.0.1/hook", "198.18.0.1", ""),
+    ("http://198.51.100.1/hook", "198.51.100.1", ""),
+    ("http://203.0.113.1/hook", "203.0.113.1", ""),
+    ("http://[2001:db8::1]/hook", "2001:db8::1", ""),
+    ("http://[3fff::1]/hook", "3fff::1", ""),
+    ("http://[100::1]/hook", "100::1", ""),
+    ("http://[5f00::1]/hook", "5f00::1", ""),
+    ("http://[fec0::1]/hook", "fec0::1", ""),  # site-local (deprecated, still routed by some networks)
+    # IPv4-compatible (deprecated) and IPv4-translated (SIIT)
+    ("http://[::127.0.0.1]/hook", "::127.0.0.1", "the IPv4-compatible form of 127.0.0.1"),
+    ("http://[::a9fe:a9fe]/hook", "::a9fe:a9fe", "the IPv4-compatible form of 169.254.169.254"),
+    ("http://[::ffff:0:a00:1]/hook", "::ffff:0:a00:1", "the IPv4-translated form of 10.0.0.1"),
+    # NAT64: the well-known prefix, and the local-use one (refused whatever it wraps)
+    ("http://[64:ff9b::127.0.0.1]/hook", "64:ff9b::127.0.0.1", "the NAT64 form of 127.0.0.1"),
+    ("http://[64:ff9b::a9fe:a9fe]/latest/meta-data/", "64:ff9b::a9fe:a9fe", "the NAT64 form of 169.254.169.254"),
+    ("http://[64:ff9b::c0a8:101]/hook", "64:ff9b::c0a8:101", "the NAT64 form of 192.168.1.1"),
+    ("http://[64:ff9b:1::a9fe:a9fe]/hook", "64:ff9b:1::a9fe:a9fe", "the NAT64 form of 169.254.169.254"),
+    (
+        "http://[64:ff9b:1::101:101]/hook",
+        "64:ff9b:1::101:101",
+        "local-use NAT64: 64:ff9b:1::/48 is not globally routable",
+    ),
+    # Teredo (2001::/32): the server, and the client (stored inverted)
+    (
+        "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/",
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",
+        "a Teredo address of client 127.0.0.1",
+    ),
+    (
+        "http://[2001:0:a00:1:8000:63bf:fefe:fefe]/",
+        "2001:0:a00:1:8000:63bf:fefe:fefe",
+        "a Teredo address of server 10.0.0.1",
+    ),
+    (
+        "http://[2001:0:4136:e378:8000:63bf:fefe:fefe]/",
+        "2001:0:4136:e378:8000:63bf:fefe:fefe",
+        "Teredo: 2001::/32 is not globally routable",
+    ),
+    # ISATAP (an interface id of 0:5efe or 200:5efe and an IPv4 address), under a public prefix
+    ("http://[2600::5efe:7f00:1]/hook", "2600::5efe:7f00:1", "the ISATAP form of 127.0.0.1"),
+    ("http://[2600:1:2:3:200:5efe:a9fe:a9fe]/", "2600:1:2:3:200:5efe:a9fe:a9fe", "the ISATAP form of 169.254.169.254"),
+    # what the resolver reads as 127.0.0.1 (httpx passes these hosts on as they are)
+    ("http://2130706433/hook", "127.0.0.1", ""),
+    ("http://0x7f000001/hook", "127.0.0.1", ""),
+    ("http://0x7f.1/hook", "127.0.0.1", ""),
+    ("http://017700000001/hook", "127.0.0.1", ""),
+    ("http://127.1/hook", "127.0.0.1", ""),
+    ("http://0/hook", "0.0.0.0", ""),
+    # an IPv6 zone, userinfo, an uppercase scheme, ports
+    ("http://[fe80::1%25eth0]/hook", "fe80::1", ""),
+    ("http://public.example@127.0.0.1/hook", "127.0.0.1", ""),
+    ("http://1.1.1.1:443@[::1]:8000/hook", "::1", ""),
+    ("HTTP://127.0.0.1/hook", "127.0.0.1", ""),
+    ("HttpS://[2002:a9fe:a9fe::]:443/hook", "2002:a9fe:a9fe::", "the 6to4 form of 169.254.169.254"),
+    ("http://169.254.169.254:80/latest/meta-data/", "169.254.169.254", ""),
+]
+
+# Names this test resolves itself: each to one of the forms above.
+RESOLVED_FORMS = [
+    ("six-to-four.example.com", "2002:7f00:1::", "the 6to4 form of 127.0.0.1"),
+    ("metadata.example.com", "2002:a9fe:a9fe::", "the 6to4 form of 169.254.169.254"),
+    ("nat64.example.com", "64:ff9b::a9fe:a9fe", "the NAT64 form of 169.254.169.254"),
+    ("teredo.example.com", "2001:0:4136:e378:8000:63bf:80ff:fffe", "a Teredo address of client 127.0.0.1"),
+    ("isatap.example.com", "2600::5efe:a00:1", "the ISATAP form of 10.0.0.1"),
+    ("compatible.example.com", "::7f00:1", "the IPv4-compatible form of 127.0.0.1"),
+    ("mapped.example.com", "::ffff:127.0.0.1", "the IPv4-mapped form of 127.0.0.1"),
+    ("linklocal.example.com", "fe80::1", ""),
+]
+
+
+def _internal(address: str, why: str) -> str:
+    said = f"an internal address ({why})" if why else "an internal address"
+    return (
+        f"callback_url resolves to {address}, {said}; the operator has not allowed webhooks to internal "
+        "addresses (WEBHOOK_ALLOW_PRIVATE_ADDRESSES)"
+    )
+
+
+class TestAddressForms:
+    """Every form of an internal address is refused, naming it and any IPv4 address it wraps;
+    the public ones, written any way, are allowed."""
+
+    @pytest.mark.parametrize(("url", "address", "why"), REFUSED_FORMS, ids=[url for url, _, _ in REFUSED_FORMS])
+    def test_a_literal_is_refused(self, url, address, why):
+        with pytest.raises(BadCallback) as refused:
+            check_callback_url(url)
+        assert refused.value.message == _internal(address, why)
+
+    @pytest.mark.parametrize(("name", "address", "why"), RESOLVED_FORMS, ids=[name for name, _, _ in RESOLVED_FORMS])
+    def test_a_name_resolving_to_it_is_refused(self, dns, name, address, why):
+        dns[name] = dns[f"{name}."] = ["1.1.1.1", address]
+        for url in (f"https://{name}/hook", f"https://{name}./hook", f"HTTPS://{name.upper()}:8443/hook"):
+            with pytest.raises(BadCallback) as refused:
+                check_callback_url(url)
+            assert refused.value.message == _internal(address, why)
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "http://1.1.1.1/hook",
+            "HTTPS://1.1.1.1:8443/hook",
+            "http://[2606:4700:4700::1111]/hook",
+            "http://[::ffff:1.1.1.1]/hook",
+            "http://[64:ff9b::1.1.1.1]/hook",  # what DNS64 makes of a public IPv4-only host
+            "http://[64:ff9b::808:808]:8080/hook",
+            "http://16843009/hook",  # 1.1.1.1 as one number
+            "http://user:secret@1.1.1.1/hook",
+        ],
+    )
+    def test_a_public_address_however_written_is_allowed(self, url):
+        assert check_callback_url(url) == url
+
+    def test_a_public_name_with_a_trailing_dot_is_allowed(self, dns):
+        dns["hooks.example.com."] = ["1.1.1.1", "64:ff9b::101:101"]
+        assert check_callback_url("https://hooks.example.com./batch") == "https://hooks.example.com./batch"
+
+    @pytest.mark.parametrize(
+        ("url", "why"),
+        [
+            ("gopher://127.0.0.1:6379/_INFO", "must be an http or https URL"),
+            ("javascript:alert(1)", "must be an http or https URL"),
+            ("data:text/plain,hi", "must be an http or https URL"),
+            ("ws://1.1.1.1/hook", "must be an http or https URL"),
+            ("//1.1.1.1/hook", "must be an http or https URL"),
+            ("http:/127.0.0.1/hook", "must name a host"),
+            ("http://0177.0.0.1/hook", "is not a valid URL"),
+            ("http://\uff11\uff12\uff17.\uff10.\uff10.\uff11/hook", "is not a valid URL"),  # full-width digits
+            ("http://1.1.1.1:0/hook", "port must be between 1 and 65535"),
+            ("http://1.1.1.1:99999/hook", "port must be between 1 and 65535"),
+            ("http://[2606:4700:4700::1111%25eth0]/hook", "IPv6 zone"),
+        ],
+    )
+    def test_what_no_webhook_can_use_is_refused(self, url, why):
+        with pytest.raises(BadCallback, match=why):
+            check_callback_url(url)
+
+    @pytest.mark.parametrize("url", ["http://127.0.0.1./hook", "http://%31%32%37.0.0.1/hook", "http://localhost./hook"])
+    def test_a_host_the_resolver_may_read_as_loopback_is_refused(self, url):
+        """Whether these resolve depends on the resolver: refused either way."""
+        with pytest.raises(BadCallback):
+            check_callback_url(url)
+
+    def test_it_is_refused_again_when_sending(self, org, receiver, dns, settings):
+        """A name public when given and a wrapped internal address when sent (DNS rebinding)
+        fails at once, naming the address, and nothing is sent."""
+        settings.WEBHOOK_BACKOFF_SECONDS = 0
+        hook = receiver(200)
+        dns["hooks.example.com"] = ["1.1.1.1"]
+        url = hook.url("hooks.example.com")
+        delivery = _enqueue(org, check_callback_url(url))
+        dns["hooks.example.com"] = ["2002:7f00:1::"]
+        assert webhooks_deliver_due() == 0
+        delivery.refresh_from_db()
+        assert delivery.status == "failed"
+        assert delivery.last_error == _internal("2002:7f00:1::", "the 6to4 form of 127.0.0.1")
+        assert hook.requests == []
+
+
 # --- Delivery --------------------------------------------------------------------------
 
 
