@@ -465,6 +465,10 @@ WORKER_HEARTBEAT_SECONDS = envfloat("WORKER_HEARTBEAT_SECONDS", 3.0)
 WORKER_STARTUP_TIMEOUT = envfloat("WORKER_STARTUP_TIMEOUT", 600.0)
 WORKER_DRAIN_TIMEOUT = envfloat("WORKER_DRAIN_TIMEOUT", 30.0)
 WORKER_MAX_BACKOFF = envfloat("WORKER_MAX_BACKOFF", 60.0)
+# One supervisor per host name: it holds the host's lease (registry.HostLease), renewed on
+# every pass (0.5 s); a second one refuses to start while it runs. One killed with SIGKILL
+# can be succeeded this long after its last renewal.
+WORKER_HOST_LEASE_SECONDS = envfloat("WORKER_HOST_LEASE_SECONDS", 15.0)
 WORKER_LOG_DIR = Path(os.environ.get("WORKER_LOG_DIR", str(embedded.VAR_DIR / "engines")))
 VLLM_CPU_KVCACHE_SPACE = envint("VLLM_CPU_KVCACHE_SPACE", 1)
 VLLM_GPU_MEMORY_UTILIZATION = envfloat("VLLM_GPU_MEMORY_UTILIZATION", 0.85)

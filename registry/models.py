@@ -143,6 +143,33 @@ class Replica(models.Model):
         return f"{self.deployment.version} @ {self.host} ({self.state})"
 
 
+class HostLease(models.Model):
+    """A host's engine supervisor holds this while it runs: one supervisor per host name.
+
+    Taken, renewed and released only by ``registry.services.host_lease_*``, each a single
+    guarded statement, so two supervisors can never both hold it. It expires by itself: a
+    supervisor killed with SIGKILL stops renewing, and after ``expires_at`` (the database's
+    clock) the next one takes it over.
+    """
+
+    host = models.CharField(max_length=255, unique=True)
+    # "<pid>@<machine>/<random>": who holds it, and a part no other process can repeat.
+    holder = models.CharField(max_length=255)
+    taken_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.host} held by {self.holder} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def holder_pid(self) -> str:
+        return self.holder.split("@", 1)[0]
+
+    @property
+    def holder_machine(self) -> str:
+        return self.holder.split("@", 1)[-1].rsplit("/", 1)[0]
+
+
 class AuditEntry(models.Model):
     """One write made through the management API: who, what, and the thing before and after.
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
+from django.db.models.functions import Now
 
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 
 
 def model_list_with_versions() -> QuerySet[Model]:
@@ -50,6 +51,11 @@ def live_replica_pids(*, host: str) -> list[int]:
     """Engine pids recorded on ``host`` by replicas that are not stopped."""
     pids = Replica.objects.filter(host=host, pid__isnull=False).exclude(state=Replica.State.STOPPED)
     return [pid for pid in pids.values_list("pid", flat=True) if pid is not None]
+
+
+def host_lease_held(*, host: str) -> HostLease | None:
+    """``host``'s lease while it runs (by the database's clock); None when free or expired."""
+    return HostLease.objects.filter(host=host, expires_at__gt=Now()).first()
 
 
 def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:

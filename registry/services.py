@@ -6,18 +6,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connection, models, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
 from registry.artifacts import get_artifact_store
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Task
 from registry.signatures import is_predict_framework, predict_config
 
 
@@ -426,6 +428,49 @@ def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
         replica_transition(replica=replica, state=Replica.State.STOPPED)
         released += 1
     return released
+
+
+def host_lease_take(*, host: str, holder: str, seconds: float) -> bool:
+    """Take ``host``'s lease for ``holder`` for ``seconds``; True when ``holder`` holds it now.
+
+    Free (no row), expired, or already ``holder``'s: it is taken. Held by another: nothing
+    changes. One statement, so of two supervisors taking it at once exactly one wins: the
+    insert is decided by the unique host, the take-over of an expired lease by PostgreSQL
+    re-checking the ``WHERE`` on the row it has locked. Expiry is judged by the database's
+    clock (``statement_timestamp()``), never by a host's.
+    """
+    table = connection.ops.quote_name(HostLease._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {table} (host, holder, taken_at, expires_at)
+            VALUES (%s, %s, statement_timestamp(), statement_timestamp() + make_interval(secs => %s))
+            ON CONFLICT (host) DO UPDATE
+                SET holder = EXCLUDED.holder, taken_at = EXCLUDED.taken_at, expires_at = EXCLUDED.expires_at
+                WHERE {table}.expires_at <= EXCLUDED.taken_at OR {table}.holder = EXCLUDED.holder
+            RETURNING holder
+            """,
+            [host, holder, float(seconds)],
+        )
+        return cursor.fetchone() is not None
+
+
+def host_lease_renew(*, host: str, holder: str, seconds: float) -> bool:
+    """Extend ``holder``'s lease of ``host`` to ``seconds`` from now; False when it is no longer
+    ``holder``'s (another supervisor took it over once it had expired, or it was deleted).
+
+    An expired lease nobody took over is still its holder's (a supervisor cut off from the
+    database for a while keeps its host).
+    """
+    until = Now() + timedelta(seconds=seconds)
+    return HostLease.objects.filter(host=host, holder=holder).update(expires_at=until) == 1
+
+
+def host_lease_release(*, host: str, holder: str) -> bool:
+    """Give ``host``'s lease up (a clean shutdown): the next supervisor starts at once. Only
+    ``holder``'s own lease is released; False when it held none."""
+    deleted, _ = HostLease.objects.filter(host=host, holder=holder).delete()
+    return deleted > 0
 
 
 # Deployments that take traffic: the router serves pending and running ones.

@@ -19,6 +19,14 @@ processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
   ones finish or the drain timeout passes), then stops it;
 - on SIGTERM/SIGINT drains and stops everything it started.
 
+One supervisor per host name: it holds the host's lease (``registry.HostLease``) from before
+it touches anything of the host until it has stopped, renewing it on every database pass. A
+second one for the same host refuses to start (``HostLeaseHeld``) instead of releasing the
+first one's replicas as its predecessor's; one killed with SIGKILL is succeeded once its
+lease has expired. A supervisor that finds its lease taken over (it was cut off from the
+database for longer than the lease, and another started) writes nothing more, stops its
+engines and exits.
+
 Each loop first tends the engine processes (exits, health results, stop deadlines), which
 never touches the database, then does the database work. The in-memory state of each
 engine is the truth for this host; the replica row is brought to it (``EngineProcess.want``)
@@ -38,6 +46,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,10 +61,11 @@ from django.utils import timezone
 from core.events import publish_routing_change_now
 from core.transitions import IllegalTransition
 from registry.artifacts import get_artifact_store
-from registry.models import Deployment, Replica
+from registry.models import Deployment, HostLease, Replica
 from registry.replica_keys import replica_api_key
 from registry.selectors import (
     deployment_with_version,
+    host_lease_held,
     live_replica_pids,
     replica_get,
     replica_states,
@@ -63,6 +73,9 @@ from registry.selectors import (
     serving_deployments,
 )
 from registry.services import (
+    host_lease_release,
+    host_lease_renew,
+    host_lease_take,
     replica_claim,
     replica_heartbeats,
     replica_mark_ready,
@@ -122,6 +135,25 @@ BUSY_METRICS = (
     "vllm:num_requests_running", "vllm:num_requests_waiting",
     "predict:num_requests_running", "predict:num_requests_waiting",
 )  # fmt: skip
+
+
+class HostLeaseHeld(Exception):
+    """Another supervisor holds this host's lease: this one must not start."""
+
+    def __init__(self, host: str, lease: HostLease) -> None:
+        self.host, self.lease = host, lease
+        until = timezone.localtime(lease.expires_at).strftime("%Y-%m-%d %H:%M:%S %Z")
+        super().__init__(
+            f"host {host} is already supervised by pid {lease.holder_pid} on {lease.holder_machine} "
+            f"(its lease runs until {until} and is renewed while it runs): stop that supervisor first, "
+            "or give this one another --host"
+        )
+
+
+def lease_holder() -> str:
+    """This process's name as a lease holder: its pid and machine (for people), then a part no
+    other process can repeat (a pid is reused, a machine name shared)."""
+    return f"{os.getpid()}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
 
 
 def _free_port(host: str) -> int:
@@ -298,12 +330,17 @@ class Supervisor:
     report: Callable[[str], None] = field(default=lambda message: logger.info(message))
     # An engine that ignores SIGTERM this long is killed.
     stop_grace: float = 15.0
+    lease_seconds: float = field(default_factory=lambda: settings.WORKER_HOST_LEASE_SECONDS)
+    holder: str = field(default_factory=lease_holder)
+    # Another supervisor took this host's lease over: nothing of the host is ours any more.
+    lease_lost: bool = False
     # Probes run beside the loop, so one hung engine never delays another's heartbeat; the
     # timeout stays well under the heartbeat interval.
     probe_timeout: float = field(default_factory=lambda: min(2.0, max(0.5, settings.WORKER_HEARTBEAT_SECONDS / 3)))
     _http: httpx.Client = field(init=False)
     _probes: ThreadPoolExecutor = field(init=False)
     _started: bool = field(default=False, init=False)  # the predecessor's engines are killed
+    _lease_held: bool = field(default=False, init=False)
     _db_down_since: float | None = field(default=None, init=False)
     _db_retry_at: float = field(default=0.0, init=False)
     _db_retry_delay: float = field(default=DATABASE_RETRY_FIRST, init=False)
@@ -321,12 +358,21 @@ class Supervisor:
     # --- lifecycle ------------------------------------------------------------------
 
     def run(self, *, once: bool = False) -> None:
+        """Supervise until stopped. Raises ``HostLeaseHeld``, having touched nothing, when
+        another supervisor holds this host; ``lease_lost`` is set when one took it over."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._kill_marked_strangers()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        only = f"; models {', '.join(sorted(self.models))}" if self.models is not None else ""
-        self.report(f"supervising engines on {self.host} (slots {', '.join(self.slots)}{only})")
         try:
+            # The lease first: a predecessor's engines (by their marker) and rows are ours to
+            # kill and release only once no other supervisor runs this host.
+            if not self._take_lease_waiting():
+                return
+            self._kill_marked_strangers()
+            only = f"; models {', '.join(sorted(self.models))}" if self.models is not None else ""
+            self.report(
+                f"supervising engines on {self.host} (slots {', '.join(self.slots)}{only}); "
+                f"holding its lease as {self.holder}"
+            )
             while True:
                 with contextlib.suppress(*DATABASE_ERRORS):
                     close_old_connections()
@@ -338,6 +384,7 @@ class Supervisor:
                 if once:
                     break
                 time.sleep(0.5)
+            self.report("all engines stopped")
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -345,19 +392,80 @@ class Supervisor:
             if leftover:  # only when the loop died of a bug: never leave an engine unwatched
                 self.report(f"killing {len(leftover)} engine(s) on the way out")
             self.close()
-        self.report("all engines stopped")
 
     def close(self) -> None:
-        """Kill whatever engine still runs and release the probe threads (tests call it too)."""
+        """Kill whatever engine still runs, give the host's lease up and release the probe
+        threads (tests call it too)."""
         for engine in self.engines.values():
             self._kill(engine)
         for engine in self.engines.values():
             if engine.popen is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     engine.popen.wait(5)  # after SIGKILL: only reaping, never a real wait
+        if self._lease_held:  # only once no engine of ours runs: a successor starts at once
+            self._lease_held = False
+            with contextlib.suppress(*DATABASE_ERRORS):  # then it expires by itself
+                host_lease_release(host=self.host, holder=self.holder)
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._announcer.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+
+    def take_lease(self) -> None:
+        """Take this host's lease, or raise ``HostLeaseHeld`` naming its holder."""
+        while not host_lease_take(host=self.host, holder=self.holder, seconds=self.lease_seconds):
+            lease = host_lease_held(host=self.host)
+            if lease is not None:
+                raise HostLeaseHeld(self.host, lease)
+            # Expired or released between the two statements: take it again.
+        self._lease_held = True
+
+    def _take_lease_waiting(self) -> bool:
+        """``take_lease``, waiting for a database that does not answer (who holds the host is
+        known only there); False when stopped (a signal) meanwhile."""
+        delay, reported = DATABASE_RETRY_FIRST, False
+        while True:
+            try:
+                self.take_lease()
+                return True
+            except DATABASE_ERRORS as exc:
+                if not reported:
+                    reported = True
+                    self.report(
+                        f"database unavailable ({type(exc).__name__}); waiting for it to take the lease of {self.host}"
+                    )
+            with contextlib.suppress(*DATABASE_ERRORS):
+                close_old_connections()
+            if self.stopping:
+                return False
+            time.sleep(delay)
+            delay = min(DATABASE_RETRY_MAX, delay * 2)
+
+    def _hold_lease(self) -> bool:
+        """At the start of every database pass: take the lease (the first pass of a supervisor
+        driven by ``step``) or renew it. False when another supervisor took it over: the
+        supervisor then stops its engines without another write, and exits."""
+        if not self._lease_held:
+            self.take_lease()
+            return True
+        if host_lease_renew(host=self.host, holder=self.holder, seconds=self.lease_seconds):
+            return True
+        self._lease_held = False
+        self.lease_lost = True
+        self.stopping = True
+        lease = host_lease_held(host=self.host)
+        holder = f"pid {lease.holder_pid} on {lease.holder_machine}" if lease is not None else "nobody now"
+        message = (
+            f"LEASE LOST: host {self.host} was taken over by another supervisor ({holder}) while this one "
+            f"could not renew its lease; it no longer writes any replica row of {self.host}, stops its "
+            f"{len(self.engines)} engine(s) and exits"
+        )
+        logger.error(message)
+        self.report(message)
+        # Drained by the probes alone (the new holder has released their rows, so nothing new
+        # is routed to them), then stopped; ``_database_step`` writes nothing from now on.
+        for engine in list(self.engines.values()):
+            self._begin_drain(engine)
+        return False
 
     def _kill_marked_strangers(self) -> None:
         """Engines of this host (by their marker) that this supervisor does not own: a predecessor's."""
@@ -414,6 +522,9 @@ class Supervisor:
             return True
         if any(engine.phase != "stopped" for engine in self.engines.values()):
             return False
+        if self.lease_lost:  # their rows are the new holder's to release
+            self.report(f"{len(self.engines)} engine(s) stopped; their replica rows are left to the new holder")
+            return True
         # Every engine has exited; only their rows wait for a database that does not answer.
         self._gone_since = self._gone_since or now
         if self._db_down_since is not None and now - self._gone_since > self.stop_grace:
@@ -427,9 +538,11 @@ class Supervisor:
     # --- the database side ----------------------------------------------------------
 
     def _database_step(self, now: float) -> None:
-        if now < self._db_retry_at:
+        if now < self._db_retry_at or self.lease_lost:
             return
         try:
+            if not self._hold_lease():
+                return
             if not self._started:
                 self._kill_orphans()
                 self._started = True

@@ -21,6 +21,21 @@ def pytest_configure(config: pytest.Config) -> None:
     except embedded.EmbeddedServiceError as exc:
         # The sentence says what to fix; a traceback through pytest's hooks would bury it.
         pytest.exit(f"embedded services: {exc}", returncode=3)
+    _stop_leftovers()
+
+
+def _stop_leftovers() -> None:
+    """A run killed before its teardown may have left its engine supervisors: stopped before
+    this run creates its database (their connections would keep the old one from being
+    dropped) or starts its own (they hold their hosts' leases)."""
+    from django.conf import settings
+
+    from tests.processes import stop_leftover_supervisors
+
+    database = settings.DATABASES["default"]["TEST"]["NAME"]
+    stopped = stop_leftover_supervisors(session=os.environ.get("TEST_SESSION") or "0", database=database)
+    if stopped:
+        print(f"stopped processes left by an earlier test run of {database}: pids {stopped}")
 
 
 def _always_the_default_database() -> None:

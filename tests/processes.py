@@ -1,15 +1,20 @@
 """Real platform processes for end-to-end tests: gateways (the server `make run` uses,
-``console.servers``) on the test database."""
+``console.servers``) and engine supervisors (``runworkers``) on the test database; and the
+supervisors an earlier, killed test run left behind, found and stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 from django.conf import settings
@@ -47,6 +52,70 @@ def child_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def start_runworkers(args: list[str], *, env: dict[str, str], stdout: IO[bytes] | int) -> subprocess.Popen[bytes]:
+    """``manage.py runworkers`` with ``args`` (stderr with stdout), bound to this test run: it
+    gets SIGTERM (drains, gives its host's lease up) when the run ends, even killed with
+    SIGKILL before its teardown (``tests.parent_bound``). Call from the main thread."""
+    command = [sys.executable, "-m", "tests.parent_bound", str(os.getpid()),
+               sys.executable, "manage.py", "runworkers", *args]  # fmt: skip
+    return subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=stdout, stderr=subprocess.STDOUT)
+
+
+def _processes() -> Iterator[tuple[int, list[bytes], dict[bytes, bytes]]]:
+    """(pid, command line, environment) of every process of this checkout (its working folder)
+    that this user may read."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if os.readlink(entry / "cwd") != str(BASE_DIR):
+                continue
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            variables = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        yield int(entry.name), cmdline, dict(v.split(b"=", 1) for v in variables if b"=" in v)
+
+
+def process_ended(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped yet (a stranger's, which is not ours to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop_leftover_supervisors(*, session: str, database: str, timeout: float = 30.0) -> list[int]:
+    """Stop what an earlier test run of this checkout and ``TEST_SESSION`` left running (it was
+    killed before its teardown, and before ``tests.parent_bound`` existed): its ``runworkers``
+    (SIGTERM, so it drains and gives its host's lease up; SIGKILL after ``timeout``), then any
+    engine marked with the test ``database``. Call before this run starts any. Their pids."""
+    from serving.supervisor import DATABASE_MARKER
+
+    supervisors = [
+        pid
+        for pid, cmdline, env in _processes()
+        if b"runworkers" in cmdline
+        and env.get(b"DJANGO_SETTINGS_MODULE") == b"tests.settings"
+        and (env.get(b"TEST_SESSION") or b"0").decode() == session
+    ]
+    for pid in supervisors:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while not all(process_ended(pid) for pid in supervisors) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in supervisors:
+        if not process_ended(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    engines = [pid for pid, _, env in _processes() if env.get(DATABASE_MARKER.encode()) == database.encode()]
+    for pid in engines:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+    return supervisors + engines
 
 
 @dataclass

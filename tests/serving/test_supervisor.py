@@ -7,14 +7,19 @@ it cuts for 30 s; ``runplatform``'s restarting of its children is tested on smal
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,13 +27,20 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from console.management.commands.runplatform import ChildProcesses
-from registry.models import Deployment, Model, ModelVersion, Replica
+from console.management.commands.runplatform import AlreadyRunning, ChildProcesses, claim_platform
+from registry.models import Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
-from registry.services import deployment_create, deployment_transition, replica_restart_request
-from serving.supervisor import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, Supervisor, marked_engines
+from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
+from serving.supervisor import (
+    DATABASE_MARKER,
+    HOST_MARKER,
+    REPLICA_MARKER,
+    HostLeaseHeld,
+    Supervisor,
+    marked_engines,
+)
 from tests import processes
-from tests.processes import BASE_DIR, child_env, free_port
+from tests.processes import BASE_DIR, child_env, free_port, stop_leftover_supervisors
 from tests.support.gateway import committed
 from tests.tcp_proxy import TcpProxy
 
@@ -577,3 +589,224 @@ class TestChildProcesses:
         assert steady.poll() == -signal.SIGTERM
         children.watch()  # stopping: nothing comes back
         assert children.children["steady"].popen is steady
+
+
+class TestOneSupervisorPerHost:
+    def test_a_second_runworkers_of_the_same_host_refuses_and_the_first_keeps_its_replicas(
+        self, django_db_blocker, tmp_path
+    ):
+        host = unique_host()
+        name = f"lease-{uuid.uuid4().hex[:8]}"
+        deployment_id = committed(django_db_blocker, lambda: create_deployment(name).pk)
+        env = child_env(
+            WORKER_HOST=host, WORKER_SLOTS="0,1", WORKER_LOG_DIR=str(tmp_path), WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER,
+            WORKER_HEARTBEAT_SECONDS="0.5", WORKER_DRAIN_TIMEOUT="5",
+        )  # fmt: skip
+
+        def replicas() -> list[Replica]:
+            return committed(django_db_blocker, lambda: list(Replica.objects.filter(deployment_id=deployment_id)))
+
+        def start(log_name: str) -> subprocess.Popen[bytes]:
+            with open(tmp_path / log_name, "wb") as log:
+                return processes.start_runworkers(["--models", name], env=env, stdout=log)
+
+        first = second = None
+        try:
+            first = start("first.log")
+            # Started while the first is still loading its engine (the audit's second `make run`).
+            [claimed] = wait_for(replicas, 60, "the first supervisor's claim")
+            second = start("second.log")
+            deadline = time.monotonic() + 30
+            while second.poll() is None and time.monotonic() < deadline:
+                assert "by another process" not in (tmp_path / "first.log").read_text(), "the two supervisors fight"
+                time.sleep(0.2)
+            refusal = (tmp_path / "second.log").read_text()
+            assert second.poll() is not None, f"the second runworkers did not refuse to start:\n{refusal}"
+            assert second.returncode != 0
+            # One sentence naming the host, the holder (pid and machine) and the lease's end.
+            assert f"host {host} is already supervised by pid {first.pid} on {socket.gethostname()}" in refusal
+            assert "lease runs until" in refusal
+            assert "starting on slot" not in refusal  # it started no engine
+            # The first never noticed: the replica it claimed became ready, and is the only one.
+            wait_for(lambda: [r.state for r in replicas()] == ["ready"], 30, "the first's replica ready")
+            assert [r.pk for r in replicas()] == [claimed.pk]
+            assert first.poll() is None
+            assert "by another process" not in (tmp_path / "first.log").read_text()
+        finally:
+            for process in (second, first):
+                if process is not None and process.poll() is None:
+                    process.kill()  # its lease is of a host no other test uses
+                    process.wait(5)
+            for pid, _ in marked_engines(host, connection.settings_dict["NAME"]):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+            def drop() -> None:
+                Deployment.objects.filter(pk=deployment_id).delete()
+                ModelVersion.objects.filter(model__name=name).delete()
+                Model.objects.filter(name=name).delete()
+                HostLease.objects.filter(host=host).delete()
+
+            committed(django_db_blocker, drop)
+
+    def test_an_expired_lease_is_taken_over_and_the_loser_stops_its_engines_without_a_write(
+        self, make_supervisor, deployment, settings
+    ):
+        settings.WORKER_HOST_LEASE_SECONDS = 1.0
+        messages: list[str] = []
+        first = make_supervisor(report=messages.append)
+        step_until(first, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        engine = first.engines[replica.pk].popen
+        second = make_supervisor(host=first.host)
+        with pytest.raises(HostLeaseHeld):
+            second.step()
+        assert second.engines == {}
+        time.sleep(1.2)  # the first makes no pass (killed, or cut off) for longer than its lease
+        second.step()  # takes the host over, and releases the replica no engine of its own serves
+        assert HostLease.objects.get(host=first.host).holder == second.holder
+        assert Replica.objects.get(pk=replica.pk).state == "stopped"
+        rows = list(Replica.objects.order_by("pk").values())
+
+        first.step()  # finds its lease gone
+        assert first.lease_lost
+        assert first.stopping
+        assert any(m.startswith(f"LEASE LOST: host {first.host} was taken over") for m in messages), messages
+        step_until(first, lambda: engine.poll() is not None)
+        assert first._shutdown_step()  # run() would exit now (runworkers with status 1)
+        assert list(Replica.objects.order_by("pk").values()) == rows  # not one write of the loser's
+        first.close()  # gives up no lease of the second's
+        assert HostLease.objects.get(host=first.host).holder == second.holder
+
+    def test_a_supervisor_that_stops_cleanly_gives_its_host_up_at_once(self, make_supervisor, monkeypatch):
+        monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
+        first = make_supervisor()
+        first.stopping = True
+        first.run(once=True)  # takes the lease, has nothing to stop, releases the lease
+        assert not HostLease.objects.filter(host=first.host).exists()
+        second = make_supervisor(host=first.host)
+        second.step()
+        assert HostLease.objects.get(host=first.host).holder == second.holder
+
+    def test_of_two_supervisors_taking_an_expired_lease_at_once_exactly_one_wins(self, django_db_blocker):
+        host = unique_host()
+
+        def expired(holder: str) -> None:
+            HostLease.objects.update_or_create(host=host, defaults={
+                "holder": holder, "taken_at": timezone.now(), "expires_at": timezone.now() - timedelta(seconds=1),
+            })  # fmt: skip
+
+        def take(holder: str, barrier: threading.Barrier) -> bool:
+            """On a connection of its own, both takers' statements as close together as can be."""
+            try:
+                connection.ensure_connection()
+                barrier.wait()
+                return host_lease_take(host=host, holder=holder, seconds=60)
+            finally:
+                connection.close()
+
+        try:
+            for round_ in range(10):
+                committed(django_db_blocker, lambda: expired("1@dead/0"))
+                barrier = threading.Barrier(2)
+                with django_db_blocker.unblock(), ThreadPoolExecutor(max_workers=2) as pool:
+                    won = list(pool.map(take, [f"{round_}@a/1", f"{round_}@b/2"], [barrier, barrier]))
+                assert sorted(won) == [False, True], won
+        finally:
+            committed(django_db_blocker, lambda: HostLease.objects.filter(host=host).delete())
+
+
+class TestOnePlatform:
+    def test_runplatform_refuses_a_second_start_of_this_checkout(self, tmp_path):
+        where = {"lock_path": tmp_path / "runplatform.lock", "host": "127.0.0.1", "port": free_port(),
+                 "worker_host": unique_host()}  # fmt: skip
+        first = claim_platform(**where)
+        try:
+            with pytest.raises(AlreadyRunning, match=f"runplatform pid {os.getpid()} serves this checkout"):
+                claim_platform(**where)
+        finally:
+            first.close()  # as when the first ends, even killed: the kernel drops its lock
+        claim_platform(**where).close()
+
+    def test_runplatform_refuses_while_its_host_is_supervised_or_its_port_taken(self, make_supervisor, tmp_path):
+        supervisor = make_supervisor()
+        supervisor.take_lease()  # a runworkers of this host runs (a first platform's, or one by hand)
+        with pytest.raises(AlreadyRunning, match=f"host {supervisor.host} are supervised by pid {os.getpid()} on "):
+            claim_platform(lock_path=tmp_path / "1.lock", host="127.0.0.1", port=free_port(),
+                           worker_host=supervisor.host)  # fmt: skip
+
+        class Healthy(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200 if self.path == "/healthz" else 404)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        with http.server.HTTPServer(("127.0.0.1", 0), Healthy) as gateway:
+            threading.Thread(target=gateway.serve_forever, daemon=True).start()
+            try:
+                with pytest.raises(
+                    AlreadyRunning, match=f"a gateway already answers at http://127.0.0.1:{gateway.server_port}; "
+                ):
+                    claim_platform(lock_path=tmp_path / "2.lock", host="127.0.0.1", port=gateway.server_port,
+                                   worker_host=unique_host())  # fmt: skip
+            finally:
+                gateway.shutdown()
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            with pytest.raises(AlreadyRunning, match="is taken by another program"):
+                claim_platform(lock_path=tmp_path / "3.lock", host="127.0.0.1", port=taken.getsockname()[1],
+                               worker_host=unique_host())  # fmt: skip
+
+
+class TestTestRunLeftovers:
+    def test_a_supervisor_started_by_a_test_run_ends_when_the_run_is_killed(self):
+        # A stand-in for a pytest run: it starts a program as start_runworkers does, then dies by SIGKILL.
+        run = subprocess.Popen(
+            [sys.executable, "-c", "import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
+             "'tests.parent_bound', str(os.getpid()), '/bin/sleep', '60']); print(p.pid, flush=True); time.sleep(60)"],
+            cwd=BASE_DIR, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        child = int(run.stdout.readline())
+        try:
+            wait_for(lambda: Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"/bin/sleep"), 10, "the exec")
+            run.kill()
+            run.wait(5)
+            wait_for(lambda: processes.process_ended(child), 10, "the child ended with its test run")
+        finally:
+            run.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+    def test_the_next_run_stops_what_an_earlier_killed_run_left(self):
+        session, other, database = (
+            f"s{uuid.uuid4().hex[:6]}",
+            f"o{uuid.uuid4().hex[:6]}",
+            f"test_{uuid.uuid4().hex[:8]}",
+        )
+
+        def start(test_session: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+            environment = {
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "TEST_SESSION": test_session,
+                **env,
+            }
+            return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], cwd=BASE_DIR,
+                                    env=environment, start_new_session=True)  # fmt: skip
+
+        supervisor = start(session, "runworkers")
+        engine = start(session, **{DATABASE_MARKER: database})
+        another_runs = start(other, "runworkers")
+        try:
+            stopped = stop_leftover_supervisors(session=session, database=database, timeout=5)
+            assert sorted(stopped) == sorted([supervisor.pid, engine.pid])
+            assert supervisor.wait(5) == -signal.SIGTERM  # asked to drain and give its host's lease up
+            assert engine.wait(5) == -signal.SIGKILL
+            assert another_runs.poll() is None
+        finally:
+            for process in (supervisor, engine, another_runs):
+                process.kill()
+                process.wait(5)

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port
+from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_runworkers
 
 ENGINE_READY_TIMEOUT = 600
 
@@ -119,12 +119,10 @@ def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator
     deployment_ids = committed(django_db_blocker, deployments)
     log_dir = tmp_path_factory.mktemp("engines")
     with open(log_dir / "runworkers.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "runworkers"],
-            cwd=BASE_DIR,
-            env=child_env(WORKER_HOST="test-engines", WORKER_LOG_DIR=str(log_dir), WORKER_SLOTS="0,1"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        # Bound to this run: killed before its teardown, the run still leaves no supervisor
+        # holding test-engines (the next run's would refuse to start beside it).
+        process = start_runworkers(
+            [], env=child_env(WORKER_HOST="test-engines", WORKER_LOG_DIR=str(log_dir), WORKER_SLOTS="0,1"), stdout=log
         )
     try:
         ready = wait_for_ready_replicas(django_db_blocker, list(deployment_ids.values()), ENGINE_READY_TIMEOUT)

@@ -4,14 +4,21 @@ What ``make run`` ends with. It waits until /readyz says every default model has
 ready replica, prints where everything is, and on Ctrl-C (or SIGTERM) stops the
 processes in order, letting runworkers drain its engines. A process that exits on its
 own is restarted (after 1, 2, 4 … up to 30 s) while the others keep running.
+
+It starts nothing when the platform already runs here (``claim_platform``): a second
+``make run`` beside the first would start a second supervisor of the same host and a second
+gateway on a taken port, and wipe the first one's metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,15 +26,18 @@ from argparse import ArgumentParser
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, InterfaceError
+from django.utils import timezone
 from prometheus_client import multiprocess
 
 from console.servers import server_command
 from core.embedded import VAR_DIR
+from registry.selectors import host_lease_held
 
 
 def celery_commands(python: str, *, beat_schedule: Path) -> dict[str, list[str]]:
@@ -45,6 +55,69 @@ def celery_commands(python: str, *, beat_schedule: Path) -> dict[str, list[str]]
     commands["beat"] = [python, "-m", "celery", "-A", "console", "beat", "--loglevel", "WARNING",
                         "--schedule", str(beat_schedule)]  # fmt: skip
     return commands
+
+
+class AlreadyRunning(Exception):
+    """The platform (or something in its place) already runs here; the message says what."""
+
+
+def claim_platform(*, lock_path: Path, host: str, port: int, worker_host: str) -> IO[str]:
+    """Make sure this is the only platform here before anything starts, or raise AlreadyRunning.
+
+    Three checks: the lock of this checkout's runplatform (``flock`` on ``lock_path``; the
+    kernel drops it when its holder ends, even by SIGKILL); the lease of ``worker_host`` (a
+    supervisor of this host runs on this database: a runplatform's child that outlived it,
+    or a runworkers started by hand); and the port (taken by our own gateway, or by anything
+    else). Returns the lock's file: keep it open while the platform runs.
+    """
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(lock_path, "a+")  # noqa: SIM115  held open until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise AlreadyRunning(
+            f"runplatform pid {holder} serves this checkout (it holds {lock_path}); stop it (Ctrl-C) first"
+        ) from None
+    try:
+        _check_host_and_port(host=host, port=port, worker_host=worker_host)
+    except AlreadyRunning:
+        lock.close()
+        raise
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _check_host_and_port(*, host: str, port: int, worker_host: str) -> None:
+    try:
+        lease = host_lease_held(host=worker_host)
+    except (DatabaseError, InterfaceError):
+        lease = None  # no database yet: its children say so; runworkers still checks the lease
+    if lease is not None:
+        until = timezone.localtime(lease.expires_at).strftime("%H:%M:%S")
+        raise AlreadyRunning(
+            f"the engines of host {worker_host} are supervised by pid {lease.holder_pid} on "
+            f"{lease.holder_machine} (lease until {until}); stop that platform or runworkers first, "
+            "or set WORKER_HOST"
+        )
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, port))
+            return
+        except OSError:
+            pass
+    ours = False
+    with contextlib.suppress(httpx.HTTPError):
+        ours = httpx.get(f"http://{host}:{port}/healthz", timeout=2).status_code == 200
+    if ours:
+        raise AlreadyRunning(f"a gateway already answers at http://{host}:{port}; stop that platform first")
+    raise AlreadyRunning(f"port {port} on {host} is taken by another program; choose another one (make run PORT=…)")
 
 
 @dataclass
@@ -155,6 +228,14 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]
         base = f"http://{host}:{port}"
+        try:
+            # Before anything is touched: the metrics folder below belongs to a running platform.
+            # Held (open) as long as this command runs.
+            self.platform_lock = claim_platform(
+                lock_path=VAR_DIR / "runplatform.lock", host=host, port=port, worker_host=settings.WORKER_HOST
+            )
+        except AlreadyRunning as exc:
+            raise CommandError(f"already running: {exc}") from None
         metrics_dir = VAR_DIR / "prometheus"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)

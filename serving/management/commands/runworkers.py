@@ -6,10 +6,10 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from serving.supervisor import Supervisor
+from serving.supervisor import HostLeaseHeld, Supervisor
 
 # libpq options for the supervisor's connection: a database that vanishes (or a network that
 # drops its packets) fails the query within seconds instead of hanging the loop for minutes.
@@ -55,4 +55,10 @@ class Command(BaseCommand):
         use_one_fail_fast_connection()
         slots = [s for s in options["slots"].split(",") if s]
         models = frozenset(m for m in options["models"].split(",") if m) or None
-        Supervisor(host=options["host"], slots=slots, models=models, report=report).run()
+        supervisor = Supervisor(host=options["host"], slots=slots, models=models, report=report)
+        try:
+            supervisor.run()
+        except HostLeaseHeld as exc:  # nothing was started: one sentence, exit status 1
+            raise CommandError(f"runworkers: {exc}") from None
+        if supervisor.lease_lost:
+            raise CommandError(f"runworkers: another supervisor took host {supervisor.host} over; stopped")
