@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 
 
 class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
@@ -63,4 +63,24 @@ class AuditEntryAdmin(admin.ModelAdmin[AuditEntry]):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: AuditEntry | None = None) -> bool:
+        return False
+
+
+@admin.register(HostLease)
+class HostLeaseAdmin(admin.ModelAdmin[HostLease]):
+    """Read-only: which supervisor holds each host. Only the supervisors take, renew and release
+    leases (``registry.services.host_lease_*``); one deleted by hand would stop its holder, and
+    one a holder killed with SIGKILL left expires by itself."""
+
+    list_display = ("host", "holder", "taken_at", "expires_at")
+    search_fields = ("host", "holder")
+    readonly_fields = ("host", "holder", "taken_at", "expires_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: HostLease | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: HostLease | None = None) -> bool:
         return False
