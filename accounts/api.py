@@ -59,7 +59,7 @@ def _bad_input(exc: ValueError) -> ValidationError:
 class OrganizationSerializer(serializers.ModelSerializer[Organization]):
     class Meta:
         model = Organization
-        fields = ["id", "name", "slug", "tier", *LIMIT_FIELDS, "created_at"]
+        fields = ["id", "name", "slug", "tier", *LIMIT_FIELDS, "batch_weight", "created_at"]
         read_only_fields = ["id", "slug", "created_at"]
 
 

@@ -102,6 +102,11 @@ class Organization(Limits):
         help_text="the share of wrong semantic-cache hits this organisation accepts, in % (empty: each model's); "
                   "the stricter of this and the model's applies",
     )  # fmt: skip
+    batch_weight = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="its share of batch capacity when several organisations' batches wait: an organisation of "
+                  "weight 2 gets twice the lines in flight of one of weight 1 (platform admins set it)",
+    )  # fmt: skip
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -288,6 +288,7 @@ def organization_create(
     billing_email: str = "",
     tax_rate: Decimal | str = Decimal(0),
     cache_wrong_hit_budget: Decimal | str | None = None,
+    batch_weight: int = 1,
     actor: Actor = None,
     **limits: Any,
 ) -> Organization:
@@ -309,12 +310,23 @@ def organization_create(
     _validate_tier(tier)
     _validate_limits(limits)
     billing = {"billing_email": _clean_billing_email(billing_email), "tax_rate": _clean_tax_rate(tax_rate),
-               "cache_wrong_hit_budget": clean_percent("cache_wrong_hit_budget", cache_wrong_hit_budget)}  # fmt: skip
+               "cache_wrong_hit_budget": clean_percent("cache_wrong_hit_budget", cache_wrong_hit_budget),
+               "batch_weight": _clean_batch_weight(batch_weight)}  # fmt: skip
     try:
         with transaction.atomic():
             return Organization.objects.create(name=name, slug=slug or derived, tier=tier, **billing, **limits)
     except IntegrityError:  # a concurrent create took the name
         raise InvalidInput("name", "another organisation already has this name") from None
+
+
+BATCH_WEIGHT_MAX = 1000
+
+
+def _clean_batch_weight(value: Any) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= BATCH_WEIGHT_MAX:
+        raise InvalidInput("batch_weight", f"must be a whole number from 1 to {BATCH_WEIGHT_MAX}")
+    return int(text)
 
 
 def organization_get_or_create(*, name: str) -> Organization:
@@ -331,12 +343,12 @@ def platform_organization() -> Organization:
 
 def organization_update(*, organization: Organization, actor: Actor = None, **changes: Any) -> Organization:
     """Change an organisation's name or its semantic-cache wrong-hit budget (its admins), tier,
-    limits, billing email or tax rate (platform admins only).
+    limits, billing email, tax rate or batch weight (platform admins only).
 
     Gateways see new limits within a second. The slug stays: it is the organisation's
     stable identifier.
     """
-    allowed = {"name", "tier", "billing_email", "tax_rate", "cache_wrong_hit_budget", *LIMIT_FIELDS}
+    allowed = {"name", "tier", "billing_email", "tax_rate", "cache_wrong_hit_budget", "batch_weight", *LIMIT_FIELDS}
     unknown = set(changes) - allowed
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
@@ -354,6 +366,8 @@ def organization_update(*, organization: Organization, actor: Actor = None, **ch
         changes["billing_email"] = _clean_billing_email(changes["billing_email"])
     if "tax_rate" in changes:
         changes["tax_rate"] = _clean_tax_rate(changes["tax_rate"])
+    if "batch_weight" in changes:
+        changes["batch_weight"] = _clean_batch_weight(changes["batch_weight"])
     _validate_limits(changes)
     try:
         with transaction.atomic():

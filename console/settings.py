@@ -275,6 +275,13 @@ FILES_MAX_BYTES = envint("FILES_MAX_BYTES", 100 * 1024 * 1024)
 FILES_MAX_LINES = envint("FILES_MAX_LINES", 50_000)
 # Batch output and error files are kept this long, then deleted (OpenAI keeps them 30 days).
 FILES_OUTPUT_RETENTION_DAYS = envint("FILES_OUTPUT_RETENTION_DAYS", 30)
+# Uploaded batch input files are deleted this long after their upload, unless a batch that
+# has not finished still reads them (then once it has).
+FILES_INPUT_RETENTION_DAYS = envint("FILES_INPUT_RETENTION_DAYS", 30)
+# What one organisation may keep in the Files API, every purpose together (its batches' output
+# and error files count; only uploads are refused past it: 403 storage_quota_exceeded).
+FILES_ORG_MAX_BYTES = envint("FILES_ORG_MAX_BYTES", 10 * 1024**3)
+FILES_ORG_MAX_FILES = envint("FILES_ORG_MAX_FILES", 10_000)
 
 # --- Batch jobs (serving.batches) ----------------------------------------------------------
 # A batch's completion windows (OpenAI's is "24h"; more may be offered as "<n>h").

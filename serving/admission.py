@@ -55,6 +55,19 @@ def limiter_unavailable(exc: Exception) -> EngineUnavailable:
     )
 
 
+async def take_request(grant: KeyGrant) -> None:
+    """Charge one request to the key's per-minute request buckets outside admission: before a
+    costly step (counting a large prompt, reading an upload) or for work that is no inference
+    (an upload, a batch's creation). ``RateLimited`` (429) when they are empty, 503 when the
+    ledger cannot be reached."""
+    try:
+        await ledger.take_request(grant)
+    except ledger.Refused as refused:
+        raise rate_limited(refused.refusal) from None
+    except ledger.LedgerUnavailable as exc:
+        raise limiter_unavailable(exc) from exc
+
+
 def model_limit(model: ModelRoute, grant: KeyGrant) -> int:
     """How many requests of the model may be in flight at once (its queue, for back-pressure):
     a share per routable replica, larger for paid keys."""

@@ -21,10 +21,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -32,10 +33,14 @@ from django.http import HttpResponse, HttpResponseBase
 from django.urls import Resolver404, resolve
 from redis.exceptions import RedisError
 
+from accounts.grants import KeyGrant
+from serving.auth import authenticate
 from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge
+from serving.file_views import before_upload
 from serving.orchestrator import CLIENT_CLOSED
 from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
+from serving.session_auth import session_grant
 from serving.urls import DATA_PLANE_MODEL_ACTIONS, DATA_PLANE_PREFIXES
 
 logger = logging.getLogger(__name__)
@@ -62,14 +67,58 @@ class ClientGone(Exception):
 
 
 # Paths whose bodies are uploads (the Files API's): their own, larger limit, with room for
-# the multipart envelope around the file.
+# the multipart envelope around the file, spooled to disk as they arrive.
 UPLOAD_PATHS = ("/v1/files",)
+# Methods whose bodies a data-plane view reads; any other request's body is never read.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# An upload is kept in memory up to this size, then on disk.
+UPLOAD_SPOOL_BYTES = 1024 * 1024
+
+
+def _is_upload(scope: Scope) -> bool:
+    return scope["path"] in UPLOAD_PATHS and scope["method"] == "POST"
 
 
 def _body_limit(scope: Scope) -> int:
-    if scope["path"] in UPLOAD_PATHS and scope["method"] == "POST":
+    if _is_upload(scope):
         return int(settings.FILES_MAX_BYTES) + 1024 * 1024
     return int(settings.API_MAX_BODY_BYTES)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
+
+
+def _session_path(path: str) -> bool:
+    """Paths a signed-in member's page may call with its session instead of a key (the
+    portal's "try it" for small models: ``serving.predict_views``)."""
+    return path == "/api/v1/predict" or (
+        path.startswith("/api/v1/models/") and path.endswith("/predict") and path.count("/") == 5
+    )
+
+
+async def _sender(scope: Scope, headers: dict[str, str]) -> KeyGrant:
+    """Who sent a request with a body, judged from its headers alone, before a byte of the body
+    is read: its API key (a 401 otherwise), or on the session paths a signed-in member."""
+    authorization = headers.get("authorization")
+    organization = headers.get("x-organization")
+    if authorization is None and organization is not None and _session_path(scope["path"]):
+        return await session_grant(scope, organization)
+    return await authenticate(authorization)
+
+
+def _declared_length(headers: dict[str, str]) -> int | None:
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    try:
+        declared = int(value)
+    except ValueError:
+        declared = -1
+    if declared < 0:
+        raise APIError("Invalid Content-Length header.", status=400, type="invalid_request_error",
+                       code="invalid_header")  # fmt: skip
+    return declared
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
@@ -78,18 +127,10 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
+async def _read_body(scope: Scope, receive: Receive, declared: int | None) -> bytes:
     limit = _body_limit(scope)
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                raise APIError(
-                    "Invalid Content-Length header.", status=400, type="invalid_request_error", code="invalid_header"
-                ) from None
-            if declared > limit:
-                raise _too_large(limit)  # refused before reading a byte of it
+    if declared is not None and declared > limit:
+        raise _too_large(limit)  # refused before reading a byte of it
     parts: list[bytes] = []
     size = 0
     while True:
@@ -103,6 +144,32 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+async def _spool_body(scope: Scope, receive: Receive, declared: int | None) -> BinaryIO:
+    """An upload's body, written to a temporary file as it arrives (in memory only up to
+    UPLOAD_SPOOL_BYTES), positioned at its start; bounded like any body."""
+    limit = _body_limit(scope)
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    spool = tempfile.SpooledTemporaryFile(max_size=UPLOAD_SPOOL_BYTES)  # noqa: SIM115 (the request closes it)
+    try:
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            spool.write(chunk)
+            if not message.get("more_body", False):
+                spool.seek(0)
+                return cast(BinaryIO, spool)
+    except BaseException:
+        spool.close()
+        raise
 
 
 @functools.cache
@@ -130,9 +197,17 @@ def _route(path: str) -> tuple[View, dict[str, Any]] | None:
     return None
 
 
+def _unavailable(scope: Scope, exc: Exception, what: str) -> EngineUnavailable:
+    logger.error("%s unavailable on %s %s: %s", what, scope["method"], scope["path"], exc)
+    name = "database" if what == "database" else "Redis"
+    return EngineUnavailable(f"The platform's {name} is unavailable; try again shortly.", code=f"{what}_unavailable")
+
+
 async def handle(request: ApiRequest) -> HttpResponseBase:
     """Resolve and run a data-plane view; any failure becomes an OpenAI error body."""
     header = str(request.request_id)
+    if "\x00" in request.path:  # no route has one, and the database would refuse it as an id
+        return NotFound("Unknown request URL: the path holds a NUL character.", code="unknown_url").response(header)
     view = _exact_routes().get(request.path)
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
@@ -152,15 +227,9 @@ async def handle(request: ApiRequest) -> HttpResponseBase:
     except APIError as exc:
         return exc.response(header)
     except DatabaseError as exc:
-        logger.error("database unavailable on %s %s: %s", request.method, request.path, exc)
-        return EngineUnavailable(
-            "The platform's database is unavailable; try again shortly.", code="database_unavailable"
-        ).response(header)
+        return _unavailable({"method": request.method, "path": request.path}, exc, "database").response(header)
     except RedisError as exc:
-        logger.error("Redis unavailable on %s %s: %s", request.method, request.path, exc)
-        return EngineUnavailable(
-            "The platform's Redis is unavailable; try again shortly.", code="redis_unavailable"
-        ).response(header)
+        return _unavailable({"method": request.method, "path": request.path}, exc, "redis").response(header)
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return APIError("The server had an error while processing your request.").response(header)
@@ -203,16 +272,46 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
+async def _receive_request(scope: Scope, receive: Receive, request_id: uuid.UUID) -> ApiRequest:
+    """The request, its sender judged from the headers before its body is read: a request
+    with a body and no valid key is answered 401 without reading a byte of the body, and an
+    upload is charged to the key's request rate and checked against its organisation's storage
+    before it is read (``serving.file_views.before_upload``), then spooled to disk."""
+    headers = _headers(scope)
+    declared = _declared_length(headers)
+    if scope["method"] not in BODY_METHODS:
+        return ApiRequest(scope, b"", request_id)
+    grant = await _sender(scope, headers)
+    if _is_upload(scope):
+        await before_upload(grant, declared)
+        upload = await _spool_body(scope, receive, declared)
+        return ApiRequest(scope, b"", request_id, grant=grant, upload=upload)
+    return ApiRequest(scope, await _read_body(scope, receive, declared), request_id, grant=grant)
+
+
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     request_id = uuid.uuid4()
     try:
-        body = await _read_body(scope, receive)
+        request = await _receive_request(scope, receive, request_id)
     except ClientGone:
         return
     except APIError as exc:
-        await _send_response(exc.response(str(request_id)), send)
+        await _send_response(exc.response(str(request_id), protocol=scope["path"].startswith("/v2")), send)
         return
-    request = ApiRequest(scope, body, request_id)
+    except DatabaseError as exc:  # the sender could not be judged; nothing was read
+        await _send_response(_unavailable(scope, exc, "database").response(str(request_id)), send)
+        return
+    except RedisError as exc:
+        await _send_response(_unavailable(scope, exc, "redis").response(str(request_id)), send)
+        return
+    try:
+        await _serve(request, receive, send)
+    finally:
+        request.close()
+
+
+async def _serve(request: ApiRequest, receive: Receive, send: Send) -> None:
+    request_id = request.request_id
     # What the closers settle a call with if the call did not settle itself: the client
     # went away (499), or something failed in sending (500).
     ending = 500

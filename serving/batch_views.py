@@ -14,7 +14,6 @@ import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import orjson
 from django.http import HttpResponse
@@ -22,6 +21,7 @@ from django.http import HttpResponse
 from accounts.grants import KeyGrant
 from core.db import run_db
 from serving import batches, files
+from serving.admission import take_request
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest, NotFound
 from serving.models import Batch
@@ -55,15 +55,16 @@ def _create(grant: KeyGrant, **fields: Any) -> dict[str, Any]:
 async def batches_root(request: ApiRequest) -> HttpResponse:
     """``POST`` creates a batch, ``GET`` lists them (newest first)."""
     require_method(request, "GET", "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = request.grant or await authenticate(request.header("authorization"))
     if request.method == "POST":
         data = json_object(request.body)
+        await take_request(grant)  # a batch's creation is a request, whatever its lines
         created = await run_db(
             _create, grant, input_file_id=data.get("input_file_id"), endpoint=data.get("endpoint"),
             completion_window=data.get("completion_window", "24h"), metadata=data.get("metadata"),
         )  # fmt: skip
         return _json(created)
-    query = {name: values[-1] for name, values in parse_qs(request.query_string).items()}
+    query = request.query()
     try:
         limit = int(query.get("limit", "20"))
     except ValueError:
@@ -166,7 +167,7 @@ async def seed_batch(request: ApiRequest) -> HttpResponse:
     request per input (a prompt or messages for a chat model, a text for an embedding model,
     an instance for a small model), with a webhook to ``callback_url`` when it ends."""
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = request.grant or await authenticate(request.header("authorization"))
     data = json_object(request.body)
     model_name = data.get("model")
     if not isinstance(model_name, str) or not model_name:
@@ -195,6 +196,7 @@ async def seed_batch(request: ApiRequest) -> HttpResponse:
     if not grant.may_use(model_name):
         raise APIError(f"This key may not use `{model_name}`.", status=403, code="model_not_allowed",
                        type="permission_error")  # fmt: skip
+    await take_request(grant)  # a batch's creation is a request, whatever its lines
     if is_predict_model(model):
         url = batches.PREDICT_URL
     elif model.task == "embedding":

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import logging
 import math
 import os
@@ -45,7 +46,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -53,8 +54,8 @@ from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Avg, Exists, F, OuterRef, Q, Sum
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Avg, Count, Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -67,9 +68,10 @@ from core import keys
 from core.db import run_db
 from core.redis import async_redis
 from core.transitions import check_transition
+from core.validators import nul_path, without_nul
 from registry.artifacts import get_artifact_store
-from serving.errors import APIError
-from serving.files import BATCH_URLS, files_purge_expired
+from serving.errors import APIError, bounded
+from serving.files import BATCH_URLS, check_line, files_purge_expired
 from serving.models import Batch, BatchLine, StoredFile
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, InferenceCall, status_of
 from serving.predict.call import PredictCall
@@ -92,7 +94,13 @@ NOT_RUN = {
         "This request was not executed: the organization reached its spend cap or token quota.",
     ),
     "key_revoked": ("api_key_revoked", "This request was not executed: the batch's API key was revoked."),
+    "key_expired": ("api_key_expired", "This request was not executed: the batch's API key expired."),
+    "failed": ("batch_failed", "This request was not executed: the batch failed (see its errors)."),
 }
+# StoredFile.public_id's column: a longer id names no file.
+FILE_ID_MAX_LENGTH = 40
+# The database is away (not a batch's fault): the step is tried again on the next turn.
+DATABASE_DOWN = (OperationalError, InterfaceError)
 # Failures an engine (or the platform) may not repeat: the line is given back and tried again.
 RETRYABLE = frozenset({500, 502, 503, 504})
 
@@ -140,6 +148,8 @@ def _check_metadata(metadata: object) -> dict[str, str]:
                 "metadata's keys are strings of at most 64 characters, its values strings of at most 512.",
                 param="metadata",
             )
+    if nul_path(metadata) is not None:
+        raise BadBatch("metadata may not hold a NUL character (\\u0000).", param="metadata")
     return dict(metadata)
 
 
@@ -204,6 +214,9 @@ def batch_create(
     if not isinstance(input_file_id, str) or not input_file_id:
         raise BadBatch("input_file_id is required: the id of a file uploaded with purpose 'batch'.",
                        param="input_file_id")  # fmt: skip
+    if len(input_file_id) > FILE_ID_MAX_LENGTH or "\x00" in input_file_id:
+        raise BadBatch(f"No file {bounded(repr(input_file_id), 100)} of yours.", param="input_file_id",
+                       code="file_not_found")  # fmt: skip
     with transaction.atomic():
         # One creation per organisation at a time: the enqueued-lines limit holds under races.
         Organization.objects.select_for_update().filter(pk=organization_id).first()
@@ -334,17 +347,25 @@ def batch_object(batch: Batch, counts: dict[str, int] | None = None) -> dict[str
 # --- validation: the file becomes lines --------------------------------------------------------
 
 
-def _read_lines(file: StoredFile) -> Iterator[dict[str, Any]]:
+def _read_lines(file: StoredFile) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    """The file's requests, numbered from 1: each as ``check_line`` reads it, or why it is not
+    one (a file stored before a rule of ``check_line`` was added may break it)."""
     with get_artifact_store().open_file(file.uri) as handle:
-        for raw in handle:
-            if raw.strip():
-                yield orjson.loads(raw)
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield number, check_line(raw)
+            except ValueError as why:
+                yield number, f"Line {number} {why}."
 
 
 def validate_one() -> bool:
     """Validate one batch waiting for it (its lines written, in_progress; or failed, with the
     errors OpenAI's shape gives). All in one transaction: a worker that dies midway leaves it
-    validating for the next. False when none was waiting."""
+    validating for the next. A batch whose file cannot be read into lines for any other reason
+    (the store lost it, the database refuses a line) fails with that reason, so the batches
+    behind it go on. False when none was waiting."""
     with transaction.atomic():
         batch = (
             Batch.objects.select_for_update(skip_locked=True)
@@ -354,43 +375,70 @@ def validate_one() -> bool:
         )
         if batch is None:
             return False
-        errors: list[dict[str, Any]] = []
-        lines: list[BatchLine] = []
-        model = ""
-        file = batch.input_file
-        if file is None:
-            errors.append({"code": "file_not_found", "message": "The input file was deleted.", "param": None,
-                           "line": None})  # fmt: skip
-        else:
-            for index, line in enumerate(_read_lines(file)):
-                number = index + 1
-                if line.get("url") != batch.endpoint:
-                    errors.append({
-                        "code": "mismatched_endpoint", "param": "url", "line": number,
-                        "message": f"Line {number} has url {line.get('url')!r}; this batch runs {batch.endpoint}.",
-                    })  # fmt: skip
-                named = line["body"].get("model")
+        try:
+            with transaction.atomic():  # a savepoint: what it wrote goes if it fails
+                _validate(batch)
+        except DATABASE_DOWN:
+            raise  # not this batch's fault: it stays validating for the next run
+        except Exception as exc:
+            logger.exception("batch %s could not be validated", batch.public_id)
+            batch.refresh_from_db()
+            _fail(batch, code="validation_failed",
+                  message=f"The input file could not be read into requests: {bounded(str(exc), 500)}")  # fmt: skip
+    return True
+
+
+def _validate(batch: Batch) -> None:
+    errors: list[dict[str, Any]] = []
+    lines: list[BatchLine] = []
+    model = ""
+    file = batch.input_file
+    if file is None:
+        errors.append({"code": "file_not_found", "message": "The input file was deleted.", "param": None,
+                       "line": None})  # fmt: skip
+    else:
+        for index, (number, line) in enumerate(_read_lines(file)):
+            if isinstance(line, str):
+                errors.append({"code": "invalid_line", "param": None, "line": number, "message": line})
+            elif line.get("url") != batch.endpoint:
+                errors.append({
+                    "code": "mismatched_endpoint", "param": "url", "line": number,
+                    "message": f"Line {number} has url {line.get('url')!r}; this batch runs {batch.endpoint}.",
+                })  # fmt: skip
+            else:
+                named = line["body"]["model"]
                 if model and named != model:
                     errors.append({
                         "code": "mismatched_model", "param": "body.model", "line": number,
-                        "message": f"Line {number} asks for model {named!r}; a batch runs one model ({model!r}).",
+                        "message": f"Line {number} asks for model {bounded(repr(named), 100)}; a batch runs one "
+                                   f"model ({model!r}).",
                     })  # fmt: skip
                 model = model or named
-                if len(errors) >= 10:
-                    break
                 lines.append(BatchLine(batch=batch, index=index, custom_id=line["custom_id"], body=line["body"]))
-        now = timezone.now()
-        if errors:
-            check_transition(batch, Batch.Status.FAILED)
-            batch.errors, batch.failed_at = errors, now
-            batch.save(update_fields=["status", "errors", "failed_at"])
-            transaction.on_commit(lambda: _announce(batch.pk))
-            return True
-        BatchLine.objects.bulk_create(lines, batch_size=2000)
-        check_transition(batch, Batch.Status.IN_PROGRESS)
-        batch.model, batch.total, batch.in_progress_at = model, len(lines), now
-        batch.save(update_fields=["status", "model", "total", "in_progress_at"])
-    return True
+            if len(errors) >= 10:
+                break
+    now = timezone.now()
+    if errors:
+        check_transition(batch, Batch.Status.FAILED)
+        batch.errors, batch.failed_at = errors, now
+        batch.save(update_fields=["status", "errors", "failed_at"])
+        transaction.on_commit(functools.partial(_announce, batch.pk))
+        return
+    BatchLine.objects.bulk_create(lines, batch_size=2000)
+    check_transition(batch, Batch.Status.IN_PROGRESS)
+    batch.model, batch.total, batch.in_progress_at = model, len(lines), now
+    batch.save(update_fields=["status", "model", "total", "in_progress_at"])
+
+
+def _fail(batch: Batch, *, code: str, message: str) -> None:
+    """End a batch the worker cannot carry on (locked by the caller): failed, with the reason
+    in its errors; nothing more of it starts (lines in flight still finish and are metered)."""
+    check_transition(batch, Batch.Status.FAILED)
+    batch.errors = [*(batch.errors or []), {"code": code, "message": message, "param": None, "line": None}]
+    batch.failed_at = timezone.now()
+    batch.stop_reason = batch.stop_reason or "failed"
+    batch.save(update_fields=["status", "errors", "failed_at", "stop_reason"])
+    transaction.on_commit(functools.partial(_announce, batch.pk))
 
 
 # --- claiming and leases (sync; each a short transaction) -----------------------------------------
@@ -416,54 +464,112 @@ class Claimed:
         return line_request_id(self.batch_public_id, self.index, self.attempt - 1) if self.attempt > 1 else None
 
 
-def runnable_models() -> dict[str, list[int]]:
+@dataclass(frozen=True)
+class Runnable:
+    """A batch with lines waiting, as the fair claim weighs it."""
+
+    batch_id: int
+    public_id: str
+    organization_id: int
+    weight: int  # the organisation's batch_weight
+    api_key_id: int
+    endpoint: str
+
+    def line(self, line_id: int, index: int, attempt: int, body: dict[str, Any]) -> Claimed:
+        return Claimed(line_id, self.batch_id, self.public_id, self.api_key_id, self.endpoint, index, attempt, body)
+
+
+def runnable_models() -> dict[str, list[Runnable]]:
     """Batches with lines to run, by model (oldest first): in progress, not stopped, not expired."""
-    out: dict[str, list[int]] = defaultdict(list)
+    out: dict[str, list[Runnable]] = defaultdict(list)
     pending = BatchLine.objects.filter(batch=OuterRef("pk"), status=BatchLine.Status.PENDING)
     rows = (
         Batch.objects.filter(status=Batch.Status.IN_PROGRESS, stop_reason="", expires_at__gt=timezone.now())
         .filter(Exists(pending))
-        .order_by("created_at")
-        .values_list("model", "pk")
+        .order_by("created_at", "pk")
+        .values_list(
+            "model", "pk", "public_id", "organization_id", "organization__batch_weight", "api_key_id", "endpoint"
+        )
     )
-    for model, pk in rows:
-        out[model].append(pk)
+    for model, pk, public_id, organization_id, weight, api_key_id, endpoint in rows:
+        out[model].append(Runnable(pk, public_id, organization_id, max(1, weight or 1), api_key_id, endpoint))
     return out
 
 
-def claim(*, batch_ids: list[int], owner: str, limit: int) -> list[Claimed]:
-    """Take up to ``limit`` pending lines of these batches (in order) for ``owner``."""
-    if limit <= 0 or not batch_ids:
+def fair_shares(batches: list[Runnable], running: dict[int, int], slots: int) -> dict[int, int]:
+    """How many of ``slots`` new lines each batch gets (by batch id), so that lines in flight
+    are shared fairly: between organisations in proportion to their ``weight`` (the one with
+    the fewest in flight per unit of weight gets the next slot), and between one
+    organisation's batches evenly; ties go to the oldest. ``running``: lines in flight now, by
+    batch (every worker's: one organisation's 50,000-line batch holds at most its share)."""
+    by_org: dict[int, list[Runnable]] = defaultdict(list)
+    for batch in batches:  # oldest first
+        by_org[batch.organization_id].append(batch)
+    load = {b.batch_id: running.get(b.batch_id, 0) for b in batches}
+    org_load = {org: sum(load[b.batch_id] for b in own) for org, own in by_org.items()}
+    order = {org: i for i, org in enumerate(by_org)}  # the organisation of the oldest batch first
+    weight = {org: own[0].weight for org, own in by_org.items()}
+    heap = [(org_load[org] / weight[org], order[org], org) for org in by_org]
+    heapq.heapify(heap)
+    shares: dict[int, int] = defaultdict(int)
+    for _ in range(max(0, slots)):
+        _, rank, org = heapq.heappop(heap)
+        own = by_org[org]
+        chosen = min(own, key=lambda b: (load[b.batch_id], own.index(b)))
+        load[chosen.batch_id] += 1
+        shares[chosen.batch_id] += 1
+        org_load[org] += 1
+        heapq.heappush(heap, (org_load[org] / weight[org], rank, org))
+    return dict(shares)
+
+
+def claim(*, batches: list[Runnable], owner: str, limit: int) -> list[Claimed]:
+    """Take up to ``limit`` pending lines of these batches for ``owner``, shared fairly
+    between their organisations and batches (``fair_shares``); a batch with fewer pending
+    lines than its share leaves the rest to the others."""
+    if limit <= 0 or not batches:
         return []
     lease = timezone.now() + timedelta(seconds=settings.BATCH_LEASE_SECONDS)
     claimed: list[Claimed] = []
     with transaction.atomic():
-        live = dict(
+        live = set(
             Batch.objects.filter(
-                pk__in=batch_ids, status=Batch.Status.IN_PROGRESS, stop_reason="", expires_at__gt=timezone.now()
-            ).values_list("pk", "public_id")
+                pk__in=[b.batch_id for b in batches], status=Batch.Status.IN_PROGRESS, stop_reason="",
+                expires_at__gt=timezone.now(),
+            ).values_list("pk", flat=True)
+        )  # fmt: skip
+        candidates = [b for b in batches if b.batch_id in live]
+        running = dict(
+            BatchLine.objects.filter(batch_id__in=live, status=BatchLine.Status.RUNNING)
+            .values("batch_id")
+            .annotate(n=Count("pk"))
+            .values_list("batch_id", "n")
         )
-        for batch_id in batch_ids:
-            if batch_id not in live or len(claimed) >= limit:
-                continue
-            rows = list(
-                BatchLine.objects.select_for_update(skip_locked=True)
-                .filter(batch_id=batch_id, status=BatchLine.Status.PENDING)
-                .order_by("index")[: limit - len(claimed)]
-            )
-            if not rows:
-                continue
-            ids = [r.pk for r in rows]
-            BatchLine.objects.filter(pk__in=ids).update(
-                status=BatchLine.Status.RUNNING, attempts=F("attempts") + 1, lease_until=lease, owner=owner
-            )
-            batch = Batch.objects.only("api_key_id", "endpoint").get(pk=batch_id)
-            claimed += [
-                Claimed(
-                    r.pk, batch_id, live[batch_id], batch.api_key_id, batch.endpoint, r.index, r.attempts + 1, r.body
+        while candidates and len(claimed) < limit:
+            shares = fair_shares(candidates, running, limit - len(claimed))
+            exhausted: set[int] = set()
+            for batch in candidates:
+                want = shares.get(batch.batch_id, 0)
+                if not want:
+                    continue
+                rows = list(
+                    BatchLine.objects.select_for_update(skip_locked=True)
+                    .filter(batch_id=batch.batch_id, status=BatchLine.Status.PENDING)
+                    .order_by("index")
+                    .only("pk", "index", "attempts", "body")[:want]
                 )
-                for r in rows
-            ]
+                if len(rows) < want:
+                    exhausted.add(batch.batch_id)
+                if not rows:
+                    continue
+                BatchLine.objects.filter(pk__in=[r.pk for r in rows]).update(
+                    status=BatchLine.Status.RUNNING, attempts=F("attempts") + 1, lease_until=lease, owner=owner
+                )
+                running[batch.batch_id] = running.get(batch.batch_id, 0) + len(rows)
+                claimed += [batch.line(r.pk, r.index, r.attempts + 1, r.body) for r in rows]
+            if not exhausted:
+                break
+            candidates = [b for b in candidates if b.batch_id not in exhausted]
     return claimed
 
 
@@ -503,7 +609,8 @@ def store_answer(
         BatchLine.objects.filter(
             pk=line.line_id, status=BatchLine.Status.RUNNING, owner=owner, attempts=line.attempt
         ).update(
-            status=done, status_code=status_code, response=response, error=error,
+            # PostgreSQL's JSON cannot hold NUL, which a model may generate: U+FFFD in its place.
+            status=done, status_code=status_code, response=without_nul(response), error=without_nul(error),
             usage_event=event.to_fields() if event is not None else None, metered=event is None,
             finished_at=timezone.now(), lease_until=None,
         )
@@ -548,9 +655,25 @@ def stop_batch(batch_id: int, reason: str) -> None:
 
 
 def expire_due() -> int:
-    return Batch.objects.filter(
-        status__in=[Batch.Status.IN_PROGRESS], stop_reason="", expires_at__lte=timezone.now()
-    ).update(stop_reason="expired")
+    """Stop the batches whose completion window ended: one in progress stops taking lines and
+    finalizes as expired; one still validating (no line ever ran) expires at once."""
+    now = timezone.now()
+    stopped = Batch.objects.filter(status=Batch.Status.IN_PROGRESS, stop_reason="", expires_at__lte=now).update(
+        stop_reason="expired"
+    )
+    with transaction.atomic():
+        # A batch a worker is validating now is locked: skipped, it is looked at next time.
+        waiting = list(
+            Batch.objects.select_for_update(skip_locked=True).filter(
+                status=Batch.Status.VALIDATING, expires_at__lte=now
+            )[:100]
+        )
+        for batch in waiting:
+            check_transition(batch, Batch.Status.EXPIRED)
+            batch.expired_at, batch.stop_reason = now, "expired"
+            batch.save(update_fields=["status", "expired_at", "stop_reason"])
+            transaction.on_commit(functools.partial(_announce, batch.pk))
+    return stopped + len(waiting)
 
 
 # --- finalizing: the output and error files ----------------------------------------------------
@@ -600,9 +723,23 @@ def finalize_ready() -> int:
     done = 0
     candidates = Batch.objects.filter(status__in=[Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING])
     for batch_id in candidates.values_list("pk", flat=True):
-        if _finalize(batch_id):
-            done += 1
+        try:
+            if _finalize(batch_id):
+                done += 1
+        except DATABASE_DOWN:
+            raise
+        except Exception as exc:  # this batch's results cannot be written: it fails, the others go on
+            logger.exception("batch %s could not be finalized", batch_id)
+            _fail_by_id(batch_id, code="finalize_failed",
+                        message=f"The batch's results could not be written: {bounded(str(exc), 500)}")  # fmt: skip
     return done
+
+
+def _fail_by_id(batch_id: int, *, code: str, message: str) -> None:
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().filter(pk=batch_id).first()
+        if batch is not None and batch.status not in Batch.FINISHED:
+            _fail(batch, code=code, message=message)
 
 
 def _finalize(batch_id: int) -> bool:
@@ -659,10 +796,23 @@ def _announce(batch_id: int) -> None:
 
 
 def _grant(api_key_id: int) -> KeyGrant | None:
-    api_key = ApiKey.objects.filter(pk=api_key_id).first()
+    """The grant a batch's lines run under, None once its key is revoked or gone (an expired
+    key's grant is returned: ``key_stop_reason`` judges it at each line, as time passes)."""
+    api_key = ApiKey.objects.select_related("organization").filter(pk=api_key_id).first()
     if api_key is None or not api_key.is_active:
         return None
     return KeyGrant.of(api_key)
+
+
+def key_stop_reason(grant: KeyGrant | None) -> str:
+    """Why a batch's lines may no longer run under this grant ("" while they may): its key was
+    revoked, or expired (a rotated key, past its grace period, too), as an interactive request
+    with it would be refused."""
+    if grant is None:
+        return "key_revoked"
+    if grant.expires_at is not None and grant.expires_at <= timezone.now():
+        return "key_expired"
+    return ""
 
 
 async def _interactive_in_flight(model: str) -> int:
@@ -746,10 +896,11 @@ async def run_line(line: Claimed, grant: KeyGrant | None, *, owner: str) -> None
     if line.previous_request_id is not None:  # its last attempt's admission, if never given back
         with contextlib.suppress(RedisError):
             await ledger.release(line.previous_request_id)
-    if grant is None:
-        await run_db(stop_batch, line.batch_id, "key_revoked")
+    if stop := key_stop_reason(grant):
+        await run_db(stop_batch, line.batch_id, stop)
         await run_db(give_back, line, owner=owner, failure=False)
         return
+    assert grant is not None
     try:
         outcome = await _execute(line, grant)
     except asyncio.CancelledError:  # it yields (interactive requests came) or the worker stops
@@ -800,7 +951,13 @@ async def meter_leftovers() -> int:
     rows = await run_db(unmetered)
     for line_id, fields in rows:
         if fields:
-            await _settle(UsageEvent.from_fields(fields))
+            try:
+                event = UsageEvent.from_fields(fields)
+            except (KeyError, TypeError, ValueError, ArithmeticError):
+                # Never written by this code; kept as it is would stop every line behind it.
+                logger.error("batch line %s keeps an unreadable usage event %r; not metered", line_id, fields)
+            else:
+                await _settle(event)
         await run_db(mark_metered, line_id)
     return len(rows)
 
@@ -808,15 +965,31 @@ async def meter_leftovers() -> int:
 async def housekeeping() -> None:
     """What any worker does first: give back lost lines, meter leftovers, validate, expire,
     finalize, and delete files past their retention."""
-    for request_id in await run_db(reclaim_lost):
-        with contextlib.suppress(RedisError):
-            await ledger.release(request_id)
-    await meter_leftovers()
-    while await run_db(validate_one):
-        pass
-    await run_db(expire_due)
-    await run_db(finalize_ready)
-    await run_db(files_purge_expired)
+
+    async def give_back_lost() -> None:
+        for request_id in await run_db(reclaim_lost):
+            with contextlib.suppress(RedisError):
+                await ledger.release(request_id)
+
+    async def validate_all() -> None:
+        while await run_db(validate_one):
+            pass
+
+    # Each step on its own: one that fails (an outage, a defect) is logged and the others run,
+    # and the lines of every batch still run; the next turn tries it again.
+    steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("give back lost lines", give_back_lost),
+        ("meter leftovers", meter_leftovers),
+        ("validate", validate_all),
+        ("expire", functools.partial(run_db, expire_due)),
+        ("finalize", functools.partial(run_db, finalize_ready)),
+        ("purge expired files", functools.partial(run_db, files_purge_expired)),
+    ]
+    for name, step in steps:
+        try:
+            await step()
+        except Exception:
+            logger.exception("batch housekeeping: %s failed; the next turn tries again", name)
 
 
 def deliver_webhooks() -> int:
@@ -888,7 +1061,12 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
                 free = share - len(tasks)
                 if model not in runnable or free <= 0:
                     continue
-                for line in await run_db(claim, batch_ids=runnable[model], owner=owner, limit=free):
+                try:
+                    lines = await run_db(claim, batches=runnable[model], owner=owner, limit=free)
+                except Exception:  # an outage or a defect: the other models' lines go on
+                    logger.exception("could not claim lines of %s; trying again next turn", model)
+                    continue
+                for line in lines:
                     task = asyncio.ensure_future(run_line(line, await grant_of(line.api_key_id), owner=owner))
                     tasks[task] = loop.time()
                     task.add_done_callback(functools.partial(_forget, tasks))

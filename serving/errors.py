@@ -65,8 +65,11 @@ class APIError(Exception):
         """The inside of the body: ``{"message", "type", "param", "code"}``."""
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
 
-    def response(self, request_id: str | None = None) -> HttpResponse:
-        response = HttpResponse(orjson.dumps(self.body()), status=self.status, content_type="application/json")
+    def response(self, request_id: str | None = None, *, protocol: bool = False) -> HttpResponse:
+        """The error as OpenAI's body, or (``protocol``) as the Open Inference Protocol's
+        ``{"error": "<message>"}``, with its status and headers (e.g. Retry-After)."""
+        body = {"error": self.message} if protocol else self.body()
+        response = HttpResponse(orjson.dumps(body), status=self.status, content_type="application/json")
         for name, value in self.headers.items():
             response[name] = value
         if request_id:

@@ -11,19 +11,21 @@ import asyncio
 import contextlib
 import io
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs
+from typing import Any, BinaryIO
 
 import orjson
 from django.core.files.uploadedfile import TemporaryUploadedFile
 from django.core.files.uploadhandler import TemporaryFileUploadHandler
 from django.http import HttpResponse, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
+from django.utils.http import content_disposition_header
 
+from accounts.grants import KeyGrant
 from core.db import run_db
 from serving import files
+from serving.admission import take_request
 from serving.auth import authenticate
-from serving.errors import InvalidRequest, NotFound
+from serving.errors import APIError, InvalidRequest, NotFound
 from serving.models import StoredFile
 from serving.requests import ApiRequest, require_method
 
@@ -34,21 +36,34 @@ def _json(data: Any, *, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _refused(exc: files.BadFile) -> InvalidRequest:
-    return InvalidRequest(exc.message, param=exc.param, code="invalid_file")
+def _refused(exc: files.BadFile) -> APIError:
+    return APIError(exc.message, param=exc.param, code=exc.code, status=exc.status, type="invalid_request_error")
 
 
-def _parse_upload(body: bytes, content_type: str) -> tuple[QueryDict, TemporaryUploadedFile | None]:
-    """The form's fields and its ``file`` (spooled to a temporary file by Django's parser)."""
-    meta = {"CONTENT_TYPE": content_type, "CONTENT_LENGTH": str(len(body))}
+async def before_upload(grant: KeyGrant, declared_bytes: int | None) -> None:
+    """What an upload must pass before its body is read (``serving.asgi``): a place in the
+    key's per-minute request bucket (429), and room in the organisation's file storage for
+    the size it declares (403)."""
+    await take_request(grant)
     try:
-        fields, uploads = MultiPartParser(meta, io.BytesIO(body), [TemporaryFileUploadHandler()], "utf-8").parse()
+        await run_db(files.file_quota_check, grant.organization_id, incoming_bytes=declared_bytes or 0)
+    except files.BadFile as exc:
+        raise _refused(exc) from None
+
+
+def _parse_upload(body: BinaryIO, content_type: str) -> tuple[QueryDict, TemporaryUploadedFile | None]:
+    """The form's fields and its ``file`` (spooled to a temporary file by Django's parser)."""
+    size = body.seek(0, io.SEEK_END)
+    body.seek(0)
+    meta = {"CONTENT_TYPE": content_type, "CONTENT_LENGTH": str(size)}
+    try:
+        fields, uploads = MultiPartParser(meta, body, [TemporaryFileUploadHandler()], "utf-8").parse()
     except MultiPartParserError as exc:
         raise InvalidRequest(f"The body is not a multipart form: {exc}.", code="invalid_multipart") from None
     return fields, uploads.get("file")
 
 
-def _create(body: bytes, content_type: str, organization_id: int, api_key_id: int) -> dict[str, Any]:
+def _create(body: BinaryIO, content_type: str, organization_id: int, api_key_id: int) -> dict[str, Any]:
     fields, upload = _parse_upload(body, content_type)
     if upload is None:
         raise InvalidRequest("file is required: the JSONL file, as a multipart form field.", param="file")
@@ -65,18 +80,21 @@ def _create(body: bytes, content_type: str, organization_id: int, api_key_id: in
 
 
 async def files_root(request: ApiRequest) -> HttpResponse:
-    """``GET`` lists, ``POST`` uploads."""
+    """``GET`` lists, ``POST`` uploads (the body spooled to disk as it came, after the key and
+    its request rate were checked: ``before_upload``)."""
     require_method(request, "GET", "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = request.grant or await authenticate(request.header("authorization"))
     if request.method == "POST":
         content_type = request.header("content-type") or ""
         if not content_type.startswith("multipart/form-data"):
             raise InvalidRequest("Upload the file as multipart/form-data (fields file and purpose).",
                                  code="invalid_multipart")  # fmt: skip
+        assert request.upload is not None
         # Parsing and checking a file of up to FILES_MAX_BYTES is work for a thread, not the loop.
-        created = await asyncio.to_thread(_create, request.body, content_type, grant.organization_id, grant.key_id)
+        created = await asyncio.to_thread(_create, request.upload, content_type, grant.organization_id,
+                                          grant.key_id)  # fmt: skip
         return _json(created)
-    query = {name: values[-1] for name, values in parse_qs(request.query_string).items()}
+    query = request.query()
     try:
         limit = int(query.get("limit", "10000"))
     except ValueError:
@@ -131,5 +149,6 @@ async def file_content(request: ApiRequest, file_id: str) -> HttpResponse:
 
     content = await asyncio.to_thread(read)
     response = HttpResponse(content, content_type="application/jsonl")
-    response["Content-Disposition"] = f'attachment; filename="{found.filename}"'
+    # RFC 6266: an ASCII name for old clients and the exact one, UTF-8, for the rest.
+    response["Content-Disposition"] = content_disposition_header(True, found.filename) or "attachment"
     return response

@@ -261,13 +261,16 @@ class Batch(models.Model):
         CANCELLING = "cancelling"
         CANCELLED = "cancelled"
 
-    # What each status may become (``core.transitions``).
+    # What each status may become (``core.transitions``). A batch the worker cannot carry on
+    # (its file cannot be read into lines, its results cannot be written) fails on its own,
+    # from any unfinished status; a batch still validating when its window ends expires.
     TRANSITIONS = {
-        "validating": {"in_progress", "failed", "cancelling"},
-        "in_progress": {"finalizing", "cancelling"},
-        "cancelling": {"cancelled"},
-        "finalizing": {"completed", "expired", "cancelled"},
+        "validating": {"in_progress", "failed", "cancelling", "expired"},
+        "in_progress": {"finalizing", "cancelling", "failed"},
+        "cancelling": {"cancelled", "failed"},
+        "finalizing": {"completed", "expired", "cancelled", "failed"},
     }
+    FINISHED = ("failed", "completed", "expired", "cancelled")
 
     public_id = models.CharField(max_length=40, unique=True, help_text="`batch_…`, the API's id")
     organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="batches")

@@ -44,7 +44,7 @@ from billing import ledger
 from billing.ledger import Headroom, UsageEvent
 from billing.pricing import PriceQuote
 from serving import engine, metrics
-from serving.admission import Admission, limiter_unavailable, rate_limited
+from serving.admission import Admission, take_request
 from serving.errors import (
     APIError,
     EngineFailed,
@@ -336,12 +336,7 @@ class InferenceCall:
     async def _take_request(self) -> None:
         """Pay this request's place in the key's per-minute request buckets now (429 when they
         are empty); admission then does not charge it again."""
-        try:
-            await ledger.take_request(self.grant)
-        except ledger.Refused as refused:
-            raise rate_limited(refused.refusal) from None
-        except ledger.LedgerUnavailable as exc:
-            raise limiter_unavailable(exc) from exc
+        await take_request(self.grant)
         self._rpm_paid = True
 
     # --- the cache ------------------------------------------------------------------------

@@ -4,30 +4,62 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
+from urllib.parse import parse_qs
 
 import orjson
 
+from accounts.grants import KeyGrant
 from serving.errors import APIError, InvalidRequest
 
 Closer = Callable[[int], Awaitable[None]]
+# The longest query parameter value a data-plane view takes.
+QUERY_VALUE_MAX = 200
 
 
 class ApiRequest:
-    """What a data-plane view needs of an HTTP request, and the closers it registers."""
+    """What a data-plane view needs of an HTTP request, and the closers it registers.
 
-    def __init__(self, scope: dict[str, Any], body: bytes, request_id: uuid.UUID) -> None:
+    ``grant``: the sender of a request with a body, judged from its headers before the body
+    was read (``serving.asgi``); ``upload``: an upload's body, spooled to a temporary file
+    (``body`` is then empty), closed with the request."""
+
+    def __init__(
+        self,
+        scope: dict[str, Any],
+        body: bytes,
+        request_id: uuid.UUID,
+        *,
+        grant: KeyGrant | None = None,
+        upload: BinaryIO | None = None,
+    ) -> None:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.query_string: str = scope.get("query_string", b"").decode("latin1")
         self.body = body
         self.request_id = request_id
+        self.grant = grant
+        self.upload = upload
         self.raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         self._headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
         self.closers: list[Closer] = []
 
     def header(self, name: str) -> str | None:
         return self._headers.get(name.lower())
+
+    def close(self) -> None:
+        if self.upload is not None:
+            self.upload.close()
+
+    def query(self) -> dict[str, str]:
+        """The query string's parameters (the last of each name); a 400 naming one that holds
+        a NUL character or more than QUERY_VALUE_MAX characters (ids, cursors and filters are
+        short, and the database refuses NUL)."""
+        query = {name: values[-1] for name, values in parse_qs(self.query_string).items()}
+        for name, value in query.items():
+            if "\x00" in name or "\x00" in value or len(value) > QUERY_VALUE_MAX:
+                raise InvalidRequest(f"The query parameter {name[:40]!r} is not valid here.", param=name[:40])
+        return query
 
     def on_close(self, closer: Closer) -> None:
         """Run ``closer(status)`` when the request is over, however it ended (499: client gone)."""

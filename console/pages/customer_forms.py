@@ -99,6 +99,12 @@ class OrganizationForm(forms.Form):
         decimal_places=2, help_text="the stricter of this and each model's budget applies (empty: the model's)",
     )  # fmt: skip
 
+    batch_weight = forms.IntegerField(
+        label="Batch weight", min_value=1, max_value=1000, initial=1,
+        help_text="its share of batch capacity when several organisations' batches wait (2: twice the lines "
+                  "in flight of an organisation of 1)",
+    )  # fmt: skip
+
     LIMITS = LIMIT_FIELDS
 
     def __init__(self, *args: Any, currency: str, **kwargs: Any) -> None:
@@ -107,7 +113,7 @@ class OrganizationForm(forms.Form):
 
     @classmethod
     def initial_from(cls, organization: Organization) -> dict[str, Any]:
-        names = ("name", "tier", "billing_email", "cache_wrong_hit_budget", *cls.LIMITS)
+        names = ("name", "tier", "billing_email", "cache_wrong_hit_budget", "batch_weight", *cls.LIMITS)
         initial = {name: getattr(organization, name) for name in names}
         if organization.monthly_spend_cap is not None:
             initial["monthly_spend_cap"] = f"{organization.monthly_spend_cap.normalize():f}"
@@ -118,7 +124,8 @@ class OrganizationForm(forms.Form):
         """What the services take: ``tax_rate`` as a fraction, every limit (None: no limit)."""
         data = self.cleaned_data
         values = {
-            name: data[name] for name in ("name", "tier", "billing_email", "cache_wrong_hit_budget", *self.LIMITS)
+            name: data[name]
+            for name in ("name", "tier", "billing_email", "cache_wrong_hit_budget", "batch_weight", *self.LIMITS)
         }
         values["tax_rate"] = data["tax_percent"] / 100
         return values
