@@ -452,12 +452,18 @@ class Supervisor:
         self._lease_held = False
         self.lease_lost = True
         self.stopping = True
-        lease = host_lease_held(host=self.host)
-        holder = f"pid {lease.holder_pid} on {lease.holder_machine}" if lease is not None else "nobody now"
+        lease = None
+        with contextlib.suppress(*DATABASE_ERRORS):  # only for the message: the loss stands
+            lease = host_lease_held(host=self.host)
+        holder = (
+            f"now held by pid {lease.holder_pid} on {lease.holder_machine}"
+            if lease is not None
+            else "its lease row is gone"
+        )
         message = (
-            f"LEASE LOST: host {self.host} was taken over by another supervisor ({holder}) while this one "
-            f"could not renew its lease; it no longer writes any replica row of {self.host}, stops its "
-            f"{len(self.engines)} engine(s) and exits"
+            f"LEASE LOST: host {self.host} was taken over ({holder}) while this supervisor could not renew "
+            f"its lease; it no longer writes any replica row of {self.host}, stops its {len(self.engines)} "
+            "engine(s) and exits"
         )
         logger.error(message)
         self.report(message)
