@@ -376,3 +376,95 @@ def test_lines_yield_to_interactive_requests_and_still_run_once(batch_gateway, w
     assert len(records) == 12
     assert all(r.status_code == 200 for r in records)
     assert inflight_of(batch.id, 12) == 0
+
+
+# --- issue 34: one tenant never stalls another's batches ---------------------------------------
+
+
+def test_a_small_batch_is_not_held_behind_a_huge_one(batch_gateway, worker_factory, fake, make_api_key):
+    """Organisation A has 5,000 lines in flight; organisation B's 10-line batch, created later,
+    completes within 3x the time it takes alone (lines are claimed fairly between organisations,
+    not oldest batch first: A alone would hold B behind ~500 s of lines)."""
+    from serving.models import BatchLine
+
+    fake.control(latency=0.4)
+    huge_key, small_key = make_api_key(), make_api_key()
+    small, huge = sdk_client(batch_gateway, small_key.secret), sdk_client(batch_gateway, huge_key.secret)
+    worker = worker_factory()
+
+    def run_small(timeout: float) -> float:
+        uploaded = small.files.create(file=("small.jsonl", _chat_file(fake.name, 10)), purpose="batch")
+        started = time.monotonic()
+        batch = small.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")  # fmt: skip
+        done = wait_for(small, batch.id, worker, until={"completed", "failed"}, timeout=timeout)
+        assert done.status == "completed", done
+        assert done.request_counts.completed == 10
+        return time.monotonic() - started
+
+    run_small(timeout=90)  # the worker's start is no part of a batch's time
+    alone = run_small(timeout=60)
+    uploaded = huge.files.create(file=("huge.jsonl", _chat_file(fake.name, 5000)), purpose="batch")
+    big = huge.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while BatchLine.objects.filter(batch__public_id=big.id, status="running").count() < 4:
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        worker.poke()
+        time.sleep(0.2)
+    try:
+        behind = run_small(timeout=3 * alone)
+    finally:
+        huge.batches.cancel(big.id)
+    assert behind <= 3 * alone, (alone, behind)
+    assert BatchLine.objects.filter(batch__public_id=big.id, status="succeeded").exists()  # A was served too
+
+
+def test_a_broken_batch_of_one_organisation_stops_nobody_elses(
+    batch_gateway, worker_factory, fake, api_key, make_api_key, django_db_blocker
+):
+    """A batch whose file the database refuses line by line (a NUL, a 513-character custom_id:
+    stored before uploads checked them) fails with its reason; another organisation's 5-line
+    batch created after it completes (before: both stayed validating, the tick raising)."""
+    from accounts.models import ApiKey
+    from serving.models import Batch
+    from tests.support.batches import stored_file
+
+    other = make_api_key()
+    body = {"model": fake.name, "messages": [{"role": "user", "content": "a\u0000"}]}
+    bad_line = orjson.dumps({"custom_id": "c" * 513, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+    def broken() -> str:
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        key = ApiKey.objects.select_related("organization").get(pk=other.key_id)
+        file = stored_file(key.organization, _chat_file(fake.name, 2) + bad_line + b"\n")
+        return Batch.objects.create(
+            public_id=f"batch_{uuid.uuid4().hex[:24]}", organization=key.organization, api_key=key,
+            endpoint="/v1/chat/completions", input_file=file, input_file_public_id=file.public_id, total=3,
+            expires_at=timezone.now() + timedelta(hours=24),
+        ).public_id  # fmt: skip
+
+    bad_id = committed(django_db_blocker, broken)
+    client = sdk_client(batch_gateway, api_key.secret)
+    uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 5)), purpose="batch")
+    good = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    worker = worker_factory()
+    done = wait_for(client, good.id, worker, until={"completed", "failed"}, timeout=60)
+    assert done.status == "completed", done
+    bad = sdk_client(batch_gateway, other.secret).batches.retrieve(bad_id)
+    assert bad.status == "failed"
+    assert [e.line for e in bad.errors.data] == [3]
+    assert "513 characters" in bad.errors.data[0].message
+
+
+def test_creating_a_batch_is_charged_to_the_key_s_request_rate(batch_gateway, fake, make_api_key):
+    key = make_api_key(rate_limit_rpm=2)
+    client = sdk_client(batch_gateway, key.secret)
+    uploaded = client.files.create(file=("in.jsonl", _chat_file(fake.name, 1)), purpose="batch")
+    client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.RateLimitError):
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.RateLimitError):
+        client.files.create(file=("in.jsonl", _chat_file(fake.name, 1)), purpose="batch")

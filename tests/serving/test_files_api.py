@@ -150,3 +150,23 @@ def test_the_admin_lists_files_read_only(tmp_path, store):
     assert stored.public_id in client.get("/admin/serving/storedfile/").content.decode()
     assert client.get(f"/admin/serving/storedfile/{stored.pk}/delete/").status_code == 403
     assert client.get("/admin/serving/storedfile/add/").status_code == 403
+
+
+def test_a_file_named_in_any_script_downloads_under_its_name(files_gateway, api_key):
+    """Issue 34, defect 9: a name outside Latin-1 broke the download's Content-Disposition."""
+    from urllib.parse import unquote
+
+    client = _client(files_gateway, api_key.secret)
+    name = "données ✓ 数据.jsonl"
+    created = client.files.create(file=(name, _jsonl(_line("a"))), purpose="batch")
+    assert created.filename == name
+    response = httpx.get(f"{files_gateway.base_url}/v1/files/{created.id}/content",
+                         headers={"Authorization": f"Bearer {api_key.secret}"}, timeout=30)  # fmt: skip
+    assert response.status_code == 200, response.text
+    disposition = response.headers["content-disposition"]
+    assert disposition.startswith("attachment; filename*=utf-8''")
+    assert unquote(disposition.split("''", 1)[1]) == name
+    plain = client.files.create(file=('a "quoted" name.jsonl', _jsonl(_line("a"))), purpose="batch")
+    response = httpx.get(f"{files_gateway.base_url}/v1/files/{plain.id}/content",
+                         headers={"Authorization": f"Bearer {api_key.secret}"}, timeout=30)  # fmt: skip
+    assert response.headers["content-disposition"] == 'attachment; filename="a quoted name.jsonl"'
