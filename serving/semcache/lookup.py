@@ -34,7 +34,7 @@ from core.redis import async_redis
 from serving import metrics
 from serving.semcache import budget, feedback, signature, store
 from serving.semcache.embed import cosine, embed_texts
-from serving.semcache.policy import CacheIntent
+from serving.semcache.policy import ANSWER_NEUTRAL, CacheIntent
 from serving.semcache.verify import SAME, Thresholds, verify_words
 
 logger = logging.getLogger(__name__)
@@ -270,7 +270,7 @@ def remember(
 
 
 def embeddings_key(*, payload: dict[str, Any], version_id: int, tenant: str) -> str:
-    material = {k: v for k, v in payload.items() if k not in ("model", "user")}
+    material = {k: v for k, v in payload.items() if k not in ANSWER_NEUTRAL}
     digest = hashlib.sha256(orjson.dumps({"v": version_id, "t": tenant, "p": material}, option=orjson.OPT_SORT_KEYS))
     return keys.embeddings_cache(digest.hexdigest())
 

@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 
 from serving.schemas import ChatCompletionRequest
 
+# Request fields that never change what an answer says: who asked, the public model name, and
+# when the engine schedules it (``priority``: a batch line's is lower than an interactive
+# request's, and both share the caches). Left out of every cache's key.
+ANSWER_NEUTRAL = frozenset({"model", "user", "priority"})
 # Engine parameters that never change the answer's content: left out of the scope.
-_NOT_IN_SCOPE = frozenset({"model", "messages", "stream", "stream_options", "user", "cache", "n"})
+_NOT_IN_SCOPE = ANSWER_NEUTRAL | {"messages", "stream", "stream_options", "cache", "n"}
 # What a replayed answer cannot reproduce: such requests always go to an engine.
 _NEEDS_ENGINE = ("logprobs", "top_logprobs", "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
                  "echo")  # fmt: skip

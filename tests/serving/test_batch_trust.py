@@ -367,3 +367,27 @@ class TestFilesQuotaAndRetention:
         assert files.clean_filename('C:\\folder\\a"b\r\nX-Evil: 1.jsonl') == "abX-Evil: 1.jsonl"
         assert files.clean_filename("données ✓.jsonl") == "données ✓.jsonl"
         assert files.clean_filename("\r\n") == "upload.jsonl"
+
+
+# --- defect 8: batch lines share the caches with interactive requests -----------------------------
+
+
+def test_a_batch_line_and_an_interactive_request_share_one_cache_scope(settings):
+    """The engine's ``priority`` (a batch line's is lower) schedules an answer, it does not
+    change it: it was part of the cache scope, so batch lines never met interactive answers."""
+    from serving.semcache.lookup import embeddings_key
+    from serving.semcache.policy import CacheRules, scope_of
+
+    interactive = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    line = {**interactive, "priority": settings.BATCH_ENGINE_PRIORITY}
+
+    def scope(payload: dict[str, Any]) -> str:
+        return scope_of(payload=payload, version_id=3, organization_id=7, rules=CacheRules.defaults(),
+                        default_temperature=1.0)  # fmt: skip
+
+    assert scope(line) == scope(interactive)
+    assert scope({**interactive, "temperature": 0.5}) != scope(interactive)  # the scope still tells answers apart
+    embed = {"model": "e", "input": ["a"]}
+    assert embeddings_key(payload={**embed, "priority": 10}, version_id=3, tenant="org:7") == embeddings_key(
+        payload=embed, version_id=3, tenant="org:7"
+    )
