@@ -502,6 +502,11 @@ PREDICT_REQUEST_TIMEOUT = envfloat("PREDICT_REQUEST_TIMEOUT", 30.0)
 GRPC_PORT = envint("GRPC_PORT", 8001)
 # How long the exact result cache keeps a deterministic small model's answer (0: off).
 PREDICT_RESULT_CACHE_TTL_SECONDS = envint("PREDICT_RESULT_CACHE_TTL_SECONDS", 3600)
+# Predict bodies larger than this have their tensors read in one of PREDICT_DECODE_THREADS
+# worker threads, off the event loop, after paying their place in the key's per-minute
+# request bucket (as large prompts do: PROMPT_COUNT_INLINE_BYTES).
+PREDICT_DECODE_INLINE_BYTES = envint("PREDICT_DECODE_INLINE_BYTES", 32 * 1024)
+PREDICT_DECODE_THREADS = envint("PREDICT_DECODE_THREADS", 2)
 
 # --- Autoscaler (rollout.autoscaler; each deployment's policy is its ``autoscale`` JSON) ---
 # Each replica's /metrics must answer within this, or it counts as not observed.

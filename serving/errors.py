@@ -140,10 +140,3 @@ class ModelNotFound(InvalidRequest):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.", param="model")
-
-
-class ModelNotAllowed(PermissionDenied):
-    code = "model_not_allowed"
-
-    def __init__(self, model: str) -> None:
-        super().__init__(f"This API key is not allowed to use the model `{model}`.", param="model")

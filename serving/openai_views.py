@@ -16,12 +16,13 @@ from redis.exceptions import RedisError
 from accounts.grants import KeyGrant
 from billing import ledger
 from serving.auth import authenticate
-from serving.errors import APIError, ModelNotAllowed, RateLimited
+from serving.errors import APIError, RateLimited
+from serving.model_access import find_model_for
 from serving.openai_wire import rate_limit_headers
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
 from serving.requests import ApiRequest, require_method
 from serving.responses import EventStreamResponse
-from serving.routing import ModelRoute, find_model, routing_table
+from serving.routing import ModelRoute, routing_table
 
 
 def _json(data: Any, *, status: int = 200) -> HttpResponse:
@@ -51,9 +52,7 @@ async def models_list(request: ApiRequest) -> HttpResponse:
 async def model_detail(request: ApiRequest, model: str) -> HttpResponse:
     require_method(request, "GET")
     grant = await authenticate(request.header("authorization"))
-    route = await find_model(model)
-    if not grant.may_use(model):
-        raise ModelNotAllowed(model)
+    route = await find_model_for(grant, model)  # one outside the key's scope does not exist
     return await _with_limits(_json(_model_object(route)), grant)
 
 

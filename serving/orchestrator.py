@@ -51,10 +51,10 @@ from serving.errors import (
     EngineTimeout,
     EngineUnavailable,
     InvalidRequest,
-    ModelNotAllowed,
 )
+from serving.model_access import find_model_for
 from serving.openai_wire import finish_reason_of, note_finish_reasons
-from serving.routing import Lease, ReplicaRoute, VersionRoute, find_model, router
+from serving.routing import Lease, ReplicaRoute, VersionRoute, router
 from serving.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
 from serving.semcache.lookup import (
     MISS,
@@ -212,9 +212,7 @@ class InferenceCall:
         weight: a version the model does not serve is a 400, one with no routable replica a 503.
         """
         body, data = parse_body(raw_body, self.endpoint.schema)
-        model = await find_model(body.model)
-        if not self.grant.may_use(body.model):
-            raise ModelNotAllowed(body.model)
+        model = await find_model_for(self.grant, body.model)  # one outside the key's scope does not exist
         if model.task not in self.endpoint.tasks:
             raise InvalidRequest(
                 f"The model `{model.name}` is a {model.task} model and does not support /v1/{self.endpoint.name}.",

@@ -27,17 +27,16 @@ from django.conf import settings
 from django.http import HttpResponse
 
 from accounts.grants import KeyGrant
+from registry.signatures import Signature
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest
 from serving.openai_wire import rate_limit_headers
-from serving.predict.call import PredictCall, is_ready, predict_model, served_versions
+from serving.predict.call import Parse, PredictCall, is_ready, predict_model, served_versions
 from serving.predict.call import model_metadata as call_model_metadata
 from serving.predict.protocol import (
     EXTENSIONS,
     HEADER_LENGTH,
     SERVER_NAME,
-    BadRequest,
-    BadTensor,
     encode_response,
     instances_to_tensors,
     predictions,
@@ -127,16 +126,15 @@ async def model_infer(request: ApiRequest, model: str, version: str | None = Non
     request.on_close(call.close)
     pinned = version or (request.header("x-model-version") or "").strip() or None
     await call.prepare(model, version=pinned, pin_param="model_version")
-    try:
-        body = read_body(request.body, request.header(HEADER_LENGTH))
-        wanted = requested_outputs(call.signature, body)
-    except BadTensor as exc:
-        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
-    except BadRequest as exc:
-        raise InvalidRequest(str(exc), code="invalid_request") from None
-    call.take_inputs(body.get("inputs"))
+    raw, header_length = request.body, request.header(HEADER_LENGTH)
+
+    def parse(signature: Signature) -> tuple[object, tuple[dict[str, bool], str | None]]:
+        body = read_body(raw, header_length)
+        request_id = body.get("id") if isinstance(body.get("id"), str) else None
+        return body.get("inputs"), (requested_outputs(signature, body), request_id)
+
+    wanted, request_id = await call.take_inputs(parse, size=len(raw))
     outputs = await call.run()
-    request_id = body.get("id") if isinstance(body.get("id"), str) else None
     content, length = encode_response(
         call.signature, outputs, wanted, model_name=call.model.name, model_version=call.version.version,
         request_id=request_id,
@@ -170,6 +168,15 @@ async def _grant(request: ApiRequest) -> KeyGrant:
     return await authenticate(request.header("authorization"))
 
 
+def _instances(instances: object) -> Parse[None]:
+    """The seeds' instances as a ``PredictCall.take_inputs`` reads them."""
+
+    def parse(signature: Signature) -> tuple[object, None]:
+        return instances_to_tensors(signature, instances), None
+
+    return parse
+
+
 async def _predict(
     request: ApiRequest, grant: KeyGrant, model: str, instances: object, version: str | None, *, endpoint: str
 ) -> tuple[PredictCall, list[dict[str, Any]]]:
@@ -177,11 +184,7 @@ async def _predict(
     call = PredictCall(grant, request.request_id, endpoint=endpoint)
     request.on_close(call.close)
     await call.prepare(model, version=version)
-    try:
-        tensors = instances_to_tensors(call.signature, instances)
-    except BadTensor as exc:
-        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
-    call.take_inputs(tensors)
+    await call.take_inputs(_instances(instances), size=len(request.body))
     outputs = await call.run()
     answers = predictions(outputs, call.version.labels, call.rows)
     call.stage_ms["total"] = (time.perf_counter() - started) * 1000
@@ -216,19 +219,16 @@ async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     return response
 
 
-async def predict_answer(call: PredictCall, data: dict[str, Any]) -> dict[str, Any]:
+async def predict_answer(call: PredictCall, data: dict[str, Any], *, size: int = 0) -> dict[str, Any]:
     """The seeds' one-instance prediction (``{"model", "input", "params"}``) run by ``call``:
-    its answer's body. Shared by ``/api/v1/predict`` and batch jobs' lines (``serving.batches``)."""
+    its answer's body. Shared by ``/api/v1/predict`` and batch jobs' lines (``serving.batches``);
+    ``size``: the request body's bytes (``PredictCall.take_inputs``)."""
     started = time.perf_counter()
     model = model_name(data)
     if "input" not in data:
         raise InvalidRequest('input is required: one instance, e.g. {"text": "…"}.', param="input")
     await call.prepare(model, version=_version_param(data))
-    try:
-        tensors = instances_to_tensors(call.signature, [data["input"]])
-    except BadTensor as exc:
-        raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
-    call.take_inputs(tensors)
+    await call.take_inputs(_instances([data["input"]]), size=size)
     outputs = await call.run()
     answer = predictions(outputs, call.version.labels, call.rows)[0]
     call.stage_ms["total"] = (time.perf_counter() - started) * 1000
@@ -249,6 +249,6 @@ async def predict(request: ApiRequest) -> HttpResponse:
     data = json_object(request.body)
     call = PredictCall(grant, request.request_id, endpoint="predict")
     request.on_close(call.close)
-    response = _json(await predict_answer(call, data))
+    response = _json(await predict_answer(call, data, size=len(request.body)))
     _annotate(response, call)
     return response

@@ -10,20 +10,26 @@ batch dimension) and priced per thousand of them.
 Every front end drives it the same way: the Open Inference Protocol over REST
 (``serving.predict_views``) and gRPC (``serving.predict.grpc_server``), and the seeds'
 ``/api/v1/predict`` shapes. A tensor that does not fit the version's signature is refused
-(400, naming it) before admission, so nothing is charged and the model never sees it. A
+(400, naming it) before admission: the model never sees it and nothing is metered, but it
+counts as a request against the key's per-minute limit (as a refused prompt does), and a
+large body pays that before it is decoded, off the event loop (``take_inputs``). A
 deterministic version's answers are kept in the exact result cache (per organisation, by
-version and inputs, ``PREDICT_RESULT_CACHE_TTL_SECONDS``) and a hit is billed as cached.
+version and inputs, ``PREDICT_RESULT_CACHE_TTL_SECONDS``); a hit is billed as cached, and an
+answer that came from a fallback is never kept under the version that failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from django.conf import settings
@@ -36,8 +42,9 @@ from billing.pricing import PriceQuote
 from core import keys
 from core.lifecycle import Background
 from core.redis import async_redis
+from registry.signatures import Signature
 from serving import engine, metrics
-from serving.admission import Admission
+from serving.admission import Admission, limiter_unavailable, rate_limited
 from serving.engine import RawBody
 from serving.errors import (
     APIError,
@@ -45,9 +52,9 @@ from serving.errors import (
     EngineTimeout,
     EngineUnavailable,
     InvalidRequest,
-    ModelNotAllowed,
     RateLimited,
 )
+from serving.model_access import find_model_for
 from serving.orchestrator import error_code_of, status_of
 from serving.predict.protocol import (
     HEADER_LENGTH,
@@ -59,13 +66,17 @@ from serving.predict.protocol import (
     read_body,
 )
 from serving.predict.result_cache import result_key
-from serving.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, find_model, router
+from serving.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, router
 from serving.shadow import predicted_labels, shadows
 
 logger = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 HIT, MISS = "hit", "miss"
+T = TypeVar("T")
+# A front end's reading of its body: the protocol's tensors for ``decode_inputs``, and
+# whatever else that front end needs from the body (e.g. the outputs it asks for).
+Parse = Callable[[Signature], tuple[object, T]]
 
 
 def is_predict_model(model: ModelRoute) -> bool:
@@ -76,10 +87,8 @@ def is_predict_model(model: ModelRoute) -> bool:
 
 
 async def predict_model(grant: KeyGrant, name: str) -> ModelRoute:
-    """The small model ``name`` as ``grant`` may see it (404-ish errors as the API's)."""
-    model = await find_model(name)
-    if not grant.may_use(name):
-        raise ModelNotAllowed(name)
+    """The small model ``name`` as ``grant`` may see it (one outside its scope does not exist)."""
+    model = await find_model_for(grant, name)
     if not is_predict_model(model):
         raise InvalidRequest(f"The model `{name}` is not served over the Open Inference Protocol (it is an LLM).")
     return model
@@ -129,6 +138,7 @@ class PredictCall:
         self.error_code = ""
         self.status: int | None = None
         self._pinned = False
+        self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
         self._admission: Admission | None = None  # its place in the ledger, from admit()
         self._ran = False
         self._lease: Lease | None = None
@@ -142,9 +152,7 @@ class PredictCall:
 
     async def prepare(self, model_name: str, *, version: str | None = None, pin_param: str = "version") -> None:
         """Find the model and choose the version that answers (``version`` pins it)."""
-        model = await find_model(model_name)
-        if not self.grant.may_use(model_name):
-            raise ModelNotAllowed(model_name)
+        model = await find_model_for(self.grant, model_name)
         if not is_predict_model(model):
             raise InvalidRequest(
                 f"The model `{model.name}` is a {model.task} model served by an LLM engine; predict serves "
@@ -178,13 +186,55 @@ class PredictCall:
         assert self.version.signature is not None
         return self.version.signature
 
-    def take_inputs(self, inputs: object) -> None:
-        """The request's tensors (the protocol's ``inputs``, with binary parts read), checked
-        against the chosen version's signature: a 400 naming the tensor when one does not fit."""
+    async def take_inputs(self, parse: Parse[T], *, size: int) -> T:
+        """Read the request's tensors, checked against the chosen version's signature: ``parse``
+        turns the front end's body (``size`` bytes) into the protocol's tensors, and returns
+        with them what else that front end needs of it (returned here). A 400 naming the
+        tensor when one does not fit (``BadTensor``), or saying what is wrong with the body.
+
+        Refused tensors cost the key a request, as the LLM path's refused prompts do
+        (``InferenceCall.prepare``): a body over ``PREDICT_DECODE_INLINE_BYTES`` pays its place
+        in the per-minute request buckets before it is read (a 429 when they are empty), and is
+        read in a worker thread, off the event loop; a request refused after reading is charged
+        then. A batch line pays no per-minute limit."""
+        signature = self.signature
+
+        def read() -> tuple[Arrays, int, T]:
+            inputs, extra = parse(signature)
+            arrays, rows = decode_inputs(signature, inputs)
+            return arrays, rows, extra
+
+        large = size > settings.PREDICT_DECODE_INLINE_BYTES
+        if large and not self.batch:
+            await self._take_request()
         try:
-            self.arrays, self.rows = decode_inputs(self.signature, inputs)
-        except BadTensor as exc:
-            raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+            try:
+                if large:
+                    arrays, rows, extra = await asyncio.get_running_loop().run_in_executor(_decoding_pool(), read)
+                else:
+                    arrays, rows, extra = read()
+            except BadTensor as exc:
+                raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
+            except BadRequest as exc:
+                raise InvalidRequest(str(exc), code="invalid_request") from None
+        except InvalidRequest:
+            if not self._rpm_paid and not self.batch:  # refused after it was read: it still counts as a request
+                with contextlib.suppress(ledger.LedgerUnavailable):
+                    await ledger.take_request(self.grant, force=True)
+            raise
+        self.arrays, self.rows = arrays, rows
+        return extra
+
+    async def _take_request(self) -> None:
+        """Pay this request's place in the key's per-minute request buckets now (429 when they
+        are empty); admission then does not charge it again."""
+        try:
+            await ledger.take_request(self.grant)
+        except ledger.Refused as refused:
+            raise rate_limited(refused.refusal) from None
+        except ledger.LedgerUnavailable as exc:
+            raise limiter_unavailable(exc) from exc
+        self._rpm_paid = True
 
     def take_arrays(self, arrays: Arrays, rows: int) -> None:
         """Inputs already decoded (and checked by ``decode_inputs``) by another front end."""
@@ -195,6 +245,7 @@ class PredictCall:
     async def run(self) -> Arrays:
         """Cache, admit, run on a replica (or answer from the cache), settle; the outputs."""
         started = time.perf_counter()
+        chosen = self.version
         key = self._cache_key()
         cached = await self._cached(key) if key is not None else None
         looked_up = time.perf_counter()
@@ -208,7 +259,7 @@ class PredictCall:
             else:
                 content, header = await self._dispatch()
                 outputs = self._outputs(content, header)
-                if key is not None:
+                if key is not None and self.version is chosen:  # a fallback's answer is another version's
                     self._remember(key, content, header)
                 if self.model.shadow is not None and self._body is not None:
                     shadows.mirror_predict(
@@ -266,7 +317,7 @@ class PredictCall:
         spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
         self._admission = Admission(self.grant, self.model, batch=self.batch)
         return await self._admission.admit(
-            self._event(0, draft=True), tokens=0, spend=Decimal(spend), inferences=self.rows
+            self._event(0, draft=True), tokens=0, spend=Decimal(spend), inferences=self.rows, rpm_paid=self._rpm_paid
         )
 
     @property
@@ -411,3 +462,12 @@ class PredictCall:
 
 
 _writes = Background()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _decoding_pool() -> ThreadPoolExecutor:
+    """The threads that read large request bodies (``PREDICT_DECODE_THREADS``)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=settings.PREDICT_DECODE_THREADS, thread_name_prefix="predict-decode")
+    return _pool

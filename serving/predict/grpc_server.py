@@ -26,10 +26,11 @@ from django.conf import settings
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from accounts.grants import KeyGrant
+from registry.signatures import Signature
 from serving.auth import authenticate
-from serving.errors import APIError, InvalidRequest
+from serving.errors import APIError
 from serving.predict.call import PredictCall, is_ready, model_metadata, predict_model, served_versions
-from serving.predict.protocol import EXTENSIONS, RAW, SERVER_NAME, BadTensor, to_raw
+from serving.predict.protocol import EXTENSIONS, MAX_DIMENSIONS, RAW, SERVER_NAME, BadRequest, BadTensor, to_raw
 from serving.routing import routing_table
 
 logger = logging.getLogger(__name__)
@@ -74,14 +75,17 @@ async def _answering(context: Context, work: Callable[[], Awaitable[T]]) -> T:
         raise  # abort raises; this keeps type checkers sure the function never falls through
 
 
-def input_tensors(request: Any) -> list[dict[str, Any]]:
+def input_tensors(request: Any) -> list[dict[Any, Any]]:
     """A ModelInferRequest's inputs as the protocol's JSON tensors (``RAW`` for raw bytes)."""
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise BadTensor("raw_input_contents", f"{len(raw)} raw tensors for {len(request.inputs)} inputs.")
-    tensors: list[dict[str, Any]] = []
+    tensors: list[dict[Any, Any]] = []
     for index, tensor in enumerate(request.inputs):
-        described: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        if len(tensor.shape) > MAX_DIMENSIONS:  # before copying the shape (decode_inputs says the same)
+            raise BadTensor(tensor.name, f"a shape of {len(tensor.shape)} dimensions; a tensor has at most "
+                            f"{MAX_DIMENSIONS}.")  # fmt: skip
+        described: dict[Any, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         if raw:
             described[RAW] = raw[index]
         else:
@@ -91,6 +95,16 @@ def input_tensors(request: Any) -> list[dict[str, Any]]:
             described["data"] = list(getattr(tensor.contents, field))
         tensors.append(described)
     return tensors
+
+
+def outputs_of(signature: Signature, request: Any) -> list[str]:
+    """The outputs a ModelInferRequest asks for (all, when it names none), each the model's."""
+    wanted = [o.name for o in request.outputs] or [spec.name for spec in signature.outputs]
+    known = {spec.name for spec in signature.outputs}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise BadRequest(f"Output {unknown[0]!r}: the model has no such output.")
+    return wanted
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -138,16 +152,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             nonlocal call
             call = PredictCall(await _grant(context), uuid.uuid4(), endpoint="grpc-infer")
             await call.prepare(request.model_name, version=request.model_version or None, pin_param="model_version")
-            try:
-                tensors = input_tensors(request)
-            except BadTensor as exc:
-                raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
-            call.take_inputs(tensors)
-            wanted = [o.name for o in request.outputs] or [spec.name for spec in call.signature.outputs]
+            wanted = await call.take_inputs(lambda signature: (input_tensors(request), outputs_of(signature, request)),
+                                            size=request.ByteSize())  # fmt: skip
             known = {spec.name: spec for spec in call.signature.outputs}
-            unknown = [name for name in wanted if name not in known]
-            if unknown:
-                raise InvalidRequest(f"Output {unknown[0]!r}: the model has no such output.", code="invalid_tensor")
             outputs = await call.run()
             response = service_pb2.ModelInferResponse(
                 model_name=call.model.name, model_version=call.version.version, id=request.id

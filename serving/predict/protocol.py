@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import orjson
@@ -22,6 +22,14 @@ from registry.signatures import DATATYPES, Signature, TensorSpec
 # What the server says of itself (GET /v2, gRPC ServerMetadata).
 SERVER_NAME = "inference-platform"
 EXTENSIONS = ("binary_tensor_data",)
+
+
+# What a tensor may declare, checked before any of its values is read: no model takes more
+# dimensions, and no request body the platform accepts holds more values (each takes a byte
+# at least on every wire, a BYTES element 4), so a larger shape is refused without reading
+# or allocating anything for it.
+MAX_DIMENSIONS = 16
+MAX_ELEMENTS = 1 << 26
 
 
 class BadTensor(ValueError):
@@ -63,11 +71,15 @@ def decode_inputs(signature: Signature, inputs: object) -> tuple[dict[str, np.nd
     return arrays, batch
 
 
-def _decode(spec: TensorSpec, tensor: Mapping[str, Any], *, check_shape: bool = True) -> np.ndarray[Any, Any]:
+def _decode(spec: TensorSpec, tensor: Mapping[Any, Any], *, check_shape: bool = True) -> np.ndarray[Any, Any]:
     if tensor.get("datatype") != spec.datatype:
         raise BadTensor(spec.name, f"datatype {tensor.get('datatype')!r}; the model takes {spec.datatype}.")
     shape = tensor.get("shape")
-    if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+    if not isinstance(shape, list):
+        raise BadTensor(spec.name, "shape must be a list of sizes.")
+    if len(shape) > MAX_DIMENSIONS:
+        raise BadTensor(spec.name, f"a shape of {len(shape)} dimensions; a tensor has at most {MAX_DIMENSIONS}.")
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
         raise BadTensor(spec.name, "shape must be a list of sizes.")
     if check_shape:
         if len(shape) != len(spec.shape) or any(
@@ -76,16 +88,16 @@ def _decode(spec: TensorSpec, tensor: Mapping[str, Any], *, check_shape: bool = 
             raise BadTensor(spec.name, f"shape {shape}; the model takes {list(spec.shape)} (-1: any size).")
         if shape[0] < 1:
             raise BadTensor(spec.name, "the batch dimension must be at least 1.")
+    # Before a value is read or anything allocated: a shape no request can hold is refused.
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS or any(d > MAX_ELEMENTS for d in shape):
+        raise BadTensor(spec.name, f"shape {shape}; a tensor holds at most {MAX_ELEMENTS:,} values "
+                        f"(and no dimension is larger).")  # fmt: skip
     if RAW in tensor:
         if "data" in tensor:
             raise BadTensor(spec.name, "both data and binary_data_size given.")
         return _from_raw(spec.name, spec.datatype, shape, tensor[RAW])
-    data = _flat(tensor.get("data"))
-    if data is None:
-        raise BadTensor(spec.name, "data must be a list of values.")
-    count = math.prod(shape)
-    if len(data) != count:
-        raise BadTensor(spec.name, f"{len(data)} values for shape {shape}, which holds {count}.")
+    data = _flat(spec.name, tensor.get("data"), shape, count)
     try:
         if spec.datatype == "BYTES":
             if not all(isinstance(v, str | bytes) for v in data):
@@ -94,26 +106,38 @@ def _decode(spec: TensorSpec, tensor: Mapping[str, Any], *, check_shape: bool = 
         else:
             if any(isinstance(v, str | bytes) or v is None for v in data):
                 raise ValueError("not a number")
+            if spec.datatype != "BOOL" and any(isinstance(v, bool) for v in data):
+                raise ValueError("true and false are BOOL values")
             array = np.asarray(data, dtype=DATATYPES[spec.datatype])
     except (TypeError, ValueError, OverflowError) as exc:
         raise BadTensor(spec.name, f"values that are not {spec.datatype} ({exc}).") from None
     return array.reshape(shape)
 
 
-def _flat(data: object) -> list[Any] | None:
-    """The protocol lets ``data`` be flat or nested in row-major order."""
+def _flat(name: str, data: object, shape: list[int], count: int) -> list[Any]:
+    """``data``'s values, flat: the protocol lets it be flat or nested in row-major order.
+
+    Read no further than the shape allows: more than ``count`` values (or more lists than a
+    nesting of ``shape`` has) is refused as soon as it is seen, however long ``data`` is."""
     if not isinstance(data, list):
-        return None
+        raise BadTensor(name, "data must be a list of values.")
     flat: list[Any] = []
+    steps = (count + 1) * (len(shape) + 1)  # every value, and every list of a row-major nesting
     stack: list[Any] = [iter(data)]
     while stack:
         item = next(stack[-1], _END)
         if item is _END:
             stack.pop()
-        elif isinstance(item, list):
+            continue
+        steps -= 1
+        if isinstance(item, list):
             stack.append(iter(item))
         else:
             flat.append(item)
+        if len(flat) > count or steps < 0:
+            raise BadTensor(name, f"more values than shape {shape} holds ({count}).")
+    if len(flat) != count:
+        raise BadTensor(name, f"{len(flat)} values for shape {shape}, which holds {count}.")
     return flat
 
 
@@ -142,7 +166,20 @@ def encode_outputs(signature: Signature, outputs: Mapping[str, np.ndarray[Any, A
 # Numbers are little-endian, row-major; a BYTES element is its 4-byte length, then its bytes.
 
 HEADER_LENGTH = "inference-header-content-length"
-RAW = "_raw"  # where a binary tensor's bytes are put beside its JSON description
+
+
+class _BinaryPart:
+    """The key under which a binary tensor's bytes are put beside its JSON description. Not a
+    string, so no JSON client can send it: a client's own ``"_raw"`` (the key this once was)
+    is only a field the protocol does not know."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RAW"
+
+
+RAW: Final = _BinaryPart()
 
 
 class BadRequest(ValueError):
@@ -191,11 +228,18 @@ def read_body(body: bytes, header_length: str | None) -> dict[str, Any]:
 
 
 def _from_raw(spec_name: str, datatype: str, shape: list[int], raw: bytes) -> np.ndarray[Any, Any]:
+    """A binary tensor's bytes as an array of ``shape``, read no further than the shape allows
+    (``shape`` is already within ``MAX_ELEMENTS``)."""
     count = math.prod(shape)
     if datatype == "BYTES":
+        if count > len(raw) // 4:  # every element is at least its 4-byte length
+            raise BadTensor(spec_name, f"{len(raw)} binary bytes cannot hold {count} BYTES values "
+                            "(each takes at least 4).")  # fmt: skip
         items: list[bytes] = []
         offset = 0
         while offset < len(raw):
+            if len(items) == count:
+                raise BadTensor(spec_name, f"more values than shape {shape} holds ({count}).")
             if offset + 4 > len(raw):
                 raise BadTensor(spec_name, "a BYTES element's length is cut short.")
             length = int.from_bytes(raw[offset : offset + 4], "little")
@@ -302,10 +346,7 @@ def decode_outputs(signature: Signature, answer: Mapping[str, Any]) -> dict[str,
         spec = specs.get(tensor.get("name"))
         if spec is None:
             continue
-        if RAW in tensor:
-            arrays[spec.name] = _from_raw(spec.name, spec.datatype, list(tensor["shape"]), tensor[RAW])
-        else:
-            arrays[spec.name] = _decode(spec, tensor, check_shape=False)
+        arrays[spec.name] = _decode(spec, tensor, check_shape=False)
     missing = [name for name in specs if name not in arrays]
     if missing:
         raise BadRequest(f"The model's answer lacks output {missing[0]!r}.")

@@ -35,9 +35,9 @@ class TestModels:
         client = sdk(gateway, key.secret)
         assert [m.id for m in client.models.list().data] == [EMBED]
         assert client.models.retrieve(EMBED).id == EMBED
-        with pytest.raises(openai.PermissionDeniedError) as excinfo:
+        with pytest.raises(openai.BadRequestError) as excinfo:  # outside its scope, a model does not exist
             client.models.retrieve(CHAT)
-        assert excinfo.value.body["code"] == "model_not_allowed"
+        assert excinfo.value.body["code"] == "model_not_found"
 
 
 class TestEngineKeys:
@@ -343,8 +343,8 @@ class TestRefusedRequestsDispatchNothing:
     def test_model_outside_the_keys_scope(self, gateway, make_api_key, nothing_dispatched):
         key = make_api_key(allowed_models=[EMBED])
         response = _post(gateway, "/v1/chat/completions", json={"model": CHAT, "messages": FRANCE}, secret=key.secret)
-        assert response.status_code == 403
-        assert response.json()["error"]["code"] == "model_not_allowed"
+        assert response.status_code == 400  # outside its scope, a model does not exist
+        assert response.json()["error"]["code"] == "model_not_found"
 
     def test_wrong_method_and_unknown_path_are_json(self, gateway, api_key, nothing_dispatched):
         wrong = _post(gateway, "/v1/chat/completions", method="GET", secret=api_key.secret)

@@ -4,6 +4,8 @@ not is refused with a message naming the tensor, before anything reaches a model
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -63,6 +65,7 @@ def test_inputs_that_fit_become_typed_arrays_with_their_batch_size():
         ([pixels(2, data=[0.0] * 64)], "pixels", "64 values for shape [2, 64], which holds 128"),
         ([pixels(1, data=["a"] * 64)], "pixels", "not FP32"),
         ([pixels(1, data=[None] * 64)], "pixels", "not FP32"),
+        ([pixels(1, data=[True] * 64)], "pixels", "not FP32"),
         ([pixels(1, data="0.5")], "pixels", "data must be a list"),
         ([pixels(0, data=[])], "pixels", "at least 1"),
         ([pixels(1), pixels(1)], "pixels", "given twice"),
@@ -247,3 +250,156 @@ def test_answers_stream_as_frames_in_any_order():
 def test_a_body_of_parts_that_does_not_add_up_is_refused(body):
     with pytest.raises(BadRequest):
         unpack_many(body)
+
+
+# --- decoding is bounded by the declared shape (issue 34, defect 4) ---------------------------
+
+ANY = Signature.from_json({
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+})  # fmt: skip
+ONE_TEXT = Signature.from_json({
+    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "label", "datatype": "INT64", "shape": [-1]}],
+})  # fmt: skip
+
+
+class CountedBytes(bytes):
+    """A binary part that counts how many times the decoder reads a piece of it."""
+
+    reads = 0
+
+    def __getitem__(self, key):
+        type(self).reads += 1
+        return super().__getitem__(key)
+
+
+class CountedList(list[Any]):
+    """JSON ``data`` that counts the values the decoder takes from it."""
+
+    taken = 0
+
+    def __iter__(self):
+        for value in super().__iter__():
+            type(self).taken += 1
+            yield value
+
+
+@pytest.fixture
+def counted() -> None:
+    CountedBytes.reads = 0
+    CountedList.taken = 0
+
+
+def bytes_elements(count: int, item: bytes = b"") -> bytes:
+    return (len(item).to_bytes(4, "little") + item) * count
+
+
+class TestBoundedDecoding:
+    def test_a_million_bytes_elements_for_shape_1_are_not_all_read(self, counted):
+        from serving.predict.protocol import RAW
+
+        raw = CountedBytes(bytes_elements(1_000_000))
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(ONE_TEXT, [{"name": "text", "datatype": "BYTES", "shape": [1], RAW: raw}])
+        # Each element is two reads (its length, its bytes): at most shape-count + 1 elements.
+        assert CountedBytes.reads <= 2 * 2
+        assert "more values than shape [1] holds" in str(refused.value)
+
+    def test_a_million_json_values_for_shape_1_are_not_all_taken(self, counted):
+        data = CountedList([""] * 1_000_000)
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(ONE_TEXT, [{"name": "text", "datatype": "BYTES", "shape": [1], "data": data}])
+        assert CountedList.taken <= 2
+        assert "more values than shape [1] holds" in str(refused.value)
+
+    def test_nested_json_is_taken_no_further_than_the_shape_either(self, counted):
+        rows = CountedList([CountedList([0.0] * 1000) for _ in range(1000)])
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(ANY, [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": rows}])
+        assert CountedList.taken <= 3 + 2  # the outer list's first two rows, three values and one more
+        assert "more values than shape [1, 3] holds" in str(refused.value)
+
+    @pytest.mark.parametrize(
+        ("datatype", "shape", "wire"),
+        [
+            ("BYTES", [2**40], "raw"),
+            ("BYTES", [2**40], "json"),
+            ("FP32", [2**40, 64], "raw"),
+            ("FP32", [2**40, 64], "json"),
+            ("FP32", [1, 2**40], "json"),
+            ("FP32", [2**40, 0], "json"),  # no values at all, and 2**40 rows to bill
+            ("FP32", [2**40, 0], "raw"),
+            ("FP32", [2**70, 0], "json"),
+        ],
+    )
+    def test_a_shape_no_body_can_hold_is_refused_before_its_data_is_read(self, counted, datatype, shape, wire):
+        from serving.predict.protocol import RAW
+
+        signature = ONE_TEXT if datatype == "BYTES" else ANY
+        name = signature.inputs[0].name
+        tensor: dict[object, object] = {"name": name, "datatype": datatype, "shape": shape}
+        if wire == "raw":
+            tensor[RAW] = CountedBytes(bytes_elements(3) if datatype == "BYTES" else b"\0" * 256)
+        else:
+            values: list[Any] = [""] * 3 if datatype == "BYTES" else [0.0] * 64
+            tensor["data"] = CountedList(values)
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(signature, [tensor])
+        assert (CountedBytes.reads, CountedList.taken) == (0, 0)
+        assert "at most" in str(refused.value)
+
+    def test_a_bytes_tensor_needs_four_bytes_an_element_before_any_is_read(self, counted):
+        from serving.predict.protocol import RAW
+
+        raw = CountedBytes(bytes_elements(3))
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(ONE_TEXT, [{"name": "text", "datatype": "BYTES", "shape": [1000], RAW: raw}])
+        assert CountedBytes.reads == 0
+        assert "12 binary bytes cannot hold 1000 BYTES values" in str(refused.value)
+
+    def test_a_rank_beyond_any_model_is_refused(self):
+        with pytest.raises(BadTensor) as refused:
+            decode_inputs(ANY, [{"name": "x", "datatype": "FP32", "shape": [1] * 100_000, "data": [0.0]}])
+        assert len(str(refused.value)) < 500  # the shape is not quoted back
+        assert "dimensions" in str(refused.value)
+
+    def test_what_fits_still_decodes(self):
+        from serving.predict.protocol import RAW
+
+        arrays, rows = decode_inputs(ONE_TEXT, [{"name": "text", "datatype": "BYTES", "shape": [3],
+                                                 RAW: bytes_elements(3, b"hi")}])  # fmt: skip
+        assert rows == 3
+        assert arrays["text"].tolist() == [b"hi"] * 3
+
+
+# --- a client's "_raw" is its own field, never the binary part's (issue 34, defect 7) -----------
+
+
+class TestAClientsRawField:
+    def test_it_is_an_unknown_field_not_a_binary_part(self):
+        from serving.predict.protocol import read_body
+
+        body = read_body(b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"_raw":"abcdefgh"}]}', None)
+        with pytest.raises(BadTensor, match="data must be a list"):
+            decode_inputs(ONE_TEXT, body["inputs"])
+        body = read_body(
+            b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"_raw":{"a":1},"data":["hi"]}]}', None
+        )
+        arrays, _ = decode_inputs(ONE_TEXT, body["inputs"])
+        assert arrays["text"].tolist() == ["hi"]
+
+    def test_with_a_binary_part_too_the_binary_part_is_read(self):
+        from serving.predict.protocol import read_body
+
+        header = (b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"_raw":"x",'
+                  b'"parameters":{"binary_data_size":6}}]}')  # fmt: skip
+        body = read_body(header + bytes_elements(1, b"hi"), str(len(header)))
+        arrays, _ = decode_inputs(ONE_TEXT, body["inputs"])
+        assert arrays["text"].tolist() == [b"hi"]
+
+    def test_an_answer_with_a_raw_field_is_not_read_as_binary(self):
+        from serving.predict.protocol import decode_outputs, read_body
+
+        answer = read_body(b'{"outputs":[{"name":"label","datatype":"INT64","shape":[1],"_raw":"x","data":[3]}]}', None)
+        assert decode_outputs(ONE_TEXT, answer)["label"].tolist() == [3]

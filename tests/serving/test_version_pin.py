@@ -14,8 +14,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from serving import orchestrator
-from serving.errors import EngineUnavailable, InvalidRequest, ModelNotAllowed
+from serving import model_access, orchestrator
+from serving.errors import EngineUnavailable, InvalidRequest, ModelNotFound
 from serving.orchestrator import CHAT, InferenceCall
 from serving.routing import ModelRoute, ReplicaRoute, VersionRoute
 from serving.semcache.policy import scope_of
@@ -59,7 +59,7 @@ def routed_model(monkeypatch) -> ModelRoute:
     async def counter(version: VersionRoute) -> ExactCounter:
         return ExactCounter()
 
-    monkeypatch.setattr(orchestrator, "find_model", find_model)
+    monkeypatch.setattr(model_access, "find_model", find_model)
     monkeypatch.setattr(orchestrator, "_counter", counter)
     return route
 
@@ -102,7 +102,7 @@ class TestPrepare:
         assert "version `3`" in caught.value.message
 
     async def test_the_key_must_still_be_allowed_the_model(self, routed_model):
-        with pytest.raises(ModelNotAllowed):
+        with pytest.raises(ModelNotFound):  # outside its scope, a model does not exist
             await prepared("2", allowed=frozenset({"another-model"}))
 
     async def test_a_pinned_request_looks_in_its_versions_cache(self, routed_model, monkeypatch, settings):
@@ -221,8 +221,8 @@ class TestThroughTheGateway:
     def test_a_key_not_allowed_the_model_cannot_pin_it(self, pinned, make_api_key):
         key = make_api_key(allowed_models=["something-else"])
         response = chat(pinned, key, version="2")
-        assert response.status_code == 403
-        assert response.json()["error"]["code"] == "model_not_allowed"
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "model_not_found"  # as for a model that does not exist
 
     def test_websocket_pins_by_handshake_header_or_per_request(self, pinned, api_key):
         body = {"model": pinned.model, "messages": HELLO}
