@@ -123,7 +123,8 @@ class InvoiceLineAdmin(_ReadOnlyAdmin):
 @admin.register(UsageRollup)
 class UsageRollupAdmin(_ReadOnlyAdmin):
     list_display = ("period", "start", "organization", "api_key", "model", "model_version", "requests", "errors",
-                    "input_tokens", "output_tokens", "cached_tokens", "cost", "latency_p99_ms")  # fmt: skip
+                    "cancelled", "input_tokens", "output_tokens", "cached_tokens", "cost",
+                    "latency_p99_ms")  # fmt: skip
     list_filter = ("period", "model")
     date_hierarchy = "start"
 

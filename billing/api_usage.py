@@ -66,7 +66,12 @@ class DailyUsageSerializer(serializers.Serializer[DailyUsage]):
     requests = serializers.IntegerField()
     # DRF's metaclass takes declared fields off the class, so this does not hide
     # Serializer.errors at run time; mypy sees only the class body.
-    errors = serializers.IntegerField(help_text="requests whose status was not 2xx")  # type: ignore[assignment]
+    errors = serializers.IntegerField(  # type: ignore[assignment]
+        help_text="requests whose status was not 2xx, but for those their clients cancelled"
+    )
+    cancelled = serializers.IntegerField(
+        help_text="requests their clients cancelled before they finished (status 499): not errors"
+    )
     input_tokens = serializers.IntegerField(help_text="prompt tokens not served from a cache")
     output_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()

@@ -258,7 +258,13 @@ class UsageRollup(models.Model):
     price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="rollups")
     batch = models.BooleanField(default=False, help_text="batch jobs' lines (at the batch price)")
     requests = models.PositiveBigIntegerField(default=0)
-    errors = models.PositiveBigIntegerField(default=0, help_text="requests whose status was not 2xx")
+    # billing.outcomes: a client's cancel is not an error; it is counted on its own.
+    errors = models.PositiveBigIntegerField(
+        default=0, help_text="requests whose status was not 2xx, but for those their clients cancelled"
+    )
+    cancelled = models.PositiveBigIntegerField(
+        default=0, help_text="requests their clients cancelled (status 499): in requests, not in errors"
+    )
     input_tokens = models.PositiveBigIntegerField(default=0, help_text="prompt tokens not served from a cache")
     output_tokens = models.PositiveBigIntegerField(default=0)
     cached_tokens = models.PositiveBigIntegerField(default=0)

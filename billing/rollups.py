@@ -41,6 +41,7 @@ from django.db.models import Count, Max
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
+from billing import outcomes
 from billing.models import Price, RollupProgress, UsageRecord, UsageRollup
 from billing.pricing import charged_tokens_sql, saved_sql
 from core import sketch
@@ -60,7 +61,8 @@ _PRICES = Price._meta.db_table
 _ROLLUPS = UsageRollup._meta.db_table
 _BUCKET_CONSTRAINT = "uniq_rollup_bucket"
 _SUMS = (
-    "requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "inferences", "cost", "cache_hits", "saved",
+    "requests", "errors", "cancelled", "input_tokens", "output_tokens", "cached_tokens", "inferences", "cost",
+    "cache_hits", "saved",
 )  # fmt: skip
 _PERCENTILES = (
     "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
@@ -77,9 +79,10 @@ def _same_group(a: str, b: str) -> str:
     )
 
 
-# One bucket, recomputed whole. Errors are answers outside 2xx (client disconnects
-# included). Input tokens are those charged at the input price (billing.pricing, the one
-# rule); output and cached tokens are what the records report. Percentiles are over every request of the bucket;
+# One bucket, recomputed whole. Errors are answers outside 2xx but for a client's cancel
+# (a 499: the client went away), which is counted on its own (billing.outcomes). Input
+# tokens are those charged at the input price (billing.pricing, the one rule); output and
+# cached tokens are what the records report. Percentiles are over every request of the bucket;
 # TTFT ignores requests that produced no token (null). One sort per column: the three
 # percentiles come from one ``percentile_disc(array)``. Cache hits are counted, with what
 # they saved: their tokens at the input and output prices, less what they were charged.
@@ -104,15 +107,16 @@ WITH histograms AS (
     GROUP BY {_GROUP}, kind
 ), fresh AS (
     SELECT g.organization_id, g.api_key_id, g.model, g.model_version, g.price_id, g.batch,
-           requests, errors, input_tokens, output_tokens, cached_tokens, inferences, cost, cache_hits, saved,
-           latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
+           requests, errors, cancelled, input_tokens, output_tokens, cached_tokens, inferences, cost, cache_hits,
+           saved, latency[1] AS latency_p50_ms, latency[2] AS latency_p95_ms, latency[3] AS latency_p99_ms,
            ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p95_ms, ttft[3] AS ttft_p99_ms,
            coalesce(l.histogram, '{{}}'::jsonb) AS latency_histogram,
            coalesce(t.histogram, '{{}}'::jsonb) AS ttft_histogram
     FROM (
         SELECT organization_id, api_key_id, model, model_version, price_id, batch,
                count(*) AS requests,
-               count(*) FILTER (WHERE status_code NOT BETWEEN 200 AND 299) AS errors,
+               count(*) FILTER (WHERE {outcomes.ERROR_SQL}) AS errors,
+               count(*) FILTER (WHERE {outcomes.CANCELLED_SQL}) AS cancelled,
                sum({_CHARGED["input"]}) AS input_tokens,
                sum(completion_tokens) AS output_tokens,
                sum(cached_tokens) AS cached_tokens,

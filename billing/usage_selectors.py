@@ -22,7 +22,7 @@ from billing.models import UsageRollup
 USAGE_DEFAULT_DAYS = 30
 USAGE_PAGE_DEFAULT = 30
 USAGE_PAGE_MAX = 100
-_SUMS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost")
+_SUMS = ("requests", "errors", "cancelled", "input_tokens", "output_tokens", "cached_tokens", "cost")
 
 
 class InvalidCursor(ValueError):
@@ -62,7 +62,7 @@ class DailyUsage:
     date: date
     model: str
     requests: int
-    errors: int
+    errors: int  # not 2xx, but for a client's cancel (billing.outcomes)
     input_tokens: int
     output_tokens: int
     cached_tokens: int
@@ -72,6 +72,7 @@ class DailyUsage:
     api_key_prefix: str = ""
     batch_requests: int = 0  # of ``requests``: batch jobs' lines
     batch_cost: Decimal = Decimal(0)  # of ``cost``: theirs, at the batch price
+    cancelled: int = 0  # of ``requests``: cancelled by their clients (status 499), not errors
 
     def cursor(self) -> UsageCursor:
         return UsageCursor(self.date, self.model, self.api_key_id)
@@ -132,6 +133,7 @@ def _daily(
             model=row["model"],
             requests=int(row["requests"]),
             errors=int(row["errors"]),
+            cancelled=int(row["cancelled"]),
             input_tokens=int(row["input_tokens"]),
             output_tokens=int(row["output_tokens"]),
             cached_tokens=int(row["cached_tokens"]),

@@ -20,6 +20,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import QuerySet, Sum
 
+from billing import outcomes
 from billing.models import UsageRollup
 from core import sketch
 
@@ -65,7 +66,8 @@ class Bucket:
     start: datetime
     seconds: float  # the bucket's length, or the part of it already past
     requests: int = 0
-    errors: int = 0
+    errors: int = 0  # not a client's cancel (billing.outcomes)
+    cancelled: int = 0  # requests their clients cancelled: in ``requests``, not in ``errors``
     output_tokens: int = 0
     cache_hits: int = 0
     latency: sketch.Histogram = field(default_factory=dict)
@@ -74,6 +76,7 @@ class Bucket:
     def add(self, row: dict[str, Any]) -> None:
         self.requests += int(row["requests_sum"] or 0)
         self.errors += int(row["errors_sum"] or 0)
+        self.cancelled += int(row["cancelled_sum"] or 0)
         self.output_tokens += int(row["output_tokens_sum"] or 0)
         self.cache_hits += int(row["cache_hits_sum"] or 0)
 
@@ -90,7 +93,13 @@ class Bucket:
 
     @property
     def error_rate(self) -> float | None:
-        return self.errors / self.requests if self.requests else None
+        """Errors over the requests the server decided: cancels count in neither (None: none decided)."""
+        return outcomes.error_rate(errors=self.errors, requests=self.requests, cancelled=self.cancelled)
+
+    @property
+    def cancelled_share(self) -> float | None:
+        """The share of the requests that their clients cancelled."""
+        return self.cancelled / self.requests if self.requests else None
 
     @property
     def cache_hit_rate(self) -> float | None:
@@ -145,6 +154,7 @@ def _rows(rollups: QuerySet[UsageRollup]) -> QuerySet[UsageRollup, dict[str, Any
         .annotate(
             requests_sum=Sum("requests"),
             errors_sum=Sum("errors"),
+            cancelled_sum=Sum("cancelled"),
             output_tokens_sum=Sum("output_tokens"),
             cache_hits_sum=Sum("cache_hits"),
         )

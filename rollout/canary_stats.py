@@ -7,8 +7,11 @@ window keeps growing) and ``pass`` (the controller moves it a step on).
 
 Signals, per arm (only requests an engine answered: cache hits say nothing about a version):
 
-- **error rate**: server errors (status >= 500) over all requests. A 4xx is the client's
-  (a prompt too long, a bad argument) and a 499 a client that left; neither counts.
+- **error rate**: server errors (status >= 500) over the requests the server decided. A 4xx
+  is the client's (a prompt too long, a bad argument): it counts, as a request without a
+  server error. A 499 is a client that left before the answer ended (``billing.outcomes``):
+  it says nothing of how the version would have done, so it counts nowhere, in neither the
+  numerator nor the denominator, nor towards ``min_samples``; the figures show it apart.
 - **latency**, **TTFT**, **TPOT**: over the answered requests (2xx). TTFT exists for
   streamed answers only. TPOT (time per output token) = (latency - TTFT) / (completion
   tokens - 1), for streamed answers of two tokens or more; non-streamed answers are left
@@ -51,9 +54,9 @@ then; it never promotes on thin evidence that the canary looks worse.
 
 Absolute criteria from the canary's request apply to the canary's point estimates, as
 Flagger's thresholds do: ``max_p99_latency_ms``, ``max_ttft_p99_ms`` and
-``min_success_rate`` (success = not a server error). No verdict at all before each arm has
-``min_samples`` requests. Percentiles are nearest-rank (as PostgreSQL's
-``percentile_disc`` in the rollups).
+``min_success_rate`` (success = not a server error, of the requests the server decided). No
+verdict at all before each arm has ``min_samples`` requests that its clients did not cancel.
+Percentiles are nearest-rank (as PostgreSQL's ``percentile_disc`` in the rollups).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
+
+from billing import outcomes
 
 ALPHA = 0.001
 # A test past the minimum effect whose own (unadjusted) p-value is at most this, but that is not
@@ -102,8 +107,13 @@ class RequestSample:
         return self.status_code >= 500
 
     @property
+    def cancelled(self) -> bool:
+        """Its client went away first: no evidence either way (``billing.outcomes``)."""
+        return outcomes.cancelled_by_client(self.status_code)
+
+    @property
     def answered(self) -> bool:
-        return 200 <= self.status_code < 300
+        return outcomes.answered(self.status_code)
 
     @property
     def tpot_ms(self) -> float | None:
@@ -225,21 +235,29 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 @dataclass(frozen=True)
 class ArmSummary:
-    """The figures of one arm: counts, rates and percentiles."""
+    """The figures of one arm: counts, rates and percentiles. Its clients' cancels are set
+    apart (``judged`` leaves them out): they count in no rate, test or minimum sample."""
 
     samples: Sequence[RequestSample]
+    judged: list[RequestSample] = field(init=False)
     answered: list[RequestSample] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "answered", [s for s in self.samples if s.answered])
+        object.__setattr__(self, "judged", [s for s in self.samples if not s.cancelled])
+        object.__setattr__(self, "answered", [s for s in self.judged if s.answered])
 
     @property
     def n(self) -> int:
-        return len(self.samples)
+        """The requests the server decided: every sample but its clients' cancels."""
+        return len(self.judged)
+
+    @property
+    def cancelled(self) -> int:
+        return len(self.samples) - len(self.judged)
 
     @property
     def errors(self) -> int:
-        return sum(1 for s in self.samples if s.server_error)
+        return sum(1 for s in self.judged if s.server_error)
 
     def latencies(self) -> list[float]:
         return [float(s.latency_ms) for s in self.answered]
@@ -263,6 +281,7 @@ class ArmSummary:
         answered = len(self.answered)
         return {
             "n": self.n,
+            "cancelled": self.cancelled,  # by their clients: not in n
             "errors": self.errors,
             "error_rate": self.errors / self.n if self.n else None,
             "answered": answered,

@@ -13,6 +13,7 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Count
 
+from billing import outcomes
 from billing.models import CacheOutcome, FailedAttempt, UsageRecord
 from rollout.canary_stats import RequestSample
 
@@ -26,7 +27,8 @@ def served_requests(*, model: str, version: str, since: datetime) -> list[Reques
 
     Cache hits are left out: the engine never saw them, so they say nothing about the version.
     Attempts that failed on it and were retried elsewhere (``FailedAttempt``) are in: status
-    and latency only.
+    and latency only. Requests their clients cancelled (499) are in, for the figures to show;
+    the statistics count them nowhere (``rollout.canary_stats``).
     Records reach the table within a second or so of the request (``billing.tasks.usage_persist``).
     """
     rows = (
@@ -58,12 +60,14 @@ def served_requests(*, model: str, version: str, since: datetime) -> list[Reques
 class ServedSummary:
     """What one version served in a window, counted as the canary controller counts it: engine
     answers and failed attempts (cache hits left out), server errors (5xx), p99 latency of the
-    answered (2xx, nearest rank)."""
+    answered (2xx, nearest rank). Requests their clients cancelled (499) are in ``requests``
+    (they were load) and in ``cancelled``; the error % leaves them out of both sides."""
 
     requests: int
     errors: int
     p99_latency_ms: int | None
     seconds: float
+    cancelled: int = 0
 
     @property
     def per_second(self) -> float:
@@ -71,11 +75,14 @@ class ServedSummary:
 
     @property
     def error_percent(self) -> float | None:
-        return 100.0 * self.errors / self.requests if self.requests else None
+        """Server errors over the requests the server decided; None when there was none."""
+        rate = outcomes.error_rate(errors=self.errors, requests=self.requests, cancelled=self.cancelled)
+        return None if rate is None else 100.0 * rate
 
 
 _SUMMARY_SQL = f"""
 SELECT model, model_version, count(*), count(*) FILTER (WHERE status_code >= 500),
+       count(*) FILTER (WHERE {outcomes.CANCELLED_SQL}),
        percentile_disc(0.99) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE status_code BETWEEN 200 AND 299)
 FROM {UsageRecord._meta.db_table}
 WHERE model = ANY(%s) AND created_at >= %s AND cache = '{CacheOutcome.MISS.value}'
@@ -91,11 +98,11 @@ def served_summaries(
     a summary of zeros."""
     wanted = set(versions)
     models = sorted({model for model, _ in wanted})
-    found: dict[tuple[str, str], tuple[int, int, int | None]] = {}
+    found: dict[tuple[str, str], tuple[int, int, int, int | None]] = {}
     with connection.cursor() as cursor:
         cursor.execute(_SUMMARY_SQL, [models, since])
-        for model, version, n, errors, p99 in cursor.fetchall():
-            found[(model, version)] = (n, errors, p99)
+        for model, version, n, errors, cancelled, p99 in cursor.fetchall():
+            found[(model, version)] = (n, errors, cancelled, p99)
     failed = (
         FailedAttempt.objects.filter(model__in=models, created_at__gte=since)
         .values_list("model", "model_version")
@@ -105,7 +112,9 @@ def served_summaries(
     seconds = max((now - since).total_seconds(), 0.0)
     out = {}
     for key in wanted:
-        n, errors, p99 = found.get(key, (0, 0, None))
+        n, errors, cancelled, p99 = found.get(key, (0, 0, 0, None))
         more = extra.get(key, 0)
-        out[key] = ServedSummary(requests=n + more, errors=errors + more, p99_latency_ms=p99, seconds=seconds)
+        out[key] = ServedSummary(
+            requests=n + more, errors=errors + more, p99_latency_ms=p99, seconds=seconds, cancelled=cancelled
+        )
     return out

@@ -100,6 +100,7 @@ def _entry(row: DailyUsage) -> dict[str, Any]:
         "model": row.model,
         "requests": row.requests,
         "errors": row.errors,
+        "cancelled": row.cancelled,  # by the client (499): not in errors (billing.outcomes)
         "input_tokens": row.input_tokens,
         "output_tokens": row.output_tokens,
         "cached_tokens": row.cached_tokens,

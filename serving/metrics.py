@@ -25,8 +25,14 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
+# By HTTP status, 499 included: a request whose client went away first (a cancel). It is not the
+# server's error (billing.outcomes): an error rate or alert on this counter leaves status="499"
+# out of both sides, e.g. sum(rate(inference_requests_total{status!~"2..|499"}[5m])) over
+# sum(rate(inference_requests_total{status!="499"}[5m])).
 REQUESTS = Counter(
-    "inference_requests", "Admitted API requests by outcome.", ["model", "version", "endpoint", "status"]
+    "inference_requests",
+    "Admitted API requests by status (499: cancelled by the client, not an error).",
+    ["model", "version", "endpoint", "status"],
 )
 LATENCY = Histogram(
     "inference_request_latency_seconds", "Whole-request latency.", ["model", "version"], buckets=LATENCY_BUCKETS

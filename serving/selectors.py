@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from billing import outcomes
 from billing.models import UsageRecord
 from serving.models import Batch, BatchLine, CacheEntry, CacheFeedback, CachePolicy, ShadowPolicy, ShadowRecord
 from serving.semcache.budget import ModelQuality, quality_of
@@ -34,12 +35,17 @@ def _percentile(values: list[int], q: int) -> float | None:
 def _arm(rows: Iterable[tuple[int, int, int | None, int, str]]) -> dict[str, Any]:
     rows = list(rows)
     ok = [r for r in rows if r[0] < 400]
+    # A request its client cancelled (499) is no failure: counted apart, in no rate (billing.outcomes).
+    cancelled = sum(1 for r in rows if outcomes.cancelled_by_client(r[0]))
+    failed = len(rows) - len(ok) - cancelled
+    error_rate = outcomes.error_rate(errors=failed, requests=len(rows), cancelled=cancelled)
     latency = [r[1] for r in ok]
     ttft = [r[2] for r in ok if r[2] is not None]
     return {
         "requests": len(rows),
-        "failed": len(rows) - len(ok),
-        "error_rate": round((len(rows) - len(ok)) / len(rows), 4) if rows else None,
+        "failed": failed,
+        "cancelled": cancelled,
+        "error_rate": None if error_rate is None else round(error_rate, 4),
         "latency_p50_ms": _percentile(latency, 50),
         "latency_p99_ms": _percentile(latency, 99),
         "ttft_p50_ms": _percentile(ttft, 50),

@@ -227,6 +227,9 @@ def timeline(decisions: list[CanaryDecision]) -> list[TimelineEntry]:
             {
                 "arm": arm,
                 "n": data.get("n"),
+                # Not in n: their clients went away first (billing.outcomes). "-" on a decision
+                # judged before they were counted apart.
+                "cancelled": data.get("cancelled", "-"),
                 "success": _number(_arm_value(data, ("error_rate",), 100.0), 4),
                 "latency_p99": _number(_arm_value(data, ("latency_ms", "p99"), 1.0), 4),
                 "ttft_p99": _number(_arm_value(data, ("ttft_ms", "p99"), 1.0), 4),

@@ -116,6 +116,8 @@ def live_cells(deployment: Deployment, served: ServedSummary) -> dict[str, str]:
         "rate": MISSING if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
         "p99": MISSING if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
         "errors": MISSING if error_percent is None else f"{error_percent:.1f} %",
+        # A client's cancel is no error: its own count, beside the error % (billing.outcomes).
+        "cancelled": f"{served.cancelled:,} cancelled" if served.cancelled else "",
         "requests": f"{served.requests:,}",
     }
 

@@ -22,6 +22,7 @@ HEADLINES = (
     ("latency_p99_ms", "Latency p99"),
     ("ttft_p50_ms", "TTFT p50"),
     ("error_rate", "Error rate"),
+    ("cancelled", "Cancelled by client"),
     ("cache_hit_rate", "Cache hit rate"),
     ("requests", "Requests"),
 )

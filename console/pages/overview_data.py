@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import plotly.graph_objects as go
 
+from billing import outcomes
 from billing.usage_series import Bucket, UsageOverview, VersionSeries, usage_overview
 from console.pages import charts
 
@@ -60,7 +61,18 @@ CHARTS: tuple[Chart, ...] = (
         "ms",
         (("p50", "solid", lambda b: b.ttft_p50_ms), ("p99", "dot", lambda b: b.ttft_p99_ms)),
     ),
-    Chart("errors", "Error rate", "%", (("", "solid", lambda b: _percent(b.error_rate)),), percent=True),
+    # A client's cancel is no error (billing.outcomes): the error rate leaves cancels out; the
+    # dotted line is the share of requests their clients cancelled, beside it.
+    Chart(
+        "errors",
+        "Error rate, and requests cancelled by their clients (dotted)",
+        "%",
+        (
+            ("", "solid", lambda b: _percent(b.error_rate)),
+            ("cancelled", "dot", lambda b: _percent(b.cancelled_share)),
+        ),
+        percent=True,
+    ),
     Chart("cache", "Cache hit rate", "%", (("", "solid", lambda b: _percent(b.cache_hit_rate)),), percent=True),
 )
 
@@ -110,6 +122,7 @@ def _headline(total: Bucket) -> dict[str, str]:
         "latency_p99_ms": _number(total.latency_p99_ms, 0, " ms"),
         "ttft_p50_ms": _number(total.ttft_p50_ms, 0, " ms"),
         "error_rate": _number(_percent(total.error_rate), 2, " %"),
+        "cancelled": f"{total.cancelled:,}",
         "cache_hit_rate": _number(_percent(total.cache_hit_rate), 1, " %"),
     }
 
@@ -143,7 +156,8 @@ def dashboard(*, range_key: str, now: datetime | None = None) -> dict[str, Any]:
 class GatewaySample:
     at: float  # time.monotonic()
     requests: float = 0.0
-    errors: float = 0.0
+    errors: float = 0.0  # not 2xx, but for a client's cancel
+    cancelled: float = 0.0  # status 499: the client went away first (billing.outcomes)
     completion_tokens: float = 0.0
     in_flight: float = 0.0
     by_version: dict[str, float] = field(default_factory=dict)
@@ -173,7 +187,7 @@ def replica_in_flight() -> dict[str, float]:
 def gateway_sample() -> GatewaySample:
     """The counters' totals now, over every model version this host's gateways served."""
     registry = _registry()
-    requests = errors = tokens = in_flight = 0.0
+    requests = errors = cancelled = tokens = in_flight = 0.0
     by_version: dict[str, float] = {}
     for metric in registry.collect():
         for sample in metric.samples:
@@ -181,7 +195,12 @@ def gateway_sample() -> GatewaySample:
                 requests += sample.value
                 label = f"{sample.labels.get('model', '')}:{sample.labels.get('version', '')}"
                 by_version[label] = by_version.get(label, 0.0) + sample.value
-                if not str(sample.labels.get("status", "")).startswith("2"):
+                status = str(sample.labels.get("status", ""))
+                if not status.isdigit():
+                    continue
+                if outcomes.cancelled_by_client(int(status)):
+                    cancelled += sample.value
+                elif outcomes.failed(int(status)):
                     errors += sample.value
             elif sample.name == "inference_tokens_total" and sample.labels.get("kind") == "completion":
                 tokens += sample.value
@@ -191,6 +210,7 @@ def gateway_sample() -> GatewaySample:
         at=time.monotonic(),
         requests=requests,
         errors=errors,
+        cancelled=cancelled,
         completion_tokens=tokens,
         in_flight=in_flight,
         by_version=by_version,
@@ -201,12 +221,13 @@ def gateway_rates(before: GatewaySample | None, after: GatewaySample) -> dict[st
     """What the gateways did between two samples, per second; dashes before a second sample."""
     elapsed = after.at - before.at if before is not None else 0.0
     if before is None or elapsed <= 0:
-        return {"requests_per_second": "—", "output_tokens_per_second": "—", "errors": "—",
+        return {"requests_per_second": "—", "output_tokens_per_second": "—", "errors": "—", "cancelled": "—",
                 "in_flight": _number(after.in_flight, 0), "at": datetime.now(UTC).isoformat()}  # fmt: skip
     return {
         "requests_per_second": _number(max(after.requests - before.requests, 0) / elapsed, 2),
         "output_tokens_per_second": _number(max(after.completion_tokens - before.completion_tokens, 0) / elapsed, 1),
         "errors": _number(max(after.errors - before.errors, 0), 0),
+        "cancelled": _number(max(after.cancelled - before.cancelled, 0), 0),
         "in_flight": _number(after.in_flight, 0),
         "at": datetime.now(UTC).isoformat(),
     }

@@ -43,7 +43,8 @@ def money_text(amount: Decimal) -> str:
 @dataclass
 class UsageTotals:
     requests: int = 0
-    errors: int = 0
+    errors: int = 0  # not a client's cancel (billing.outcomes)
+    cancelled: int = 0  # of ``requests``: cancelled by their clients, not errors
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
@@ -61,6 +62,7 @@ class UsageTotals:
     def add(self, row: DailyUsage) -> None:
         self.requests += row.requests
         self.errors += row.errors
+        self.cancelled += row.cancelled
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
         self.cached_tokens += row.cached_tokens
@@ -284,8 +286,8 @@ def budget_status(*, organization: Organization, today: date) -> BudgetStatus:
     )
 
 
-CSV_COLUMNS = ("date", "model", "api_key", "api_key_name", "requests", "errors", "input_tokens", "output_tokens",
-               "cached_tokens", "cost", "currency")  # fmt: skip
+CSV_COLUMNS = ("date", "model", "api_key", "api_key_name", "requests", "errors", "cancelled", "input_tokens",
+               "output_tokens", "cached_tokens", "cost", "currency")  # fmt: skip
 
 
 def usage_csv(rows: Iterable[DailyUsage], *, currency: str, keys: Mapping[int, ApiKey] | None = None) -> str:
@@ -298,7 +300,7 @@ def usage_csv(rows: Iterable[DailyUsage], *, currency: str, keys: Mapping[int, A
     for row in rows:
         known = keys.get(row.api_key_id or 0)
         key = known.masked if known is not None else _rollup_key(row)
-        counts = (row.requests, row.errors, row.input_tokens, row.output_tokens, row.cached_tokens)
+        counts = (row.requests, row.errors, row.cancelled, row.input_tokens, row.output_tokens, row.cached_tokens)
         writer.writerow(
             [row.date.isoformat(), row.model, key, row.api_key_name, *counts, f"{row.cost.normalize():f}", currency]
         )

@@ -114,7 +114,9 @@ class CanaryStartForm(forms.Form):
         help_text="how long each judgement's window lasts",
     )  # fmt: skip
     min_samples = forms.IntegerField(
-        min_value=1, initial=DEFAULT_MIN_SAMPLES, help_text="requests each arm needs before any verdict"
+        min_value=1,
+        initial=DEFAULT_MIN_SAMPLES,
+        help_text="requests each arm needs before any verdict (those their clients cancelled do not count)",
     )
     max_p99_latency_ms = forms.FloatField(required=False, label="Max p99 latency (ms)")
     min_success_rate = forms.FloatField(

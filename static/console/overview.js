@@ -38,7 +38,7 @@
   function renderRows(rows) {
     const body = document.querySelector("#version-table tbody");
     const columns = ["model", "version", "requests", "requests_per_second", "output_tokens_per_second",
-      "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "error_rate", "cache_hit_rate"];
+      "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "error_rate", "cancelled", "cache_hit_rate"];
     const fresh = [];
     for (const row of rows) {
       const tr = document.createElement("tr");

@@ -65,6 +65,15 @@ class TestOrganizationUsage:
         assert (first["input_tokens"], first["output_tokens"], first["cached_tokens"]) == (10, 5, 0)
         assert (first["cost"], first["currency"]) == ("0.001234000000", "USD")
 
+    def test_a_clients_cancels_are_counted_apart_from_errors(self, world):
+        """Issue 34, defect 12: a request its client cancelled (499) is not an error."""
+        day3 = datetime(2026, 6, 3, 10, tzinfo=UTC)
+        for status in [499] * 26 + [502] * 2:
+            make_record(world["a1"], at=day3, model="stopped", status=status, error_code="")
+        rollups_build()
+        [row] = get(world["carol"], world["a"], "start_date=2026-06-03&end_date=2026-06-03").json()["data"]
+        assert (row["requests"], row["errors"], row.get("cancelled")) == (28, 2, 26)
+
     def test_pages_follow_the_cursor(self, world):
         seen, query = [], f"{WINDOW}&limit=3"
         while True:

@@ -3,11 +3,14 @@ ids committed out of order, UTC hour/day/month/year boundaries; the daily usage 
 
 from __future__ import annotations
 
+import importlib
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.db.models import F
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
@@ -21,6 +24,7 @@ from billing.usage_selectors import (
     usage_daily_for_organization,
     usage_window,
 )
+from billing.usage_series import usage_overview
 from core import sketch
 from registry.models import Model
 from tests.billing.records import make_record
@@ -31,7 +35,7 @@ HOUR = timedelta(hours=1)
 T0 = datetime(2026, 3, 10, 14, 0, tzinfo=UTC)  # the hour most tests write into
 RUN = datetime(2026, 3, 11, 9, 0, tzinfo=UTC)  # when the builds "run" (the watermark's clock)
 VALUES = [
-    "requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "cost", "latency_p50_ms",
+    "requests", "errors", "cancelled", "input_tokens", "output_tokens", "cached_tokens", "cost", "latency_p50_ms",
     "latency_p95_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "organization_id",
 ]  # fmt: skip
 
@@ -79,7 +83,7 @@ class TestNumbers:
         assert T0 in report.hours
         assert T0.replace(hour=0) in report.days
         hour = one(key, start=T0)
-        assert (hour.requests, hour.errors) == (100, 5)
+        assert (hour.requests, hour.errors, hour.cancelled) == (100, 4, 1)  # the 499 is a client's cancel
         assert (hour.input_tokens, hour.output_tokens, hour.cached_tokens) == (700, 500, 300)
         assert hour.cost == Decimal("0.0001234")
         assert hour.organization_id == key.organization_id
@@ -341,3 +345,56 @@ class TestSelectors:
         assert usage_window(start=date(2026, 2, 20), end=None, today=today) == (date(2026, 2, 20), today)
         with pytest.raises(ValueError, match="after"):
             usage_window(start=date(2026, 3, 2), end=None, today=today)
+
+
+class TestClientCancels:
+    """A client's cancel (status 499, ``client_closed``: the playground's Stop, a closed
+    connection) is not the server's error: its own count, in no error rate (issue 34, defect 12)."""
+
+    @pytest.fixture
+    def stopped(self, key):
+        """The audit's case: a chat model with 26 requests, every one stopped by its client."""
+        for i in range(26):
+            make_record(key, at=T0 + timedelta(seconds=i), model="chat", status=499, error_code="client_closed")
+        rollups_build(now=RUN)
+
+    def test_the_rollup_counts_cancels_apart_from_errors(self, key, stopped):
+        hour, day = one(key, start=T0), one(key, "day", start=T0.replace(hour=0))
+        for row in (hour, day):
+            assert (row.requests, row.errors, getattr(row, "cancelled", None)) == (26, 0, 26)
+
+    def test_the_usage_readers_say_so(self, key, stopped):
+        [row] = usage_daily_for_key(api_key_id=key.pk, start=T0.date(), end=T0.date()).rows
+        assert (row.requests, row.errors, getattr(row, "cancelled", None)) == (26, 0, 26)
+        total = usage_overview(range_key="day", now=T0 + HOUR).total
+        assert (total.requests, total.errors, getattr(total, "cancelled", None)) == (26, 0, 26)
+        assert total.error_rate in (None, 0.0)  # nothing the server decided failed
+
+    def test_a_cancel_is_in_neither_side_of_the_error_rate(self, key):
+        # 10 answered, 2 failed (a 400 and a 502), 28 cancelled: 2 of the 12 requests the server decided.
+        for i, status in enumerate([200] * 10 + [400, 502] + [499] * 28):
+            make_record(key, at=T0 + timedelta(seconds=i), status=status)
+        rollups_build(now=RUN)
+        hour = one(key, start=T0)
+        assert (hour.requests, hour.errors, getattr(hour, "cancelled", None)) == (40, 2, 28)
+        total = usage_overview(range_key="day", now=T0 + HOUR).total
+        assert total.error_rate == pytest.approx(2 / 12)
+
+    def test_the_migration_recounts_rollups_built_before(self, key, other_key):
+        """Billing migration 0015's frozen SQL: rows built when errors counted cancels are recounted
+        from their records; rows without a cancel are left alone; going back restores them."""
+        for i, status in enumerate([200] * 5 + [502] + [499] * 7):
+            make_record(key, at=T0 + timedelta(seconds=i), status=status)
+        make_record(other_key, at=T0, status=500)
+        rollups_build(now=RUN)
+        built = rows(key, "hour") + rows(key, "day") + rows(other_key, "hour")
+        # As the rollups were before: errors counted the cancels, and there was no cancelled count.
+        UsageRollup.objects.update(errors=F("errors") + F("cancelled"), cancelled=0)
+        assert one(key, start=T0).errors == 8
+        migration = importlib.import_module("billing.migrations.0015_rollup_cancelled")
+        with connection.cursor() as cursor:
+            cursor.execute(migration._RECOUNT)
+        assert rows(key, "hour") + rows(key, "day") + rows(other_key, "hour") == built
+        with connection.cursor() as cursor:
+            cursor.execute(migration._UNCOUNT)
+        assert (one(key, start=T0).errors, one(other_key, start=T0).errors) == (8, 1)

@@ -330,6 +330,23 @@ class TestShadow:
         assert not ShadowPolicy.objects.exists()
 
 
+def test_a_clients_cancels_show_apart_from_the_judged_requests(admin_client, canary):
+    """Issue 34, defect 12: the canary answered 90 and failed 10; its clients cancelled 900. The
+    timeline says so: n 100, success 90 %, 900 cancelled by their clients (not 1,000 at 99 %)."""
+    failed = [RequestSample(502, 30)] * 10
+    cancelled = [RequestSample(499, 2000, 90)] * 900
+    judgement = judge(served(400, seed=3), served(90, seed=4) + failed + cancelled, min_samples=50)
+    decision = CanaryDecision.objects.create(
+        canary=canary, at=timezone.now(), step=0, canary_percent=5, verdict="rollback", reasons=judgement.reasons,
+        figures=judgement.figures,
+    )  # fmt: skip
+    html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+    article = html[html.index(f'data-decision="{decision.pk}"') :].split("</article>")[0]
+    row = article[article.index('data-arm="canary"') :].split("</tr>")[0]
+    assert re.findall(r"<td>([^<]*)</td>", row)[:3] == ["100", "900", "90"]  # n, cancelled, success %
+    assert "Cancelled by client" in article
+
+
 def test_the_controllers_decision_is_shown(admin_client, canary):
     """A decision the controller itself made (canary_decide with its own loader) shows, figures and all."""
     from rollout.canary import canary_decide

@@ -326,6 +326,9 @@ def usage(key: Any, model: str, version: str, rows: list[tuple[int, int]], *, at
         make_record(key, at=at, model=model, version=version, status=status, latency=latency, cache=cache)
 
 
+LIVE = timedelta(minutes=5)
+
+
 @pytest.fixture
 def api_key() -> Any:
     org = organization_create(name=f"Live table {uuid.uuid4().hex[:6]}")
@@ -369,7 +372,7 @@ class TestLiveTable:
         row = html[html.index(f'data-deployment="{v1.pk}"') :].split("</tr>")[0]
         assert '<td class="num" data-live="rate" title="300 requests">1.00/s</td>' in row
         assert '<td class="num" data-live="p99">40 ms</td>' in row
-        assert '<td class="num" data-live="errors">1.0 %</td>' in row
+        assert '<span data-live="errors">1.0 %</span>' in row
         assert '<span data-live="replicas">1/3 ready</span>' in row
         assert 'data-lifecycle="serving"' in row
         quiet = html[html.index(f'data-deployment="{v2.pk}"') :].split("</tr>")[0]
@@ -379,10 +382,30 @@ class TestLiveTable:
         live = admin_client.get(f"/console/deployments/live/?ids={v1.pk},{v2.pk}").json()["deployments"]
         assert live[str(v1.pk)] | {"rate": "?"} == {
             "status": "Running", "state": "running", "replicas": "1/3 ready", "rate": "?", "p99": "40 ms",
-            "errors": "1.0 %", "requests": "300",
+            "errors": "1.0 %", "cancelled": "", "requests": "300",
         }  # fmt: skip
         assert live[str(v1.pk)]["rate"] in ("1.00/s", "0.99/s")  # the window moved on a little
         assert live[str(v2.pk)]["errors"] == MISSING
+
+    def test_a_clients_cancel_is_no_error_and_shows_apart(self, admin_client, chat_model, api_key):
+        """Issue 34, defect 12: 2 answered, 2 failed, 26 cancelled by their clients (499): the
+        error % is of the 4 requests the server decided, the cancels a count of their own."""
+        v1, v2 = deployment_of(chat_model, "v1"), deployment_of(chat_model, "v2")
+        now = timezone.now()
+        usage(api_key, "gpt-tiny", "v1", [(200, 40)] * 2 + [(502, 40)] * 2 + [(499, 900)] * 26,
+              at=now - timedelta(minutes=1))  # fmt: skip
+        usage(api_key, "gpt-tiny", "v2", [(499, 900)] * 26, at=now - timedelta(minutes=1))  # the audit's model
+        found = served_summaries(versions=[("gpt-tiny", "v1"), ("gpt-tiny", "v2")], since=now - LIVE, now=now)
+        v1_served, v2_served = found[("gpt-tiny", "v1")], found[("gpt-tiny", "v2")]
+        assert v1_served.error_percent == pytest.approx(50.0)
+        assert (v1_served.requests, v1_served.errors, getattr(v1_served, "cancelled", None)) == (30, 2, 26)
+        assert (v2_served.errors, getattr(v2_served, "cancelled", None), v2_served.error_percent) == (0, 26, None)
+        live = admin_client.get(f"/console/deployments/live/?ids={v1.pk},{v2.pk}").json()["deployments"]
+        assert (live[str(v1.pk)]["errors"], live[str(v1.pk)].get("cancelled")) == ("50.0 %", "26 cancelled")
+        assert (live[str(v2.pk)]["errors"], live[str(v2.pk)].get("cancelled")) == (MISSING, "26 cancelled")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        row = html[html.index(f'data-deployment="{v2.pk}"') :].split("</tr>")[0]
+        assert 'data-live="cancelled">26 cancelled<' in row
 
     def test_the_endpoint_refuses_bad_ids(self, admin_client):
         assert admin_client.get("/console/deployments/live/?ids=1,x").status_code == 400

@@ -8,6 +8,7 @@ import random
 import re
 import uuid
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -19,8 +20,11 @@ from django.test import Client
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
 from billing.models import UsageRollup
-from console.pages.overview_data import dashboard
+from billing.rollups import rollups_rebuild
+from console.pages.overview_data import dashboard, gateway_rates, gateway_sample
 from core import sketch
+from serving import metrics
+from tests.billing.records import make_record
 
 NOW = datetime(2031, 1, 15, 12, 30, tzinfo=UTC)
 THIS_HOUR = NOW.replace(minute=0)
@@ -165,6 +169,21 @@ class TestFigures:
         assert data["rows"] == []
 
 
+class TestGatewayCounters:
+    def test_a_clients_cancel_is_not_counted_as_an_error(self):
+        """The live view's "errors since last update" counted every status but 2xx, 499 included."""
+        before = gateway_sample()
+        metrics.REQUESTS.labels("cancels-model", "1", "chat", "499").inc(26)
+        metrics.REQUESTS.labels("cancels-model", "1", "chat", "502").inc(2)
+        metrics.REQUESTS.labels("cancels-model", "1", "chat", "200").inc(3)
+        after = gateway_sample()
+        assert after.requests - before.requests == 31
+        assert after.errors - before.errors == 2
+        assert getattr(after, "cancelled", 0) - getattr(before, "cancelled", 0) == 26
+        rates = gateway_rates(before, replace(after, at=before.at + 1))
+        assert (rates["errors"], rates.get("cancelled")) == ("2", "26")
+
+
 class TestOverviewPage:
     def test_it_shows_the_rollups_of_the_chosen_range(self, admin_client, keys):
         one, _ = keys
@@ -182,6 +201,29 @@ class TestOverviewPage:
         assert 'data-version-row="gamma:1"' in html
         assert '<option value="hour" selected>' in html
         assert len(re.findall(r'class="plot" id="chart-', html)) == 6
+
+    def test_a_clients_cancels_are_their_own_outcome_not_errors(self, admin_client, keys):
+        """Issue 34, defect 12, the audit's case: a chat model's 26 requests were 26 playground
+        Stops (499, client_closed), and the overview said 26 errors, an error rate of 100 %."""
+        one, _ = keys
+        now = datetime.now(UTC)
+        for i in range(26):
+            make_record(
+                one, at=now - timedelta(seconds=i), model="stopped-chat", status=499, error_code="client_closed"
+            )
+        rollups_rebuild(start=now - timedelta(hours=1), end=now + timedelta(hours=1))
+
+        response = admin_client.get("/console/?range=hour")
+
+        data = page_data(response)
+        [row] = [r for r in data["rows"] if r["model"] == "stopped-chat"]
+        assert (row["requests"], row["error_rate"], row.get("cancelled")) == ("26", "—", "26")
+        errors = trace(data, "errors", "stopped-chat:1")["y"]
+        assert not any(errors), errors  # no error rate at any hour
+        assert sum(y or 0 for y in trace(data, "errors", "stopped-chat:1 cancelled")["y"]) > 0
+        html = response.content.decode()
+        assert 'data-headline="cancelled">26<' in html
+        assert "Cancelled by client" in html
 
     def test_an_unknown_range_falls_back_to_the_last_day(self, admin_client):
         response = admin_client.get("/console/?range=forever")

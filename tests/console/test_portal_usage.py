@@ -21,8 +21,10 @@ from accounts.models import ApiKey, Membership, Organization, Plan, Role
 from accounts.services import api_key_create, api_key_revoke, organization_create
 from billing import invoicing
 from billing.models import Invoice, InvoiceLine, UsageRecord, UsageRollup
+from billing.rollups import rollups_rebuild
 from billing.services import invoice_draft, invoice_finalize
 from tests.billing.invoice_fixtures import chat_model, price, record
+from tests.billing.records import make_record
 
 pytestmark = pytest.mark.django_db
 
@@ -260,6 +262,22 @@ class TestCsv:
         assert 'filename="usage-alice-corp-2026-10-31-2026-11-01.csv"' in custom["Content-Disposition"]
         assert sorted(r["date"] for r in csv_rows(custom)) == ["2026-10-31", "2026-11-01"]
         assert {r["api_key"] for r in csv_rows(custom)} == {tenants.key.masked, tenants.staging.masked}
+
+    def test_a_clients_cancels_are_not_errors_on_the_page_or_in_the_csv(self, tenants, frozen):
+        """Issue 34, defect 12: 26 requests its clients cancelled (499) and 2 failures of a model."""
+        at = frozen - timedelta(hours=1)
+        for status in [499] * 26 + [502] * 2 + [200] * 3:
+            make_record(tenants.key, at=at, model="chat-c", status=status)
+        rollups_rebuild(start=at, end=frozen)
+        client = tenants.client("member")
+        response = client.get(page_url(tenants.org), {"range": "month"})
+        totals = response.context["totals"]
+        assert (totals.requests, totals.errors, getattr(totals, "cancelled", None)) == (31, 2, 26)
+        html = response.content.decode()
+        assert "2 errors" in html
+        assert "26 cancelled by the client" in html
+        [row] = csv_rows(client.get(page_url(tenants.org, "portal-usage-csv"), {"range": "month"}))
+        assert (row["requests"], row["errors"], row.get("cancelled")) == ("31", "2", "26")
 
     def test_the_pages_link_downloads_the_days_shown(self, tenants, usage):
         client = tenants.client("member")

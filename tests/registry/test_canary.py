@@ -51,8 +51,11 @@ class Profile:
     slow: float = 1.0
     empty: float = 0.0
     truncated: float = 0.05
+    cancelled: float = 0.0  # its clients' cancels (499): drawn only when set, so seeded runs stay as they were
 
     def sample(self, rng: random.Random) -> RequestSample:
+        if self.cancelled and rng.random() < self.cancelled:
+            return RequestSample(status_code=499, latency_ms=rng.randint(50, 4000), ttft_ms=rng.randint(20, 200))
         if rng.random() < self.fail:
             return RequestSample(status_code=502, latency_ms=rng.randint(5, 40))
         tokens = rng.randint(10, 120)
@@ -264,6 +267,7 @@ def serve(
                 ttft_ms=sample.ttft_ms,
                 status_code=sample.status_code,
                 finish_reason=sample.finish_reason,
+                error_code="client_closed" if sample.status_code == 499 else "",
                 created_at=start + timedelta(seconds=INTERVAL * rng.random()),
             )
         )
@@ -415,6 +419,47 @@ class TestController:
         assert decision is not None
         assert decision.verdict == "hold"
         assert decision.figures["arms"]["canary"]["n"] == 0
+
+    def test_a_clients_cancel_is_in_neither_side_of_the_failure_rate(self, api_key):
+        """Issue 34, defect 12: the canary answered 90 requests and failed 10 (10 %); its clients
+        cancelled 900 more. Counted in the denominator, the cancels made that 1 % and a pass."""
+        model = deployed_model()
+        now = timezone.now()
+        canary = canary_create(
+            actor=None, model=model, base_version="v1", canary_version="v2", interval_seconds=INTERVAL,
+            success_criteria={"min_success_rate": 0.95}, min_samples=50, now=now,
+        )  # fmt: skip
+        rng = random.Random(11)
+        serve(api_key, model, "v1", GOOD, 400, rng, now)
+        serve(api_key, model, "v2", Profile(fail=0.0), 90, rng, now)
+        serve(api_key, model, "v2", Profile(fail=1.0), 10, rng, now)
+        serve(api_key, model, "v2", Profile(cancelled=1.0), 900, rng, now)
+        assert UsageRecord.objects.filter(model=model.name, model_version="v2", status_code=499).count() == 900
+        decision = canary_decide(canary_id=canary.pk, load_samples=served_requests, now=now + timedelta(minutes=1))
+        assert decision is not None
+        arm = decision.figures["arms"]["canary"]
+        assert (arm["n"], arm["errors"], arm.get("cancelled")) == (100, 10, 900)
+        assert arm["error_rate"] == pytest.approx(0.10)
+        assert decision.figures["tests"]["error_rate"]["n_canary"] == 100
+        assert decision.verdict == "rollback"
+        assert any("min_success_rate" in reason for reason in decision.reasons)
+
+    def test_cancels_do_not_make_up_the_minimum_sample(self, api_key):
+        """A canary whose clients cancelled 500 requests and that answered 30 has 30 of its 50."""
+        model = deployed_model()
+        now = timezone.now()
+        canary = canary_create(
+            actor=None, model=model, base_version="v1", canary_version="v2", interval_seconds=INTERVAL,
+            min_samples=50, now=now,
+        )  # fmt: skip
+        rng = random.Random(12)
+        serve(api_key, model, "v1", GOOD, 400, rng, now)
+        serve(api_key, model, "v2", GOOD, 30, rng, now)
+        serve(api_key, model, "v2", Profile(cancelled=1.0), 500, rng, now)
+        decision = canary_decide(canary_id=canary.pk, load_samples=served_requests, now=now + timedelta(minutes=1))
+        assert decision is not None
+        assert decision.verdict == "hold"
+        assert "canary has 30 of 50 requests" in decision.reasons[0]
 
     def test_it_decides_once_per_boundary(self, api_key):
         model = deployed_model()

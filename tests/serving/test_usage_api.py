@@ -35,13 +35,13 @@ class Tenants:
 
 
 def _rollup(api_key, day: date, model: str, version: str = "1", requests: int = 1, errors: int = 0,
-            cost: str = "0.001234") -> None:  # fmt: skip
+            cost: str = "0.001234", cancelled: int = 0) -> None:  # fmt: skip
     from billing.models import UsageRollup
 
     UsageRollup.objects.create(
         period=UsageRollup.Period.DAY, start=datetime.combine(day, time.min, UTC),
         organization_id=api_key.organization_id, api_key=api_key, model=model, model_version=version,
-        requests=requests, errors=errors,
+        requests=requests, errors=errors, cancelled=cancelled,
         input_tokens=10 * requests, output_tokens=5 * requests, cached_tokens=2 * requests, cost=Decimal(cost),
     )  # fmt: skip
 
@@ -72,7 +72,7 @@ def tenants(django_db_setup, django_db_blocker) -> Iterator[Tenants]:
         stranger = api_key_create(organization=other, name="stranger")
         for back in (0, 1, 29, 30):
             _rollup(mine.api_key, today - timedelta(days=back), "alpha")
-        _rollup(mine.api_key, today, "alpha", version="2", requests=3, errors=1, cost="0.000001")
+        _rollup(mine.api_key, today, "alpha", version="2", requests=3, errors=1, cost="0.000001", cancelled=1)
         _rollup(mine.api_key, today - timedelta(days=1), "beta")
         _rollup(sibling.api_key, today, "sibling-model")
         _rollup(stranger.api_key, today, "stranger-model")
@@ -109,7 +109,7 @@ class TestOwnUsage:
         assert (body["object"], body["has_more"], body["next_page"]) == ("list", False, None)
         entry = body["data"][-1]
         assert entry == {
-            "object": "usage.daily", "date": str(today), "model": "alpha", "requests": 4, "errors": 1,
+            "object": "usage.daily", "date": str(today), "model": "alpha", "requests": 4, "errors": 1, "cancelled": 1,
             "input_tokens": 40, "output_tokens": 20, "cached_tokens": 8, "cost": "0.001235000000", "batch_requests": 0,
             "batch_cost": "0.000000000000", "currency": "USD",
         }  # fmt: skip
