@@ -100,9 +100,9 @@ class OrganizationForm(forms.Form):
     )  # fmt: skip
 
     batch_weight = forms.IntegerField(
-        label="Batch weight", min_value=1, max_value=1000, initial=1,
+        label="Batch weight", min_value=1, max_value=1000, initial=1, required=False,
         help_text="its share of batch capacity when several organisations' batches wait (2: twice the lines "
-                  "in flight of an organisation of 1)",
+                  "in flight of an organisation of 1; empty: unchanged, 1 for a new one)",
     )  # fmt: skip
 
     LIMITS = LIMIT_FIELDS
@@ -124,10 +124,11 @@ class OrganizationForm(forms.Form):
         """What the services take: ``tax_rate`` as a fraction, every limit (None: no limit)."""
         data = self.cleaned_data
         values = {
-            name: data[name]
-            for name in ("name", "tier", "billing_email", "cache_wrong_hit_budget", "batch_weight", *self.LIMITS)
+            name: data[name] for name in ("name", "tier", "billing_email", "cache_wrong_hit_budget", *self.LIMITS)
         }
         values["tax_rate"] = data["tax_percent"] / 100
+        if data.get("batch_weight") is not None:
+            values["batch_weight"] = data["batch_weight"]
         return values
 
 

@@ -214,6 +214,17 @@ class TestOneOrganisation:
             Decimal("0.2"), 5_000_000, "ap@initech.example"
         )  # fmt: skip
 
+    def test_a_platform_admin_sets_the_batch_weight(self, world):
+        """Issue 34's fair batch queue: an organisation's share of batch capacity."""
+        world.client().post(org_url("customer-settings", world.org), settings_data(batch_weight="3"))
+        world.org.refresh_from_db()
+        assert world.org.batch_weight == 3
+        world.client().post(org_url("customer-settings", world.org), settings_data())  # empty: unchanged
+        world.org.refresh_from_db()
+        assert world.org.batch_weight == 3
+        response = world.client().post(org_url("customer-settings", world.org), settings_data(batch_weight="0"))
+        assert "batch_weight" in response.context["settings_form"].errors
+
     def test_settings_errors_are_shown_and_nothing_changes(self, world):
         response = world.client().post(
             org_url("customer-settings", world.org), settings_data(tax_percent="120", name="Umbrella")
