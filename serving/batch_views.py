@@ -24,10 +24,10 @@ from serving import batches, files
 from serving.admission import take_request
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest, NotFound
+from serving.model_access import find_model_for
 from serving.models import Batch
 from serving.predict.call import is_predict_model
 from serving.requests import ApiRequest, json_object, require_method
-from serving.routing import find_model
 from serving.selectors import batch_progress
 
 LIST_LIMIT_MAX = 100
@@ -192,10 +192,7 @@ async def seed_batch(request: ApiRequest) -> HttpResponse:
             callback_url = await asyncio.to_thread(check_callback_url, callback_url)
         except BadCallback as exc:
             raise InvalidRequest(exc.message, param="callback_url", code="invalid_callback_url") from None
-    model = await find_model(model_name)
-    if not grant.may_use(model_name):
-        raise APIError(f"This key may not use `{model_name}`.", status=403, code="model_not_allowed",
-                       type="permission_error")  # fmt: skip
+    model = await find_model_for(grant, model_name)  # one outside the key's scope does not exist
     await take_request(grant)  # a batch's creation is a request, whatever its lines
     if is_predict_model(model):
         url = batches.PREDICT_URL

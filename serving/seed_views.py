@@ -25,11 +25,11 @@ from django.http import HttpResponse, HttpResponseBase
 from accounts.grants import KeyGrant
 from serving.auth import authenticate
 from serving.errors import InvalidRequest
+from serving.model_access import find_model_for
 from serving.openai_views import annotate_answer, run_call, sse
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
 from serving.requests import ApiRequest, json_object, model_name, require_method
 from serving.responses import EventStreamResponse
-from serving.routing import find_model
 
 # Sampling fields the seeds' generate passes through to the OpenAI request as they are.
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "user")
@@ -46,7 +46,7 @@ async def _generate(request: ApiRequest, grant: KeyGrant, model: str, data: dict
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be true or false.", param="stream")
-    route = await find_model(model)
+    route = await find_model_for(grant, model)  # one outside the key's scope does not exist
     endpoint: Endpoint = CHAT if route.task in CHAT.tasks else COMPLETIONS
     body: dict[str, Any] = {"model": model, "stream": stream}
     if endpoint is CHAT:

@@ -187,3 +187,19 @@ def test_an_upload_goes_to_disk_as_it_arrives(files_gateway, api_key, store_root
     assert uploaded.status_code == 200, uploaded.text
     grown_mib = (_peak_rss_kib(files_gateway.process.pid) - before) / 1024
     assert grown_mib < len(content) / 1024 / 1024 / 2, f"peak memory grew {grown_mib:.0f} MiB"
+
+
+def test_a_scoped_key_cannot_tell_a_model_outside_its_scope_from_a_missing_one(
+    files_gateway, make_api_key, fake_model, store_root
+):
+    """Issue 34, defect 11, on the seeds' batch: the same 400 for both (before: 403 for a real one)."""
+    key = make_api_key(allowed_models=["only-this-one"])
+    bodies = []
+    for model in (fake_model.name, f"missing-{uuid.uuid4().hex[:6]}"):
+        response = httpx.post(f"{files_gateway.base_url}/api/v1/batch", json={"model": model, "inputs": ["hi"]},
+                              headers={"Authorization": f"Bearer {key.secret}"}, timeout=30)  # fmt: skip
+        assert response.status_code == 400, response.text
+        bodies.append(response.json()["error"] | {"message": response.json()["error"]["message"].replace(model, "M")})
+    assert bodies[0] == bodies[1]
+    assert bodies[0]["code"] == "model_not_found"
+    _nothing_stored(key.organization_id, store_root)
