@@ -34,10 +34,10 @@ from django.urls import Resolver404, resolve
 from redis.exceptions import RedisError
 
 from accounts.grants import KeyGrant
+from billing.outcomes import CLIENT_CLOSED
 from serving.auth import authenticate
 from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge
 from serving.file_views import before_upload
-from serving.orchestrator import CLIENT_CLOSED
 from serving.requests import ApiRequest
 from serving.responses import EventStreamResponse
 from serving.session_auth import session_grant

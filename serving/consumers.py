@@ -36,9 +36,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from accounts.grants import KeyGrant
+from billing.outcomes import CLIENT_CLOSED
 from serving.auth import authenticate
 from serving.errors import APIError, AuthenticationFailed, InvalidRequest, PayloadTooLarge
-from serving.orchestrator import CHAT, CLIENT_CLOSED, InferenceCall
+from serving.orchestrator import CHAT, InferenceCall
 from serving.session_auth import session_grant
 
 logger = logging.getLogger(__name__)

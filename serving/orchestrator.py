@@ -42,6 +42,7 @@ from django.conf import settings
 from accounts.grants import KeyGrant
 from billing import ledger
 from billing.ledger import Headroom, UsageEvent
+from billing.outcomes import CLIENT_CLOSED, CLIENT_CLOSED_CODE
 from billing.pricing import PriceQuote
 from serving import engine, metrics
 from serving.admission import Admission, take_request
@@ -74,9 +75,6 @@ from serving.tokens import PromptCount, PromptCounter, prompt_counter
 
 logger = logging.getLogger(__name__)
 
-# Status recorded for a request whose client went away before it finished (nginx's convention).
-CLIENT_CLOSED = 499
-
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -107,7 +105,7 @@ def error_code_of(status: int, exc: BaseException | None = None) -> str:
     if isinstance(exc, APIError) and exc.code:
         return str(exc.code)[: ledger.ERROR_CODE_MAX_LENGTH]
     if status == CLIENT_CLOSED:
-        return "client_closed"
+        return CLIENT_CLOSED_CODE
     return "server_error" if status >= 500 else "invalid_request"
 
 
