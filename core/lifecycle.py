@@ -16,6 +16,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -119,3 +120,22 @@ class OncePerProcess:
             if not self.started:
                 self._start()
                 self.started = True
+
+
+class LazyThreadPool:
+    """A pool of threads made on first use (a process that never needs it starts none), sized
+    by ``size()`` then: for CPU work kept off an event loop (counting a large prompt, reading a
+    large tensor)."""
+
+    def __init__(self, name: str, size: Callable[[], int]) -> None:
+        self._name = name
+        self._size = size
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=self._size(), thread_name_prefix=self._name)
+        return self._pool

@@ -23,7 +23,7 @@ import functools
 import logging
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, BinaryIO, cast
 
@@ -127,11 +127,12 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
-async def _read_body(scope: Scope, receive: Receive, declared: int | None) -> bytes:
+async def _body_chunks(scope: Scope, receive: Receive, declared: int | None) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, bounded by the path's limit: refused by its declared
+    length before a byte is read, or as soon as more than the limit came."""
     limit = _body_limit(scope)
     if declared is not None and declared > limit:
-        raise _too_large(limit)  # refused before reading a byte of it
-    parts: list[bytes] = []
+        raise _too_large(limit)
     size = 0
     while True:
         message = await receive()
@@ -141,35 +142,27 @@ async def _read_body(scope: Scope, receive: Receive, declared: int | None) -> by
         size += len(chunk)
         if size > limit:
             raise _too_large(limit)
-        parts.append(chunk)
+        yield chunk
         if not message.get("more_body", False):
-            return b"".join(parts)
+            return
+
+
+async def _read_body(scope: Scope, receive: Receive, declared: int | None) -> bytes:
+    return b"".join([chunk async for chunk in _body_chunks(scope, receive, declared)])
 
 
 async def _spool_body(scope: Scope, receive: Receive, declared: int | None) -> BinaryIO:
     """An upload's body, written to a temporary file as it arrives (in memory only up to
-    UPLOAD_SPOOL_BYTES), positioned at its start; bounded like any body."""
-    limit = _body_limit(scope)
-    if declared is not None and declared > limit:
-        raise _too_large(limit)
+    UPLOAD_SPOOL_BYTES), positioned at its start."""
     spool = tempfile.SpooledTemporaryFile(max_size=UPLOAD_SPOOL_BYTES)  # noqa: SIM115 (the request closes it)
     try:
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
+        async for chunk in _body_chunks(scope, receive, declared):
             spool.write(chunk)
-            if not message.get("more_body", False):
-                spool.seek(0)
-                return cast(BinaryIO, spool)
     except BaseException:
         spool.close()
         raise
+    spool.seek(0)
+    return cast(BinaryIO, spool)
 
 
 @functools.cache

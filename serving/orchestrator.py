@@ -29,7 +29,6 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -44,6 +43,7 @@ from billing import ledger
 from billing.ledger import Headroom, UsageEvent
 from billing.outcomes import CLIENT_CLOSED, CLIENT_CLOSED_CODE
 from billing.pricing import PriceQuote
+from core.lifecycle import LazyThreadPool
 from serving import engine, metrics
 from serving.admission import Admission, take_request
 from serving.errors import (
@@ -243,7 +243,7 @@ class InferenceCall:
             _refuse_by_lower_bound(body, data, counter, max_len)
             if large:  # off the event loop: every other request on this process goes on meanwhile
                 loop = asyncio.get_running_loop()
-                per_prompt = await loop.run_in_executor(_counting_pool(), _count, counter, body, data)
+                per_prompt = await loop.run_in_executor(_counting_pool.get(), _count, counter, body, data)
             else:
                 per_prompt = _count(counter, body, data)
             prompts = len(per_prompt)
@@ -860,15 +860,8 @@ class InferenceCall:
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
 
 
-_pool: ThreadPoolExecutor | None = None
-
-
-def _counting_pool() -> ThreadPoolExecutor:
-    """The threads that count large prompts (the tokenizer releases the GIL while it works)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=settings.PROMPT_COUNT_THREADS, thread_name_prefix="prompt-count")
-    return _pool
+# The threads that count large prompts (the tokenizer releases the GIL while it works).
+_counting_pool = LazyThreadPool("prompt-count", lambda: int(settings.PROMPT_COUNT_THREADS))
 
 
 def _count(counter: PromptCounter, body: Any, data: dict[str, Any]) -> list[PromptCount]:

@@ -26,7 +26,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -40,7 +39,7 @@ from billing import ledger
 from billing.ledger import Headroom, UsageEvent
 from billing.pricing import PriceQuote
 from core import keys
-from core.lifecycle import Background
+from core.lifecycle import Background, LazyThreadPool
 from core.redis import async_redis
 from registry.signatures import Signature
 from serving import engine, metrics
@@ -210,7 +209,7 @@ class PredictCall:
         try:
             try:
                 if large:
-                    arrays, rows, extra = await asyncio.get_running_loop().run_in_executor(_decoding_pool(), read)
+                    arrays, rows, extra = await asyncio.get_running_loop().run_in_executor(_decoding_pool.get(), read)
                 else:
                     arrays, rows, extra = read()
             except BadTensor as exc:
@@ -462,12 +461,5 @@ class PredictCall:
 
 
 _writes = Background()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _decoding_pool() -> ThreadPoolExecutor:
-    """The threads that read large request bodies (``PREDICT_DECODE_THREADS``)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=settings.PREDICT_DECODE_THREADS, thread_name_prefix="predict-decode")
-    return _pool
+# The threads that read large request bodies (``PREDICT_DECODE_THREADS``).
+_decoding_pool = LazyThreadPool("predict-decode", lambda: int(settings.PREDICT_DECODE_THREADS))
