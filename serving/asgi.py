@@ -25,6 +25,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from django.conf import settings
@@ -36,9 +37,9 @@ from redis.exceptions import RedisError
 from accounts.grants import KeyGrant
 from billing.outcomes import CLIENT_CLOSED
 from serving.auth import authenticate
-from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge
+from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge, bounded
 from serving.file_views import before_upload
-from serving.requests import ApiRequest
+from serving.requests import READS_BODY, ApiRequest
 from serving.responses import EventStreamResponse
 from serving.session_auth import session_grant
 from serving.urls import DATA_PLANE_MODEL_ACTIONS, DATA_PLANE_PREFIXES
@@ -196,25 +197,42 @@ def _unavailable(scope: Scope, exc: Exception, what: str) -> EngineUnavailable:
     return EngineUnavailable(f"The platform's {name} is unavailable; try again shortly.", code=f"{what}_unavailable")
 
 
-async def handle(request: ApiRequest) -> HttpResponseBase:
-    """Resolve and run a data-plane view; any failure becomes an OpenAI error body."""
+@dataclass(frozen=True, slots=True)
+class Route:
+    view: View
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def reads_body(self) -> bool:
+        return bool(getattr(self.view, READS_BODY, False))
+
+
+def resolve_route(path: str) -> Route | None:
+    """The data-plane view of ``path`` and its arguments; None for a path no route has."""
+    if "\x00" in path:  # no route has one, and the database would refuse it as an id
+        return None
+    view = _exact_routes().get(path)
+    if view is not None:
+        return Route(view, (), {})
+    if (routed := _route(path)) is not None:
+        return Route(routed[0], (), routed[1])
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return None
+    return Route(match.func, match.args, match.kwargs)
+
+
+async def handle(request: ApiRequest, route: Route | None) -> HttpResponseBase:
+    """Run a data-plane view; any failure becomes an OpenAI error body."""
     header = str(request.request_id)
-    if "\x00" in request.path:  # no route has one, and the database would refuse it as an id
-        return NotFound("Unknown request URL: the path holds a NUL character.", code="unknown_url").response(header)
-    view = _exact_routes().get(request.path)
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    if view is None and (routed := _route(request.path)) is not None:
-        view, kwargs = routed
-    if view is None:
-        try:
-            match = resolve(request.path)
-        except Resolver404:
-            return NotFound(
-                f"Unknown request URL: {request.method} {request.path}. Please check the URL for typos.",
-                code="unknown_url",
-            ).response(header)
-        view, args, kwargs = match.func, match.args, match.kwargs
+    if route is None:
+        return NotFound(
+            f"Unknown request URL: {request.method} {bounded(request.path, 200)}. Please check the URL for typos.",
+            code="unknown_url",
+        ).response(header)
+    view, args, kwargs = route.view, route.args, route.kwargs
     try:
         response: HttpResponseBase = await view(request, *args, **kwargs)
     except APIError as exc:
@@ -265,14 +283,16 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _receive_request(scope: Scope, receive: Receive, request_id: uuid.UUID) -> ApiRequest:
-    """The request, its sender judged from the headers before its body is read: a request
-    with a body and no valid key is answered 401 without reading a byte of the body, and an
-    upload is charged to the key's request rate and checked against its organisation's storage
-    before it is read (``serving.file_views.before_upload``), then spooled to disk."""
+async def _receive_request(scope: Scope, receive: Receive, request_id: uuid.UUID, route: Route | None) -> ApiRequest:
+    """The request, its body read only by a view that takes one (``reads_body``) and only once
+    its sender is judged from the headers: a request with a body and no valid key is answered
+    401 without reading a byte of the body, and an upload is charged to the key's request rate
+    and checked against its organisation's storage before it is read
+    (``serving.file_views.before_upload``), then spooled to disk. Any other request's body is
+    never read (its view answers 405, 404 or what its method asks for)."""
     headers = _headers(scope)
     declared = _declared_length(headers)
-    if scope["method"] not in BODY_METHODS:
+    if scope["method"] not in BODY_METHODS or route is None or not route.reads_body:
         return ApiRequest(scope, b"", request_id)
     grant = await _sender(scope, headers)
     if _is_upload(scope):
@@ -284,8 +304,9 @@ async def _receive_request(scope: Scope, receive: Receive, request_id: uuid.UUID
 
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:
     request_id = uuid.uuid4()
+    route = resolve_route(scope["path"])
     try:
-        request = await _receive_request(scope, receive, request_id)
+        request = await _receive_request(scope, receive, request_id, route)
     except ClientGone:
         return
     except APIError as exc:
@@ -298,19 +319,19 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         await _send_response(_unavailable(scope, exc, "redis").response(str(request_id)), send)
         return
     try:
-        await _serve(request, receive, send)
+        await _serve(request, route, receive, send)
     finally:
         request.close()
 
 
-async def _serve(request: ApiRequest, receive: Receive, send: Send) -> None:
+async def _serve(request: ApiRequest, route: Route | None, receive: Receive, send: Send) -> None:
     request_id = request.request_id
     # What the closers settle a call with if the call did not settle itself: the client
     # went away (499), or something failed in sending (500).
     ending = 500
 
     async def respond() -> None:
-        response = await handle(request)
+        response = await handle(request, route)
         await _send_response(response, send)
 
     responding = asyncio.ensure_future(respond())

@@ -27,7 +27,7 @@ from serving.errors import APIError, InvalidRequest, NotFound
 from serving.model_access import find_model_for
 from serving.models import Batch
 from serving.predict.call import is_predict_model
-from serving.requests import ApiRequest, json_object, require_method
+from serving.requests import ApiRequest, json_object, reads_body, require_method
 from serving.selectors import batch_progress
 
 LIST_LIMIT_MAX = 100
@@ -52,6 +52,7 @@ def _create(grant: KeyGrant, **fields: Any) -> dict[str, Any]:
     return batches.batch_object(batch)
 
 
+@reads_body
 async def batches_root(request: ApiRequest) -> HttpResponse:
     """``POST`` creates a batch, ``GET`` lists them (newest first)."""
     require_method(request, "GET", "POST")
@@ -162,6 +163,7 @@ def _seed_create(grant: KeyGrant, url: str, model: str, inputs: list[Any], param
     }
 
 
+@reads_body
 async def seed_batch(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/batch`` ``{"model", "inputs": [...], "callback_url", "params"}``: one
     request per input (a prompt or messages for a chat model, a text for an embedding model,

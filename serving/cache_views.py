@@ -17,7 +17,7 @@ from django.http import HttpResponse
 from core.db import run_db
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest, NotFound
-from serving.requests import ApiRequest
+from serving.requests import ApiRequest, reads_body
 from serving.semcache.feedback import NotServedFromCache, parse_request_id, report
 
 REASON_MAX_CHARS = 500
@@ -37,6 +37,7 @@ def _body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+@reads_body
 async def cache_feedback(request: ApiRequest) -> HttpResponse:
     if request.method != "POST":
         raise APIError(f"Method {request.method} is not allowed here; use POST.", status=405,

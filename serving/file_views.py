@@ -27,7 +27,7 @@ from serving.admission import take_request
 from serving.auth import authenticate
 from serving.errors import APIError, InvalidRequest, NotFound
 from serving.models import StoredFile
-from serving.requests import ApiRequest, require_method
+from serving.requests import ApiRequest, reads_body, require_method
 
 LIST_LIMIT_MAX = 10_000
 
@@ -79,6 +79,7 @@ def _create(body: BinaryIO, content_type: str, organization_id: int, api_key_id:
     return files.file_object(stored)
 
 
+@reads_body
 async def files_root(request: ApiRequest) -> HttpResponse:
     """``GET`` lists, ``POST`` uploads (the body spooled to disk as it came, after the key and
     its request rate were checked: ``before_upload``)."""

@@ -20,7 +20,7 @@ from serving.errors import APIError, RateLimited
 from serving.model_access import find_model_for
 from serving.openai_wire import rate_limit_headers
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
-from serving.requests import ApiRequest, require_method
+from serving.requests import ApiRequest, reads_body, require_method
 from serving.responses import EventStreamResponse
 from serving.routing import ModelRoute, routing_table
 
@@ -137,13 +137,16 @@ async def _with_limits(response: HttpResponse, grant: KeyGrant) -> HttpResponse:
     return response
 
 
+@reads_body
 async def chat_completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, CHAT)
 
 
+@reads_body
 async def completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, COMPLETIONS)
 
 
+@reads_body
 async def embeddings(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, EMBEDDINGS)

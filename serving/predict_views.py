@@ -43,7 +43,7 @@ from serving.predict.protocol import (
     read_body,
     requested_outputs,
 )
-from serving.requests import ApiRequest, json_object, model_name, require_method
+from serving.requests import ApiRequest, json_object, model_name, reads_body, require_method
 from serving.routing import ModelRoute, routing_table
 from serving.session_auth import session_grant
 
@@ -118,6 +118,7 @@ async def model_ready(request: ApiRequest, model: str, version: str | None = Non
     raise APIError(f"No replica of `{route.name}` is ready.", status=503)
 
 
+@reads_body
 @protocol_errors
 async def model_infer(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
     require_method(request, "POST")
@@ -203,6 +204,7 @@ def _version_param(data: dict[str, Any]) -> str | None:
     return version or None
 
 
+@reads_body
 async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
     require_method(request, "POST")
@@ -242,6 +244,7 @@ async def predict_answer(call: PredictCall, data: dict[str, Any], *, size: int =
     }
 
 
+@reads_body
 async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
     require_method(request, "POST")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
@@ -64,6 +64,18 @@ class ApiRequest:
     def on_close(self, closer: Closer) -> None:
         """Run ``closer(status)`` when the request is over, however it ended (499: client gone)."""
         self.closers.append(closer)
+
+
+READS_BODY = "reads_body"
+V = TypeVar("V", bound=Callable[..., Any])
+
+
+def reads_body(view: V) -> V:
+    """Mark a view that reads its request's body (a POST's): the data plane's entry reads a
+    body only for such a view, and only after judging its sender from the headers
+    (``serving.asgi``); every other view's body is never read."""
+    setattr(view, READS_BODY, True)
+    return view
 
 
 def require_method(request: ApiRequest, *methods: str) -> None:

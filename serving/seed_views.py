@@ -28,7 +28,7 @@ from serving.errors import InvalidRequest
 from serving.model_access import find_model_for
 from serving.openai_views import annotate_answer, run_call, sse
 from serving.orchestrator import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint, InferenceCall
-from serving.requests import ApiRequest, json_object, model_name, require_method
+from serving.requests import ApiRequest, json_object, model_name, reads_body, require_method
 from serving.responses import EventStreamResponse
 
 # Sampling fields the seeds' generate passes through to the OpenAI request as they are.
@@ -104,6 +104,7 @@ class _Tokens:
         return {"finish_reason": self.finish, "usage": self.usage}
 
 
+@reads_body
 async def generate(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/generate``."""
     require_method(request, "POST")
@@ -112,6 +113,7 @@ async def generate(request: ApiRequest) -> HttpResponseBase:
     return await _generate(request, grant, model_name(data), data)
 
 
+@reads_body
 async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
     """``POST /api/v1/models/{name}/generate``: the model from the path (one in the body must agree)."""
     require_method(request, "POST")
@@ -125,6 +127,7 @@ async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
 # --- embed ---------------------------------------------------------------------------------
 
 
+@reads_body
 async def embed(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/embed``."""
     require_method(request, "POST")

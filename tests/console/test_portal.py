@@ -321,11 +321,11 @@ class TestUsage:
         assert response["Content-Type"] == "text/csv"
         assert "attachment" in response["Content-Disposition"]
         lines = response.content.decode().splitlines()
-        assert lines[0] == ("date,model,api_key,api_key_name,requests,errors,input_tokens,output_tokens,"
+        assert lines[0] == ("date,model,api_key,api_key_name,requests,errors,cancelled,input_tokens,output_tokens,"
                             "cached_tokens,cost,currency")  # fmt: skip
         rows = sorted((tuple(line.split(",")) for line in lines[1:]), key=lambda r: (r[0], r[1], r[3]))
         today, two_days_ago = str(usage["today"]), str(usage["today"] - timedelta(days=2))
-        assert [(r[0], r[1], r[3], r[4], r[9]) for r in rows] == [
+        assert [(r[0], r[1], r[3], r[4], r[10]) for r in rows] == [
             (two_days_ago, "embed-b", "production", "7", "0.0000014"),
             (today, "chat-a", "production", "3", "0.000120000001"),
             (today, "chat-a", "staging", "2", "0.00008"),
