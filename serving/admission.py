@@ -68,6 +68,14 @@ async def take_request(grant: KeyGrant) -> None:
         raise limiter_unavailable(exc) from exc
 
 
+async def charge_refused(grant: KeyGrant) -> None:
+    """Count a request refused after a costly step (its prompt counted, its tensors read) as a
+    request, whatever the buckets hold: it cannot be repeated for free. A ledger that cannot be
+    reached charges nothing (the refusal stands)."""
+    with contextlib.suppress(ledger.LedgerUnavailable):
+        await ledger.take_request(grant, force=True)
+
+
 def model_limit(model: ModelRoute, grant: KeyGrant) -> int:
     """How many requests of the model may be in flight at once (its queue, for back-pressure):
     a share per routable replica, larger for paid keys."""

@@ -34,14 +34,12 @@ from django.http import HttpResponse, HttpResponseBase
 from django.urls import Resolver404, resolve
 from redis.exceptions import RedisError
 
-from accounts.grants import KeyGrant
 from billing.outcomes import CLIENT_CLOSED
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, EngineUnavailable, NotFound, PayloadTooLarge, bounded
 from serving.file_views import before_upload
-from serving.requests import READS_BODY, ApiRequest
+from serving.requests import READS_BODY, TAKES_SESSIONS, ApiRequest
 from serving.responses import EventStreamResponse
-from serving.session_auth import session_grant
 from serving.urls import DATA_PLANE_MODEL_ACTIONS, DATA_PLANE_PREFIXES
 
 logger = logging.getLogger(__name__)
@@ -86,30 +84,7 @@ def _body_limit(scope: Scope) -> int:
     return int(settings.API_MAX_BODY_BYTES)
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    return {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
-
-
-def _session_path(path: str) -> bool:
-    """Paths a signed-in member's page may call with its session instead of a key (the
-    portal's "try it" for small models: ``serving.predict_views``)."""
-    return path == "/api/v1/predict" or (
-        path.startswith("/api/v1/models/") and path.endswith("/predict") and path.count("/") == 5
-    )
-
-
-async def _sender(scope: Scope, headers: dict[str, str]) -> KeyGrant:
-    """Who sent a request with a body, judged from its headers alone, before a byte of the body
-    is read: its API key (a 401 otherwise), or on the session paths a signed-in member."""
-    authorization = headers.get("authorization")
-    organization = headers.get("x-organization")
-    if authorization is None and organization is not None and _session_path(scope["path"]):
-        return await session_grant(scope, organization)
-    return await authenticate(authorization)
-
-
-def _declared_length(headers: dict[str, str]) -> int | None:
-    value = headers.get("content-length")
+def _declared_length(value: str | None) -> int | None:
     if value is None:
         return None
     try:
@@ -207,6 +182,10 @@ class Route:
     def reads_body(self) -> bool:
         return bool(getattr(self.view, READS_BODY, False))
 
+    @property
+    def takes_sessions(self) -> bool:
+        return bool(getattr(self.view, TAKES_SESSIONS, False))
+
 
 def resolve_route(path: str) -> Route | None:
     """The data-plane view of ``path`` and its arguments; None for a path no route has."""
@@ -290,16 +269,17 @@ async def _receive_request(scope: Scope, receive: Receive, request_id: uuid.UUID
     and checked against its organisation's storage before it is read
     (``serving.file_views.before_upload``), then spooled to disk. Any other request's body is
     never read (its view answers 405, 404 or what its method asks for)."""
-    headers = _headers(scope)
-    declared = _declared_length(headers)
-    if scope["method"] not in BODY_METHODS or route is None or not route.reads_body:
-        return ApiRequest(scope, b"", request_id)
-    grant = await _sender(scope, headers)
+    request = ApiRequest(scope, b"", request_id)
+    declared = _declared_length(request.header("content-length"))
+    if request.method not in BODY_METHODS or route is None or not route.reads_body:
+        return request
+    grant = await request_grant(request, sessions=route.takes_sessions)
     if _is_upload(scope):
         await before_upload(grant, declared)
-        upload = await _spool_body(scope, receive, declared)
-        return ApiRequest(scope, b"", request_id, grant=grant, upload=upload)
-    return ApiRequest(scope, await _read_body(scope, receive, declared), request_id, grant=grant)
+        request.upload = await _spool_body(scope, receive, declared)
+    else:
+        request.body = await _read_body(scope, receive, declared)
+    return request
 
 
 async def serve(scope: Scope, receive: Receive, send: Send) -> None:

@@ -26,6 +26,8 @@ from core.db import run_db
 from core.lifecycle import Background, Worker, unobserved
 from core.redis import async_redis
 from serving.errors import AuthenticationFailed, EngineUnavailable
+from serving.requests import ApiRequest
+from serving.session_auth import session_grant
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,20 @@ async def authenticate(authorization: str | None) -> KeyGrant:
         raise AuthenticationFailed("The API key has expired.", code="expired_api_key")
     _note_use(grant.key_id, now)
     return grant
+
+
+async def request_grant(request: ApiRequest, *, sessions: bool = False) -> KeyGrant:
+    """Who sent ``request``, judged once and kept on it (``serving.asgi`` judges a request with
+    a body from its headers, before reading the body): its API key (401 otherwise), or, where
+    ``sessions`` allows and no key is sent, the signed-in member that ``X-Organization`` names
+    (``serving.session_auth``: the portal's "try it", this site's own pages only)."""
+    if request.grant is None:
+        authorization, organization = request.header("authorization"), request.header("x-organization")
+        if sessions and authorization is None and organization is not None:
+            request.grant = await session_grant({"headers": request.raw_headers}, organization)
+        else:
+            request.grant = await authenticate(authorization)
+    return request.grant
 
 
 _last_written: dict[int, float] = {}

@@ -22,7 +22,7 @@ from accounts.grants import KeyGrant
 from core.db import run_db
 from serving import batches, files
 from serving.admission import take_request
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, InvalidRequest, NotFound
 from serving.model_access import find_model_for
 from serving.models import Batch
@@ -52,11 +52,11 @@ def _create(grant: KeyGrant, **fields: Any) -> dict[str, Any]:
     return batches.batch_object(batch)
 
 
-@reads_body
+@reads_body()
 async def batches_root(request: ApiRequest) -> HttpResponse:
     """``POST`` creates a batch, ``GET`` lists them (newest first)."""
     require_method(request, "GET", "POST")
-    grant = request.grant or await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     if request.method == "POST":
         data = json_object(request.body)
         await take_request(grant)  # a batch's creation is a request, whatever its lines
@@ -89,7 +89,7 @@ async def batches_root(request: ApiRequest) -> HttpResponse:
 
 
 async def _owned(request: ApiRequest, batch_id: str) -> Batch:
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     found = await run_db(batches.batch_for_organization, grant.organization_id, batch_id)
     if found is None:
         raise NotFound(f"No such batch: {batch_id}.", param="batch_id", code="batch_not_found")
@@ -163,13 +163,13 @@ def _seed_create(grant: KeyGrant, url: str, model: str, inputs: list[Any], param
     }
 
 
-@reads_body
+@reads_body()
 async def seed_batch(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/batch`` ``{"model", "inputs": [...], "callback_url", "params"}``: one
     request per input (a prompt or messages for a chat model, a text for an embedding model,
     an instance for a small model), with a webhook to ``callback_url`` when it ends."""
     require_method(request, "POST")
-    grant = request.grant or await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     data = json_object(request.body)
     model_name = data.get("model")
     if not isinstance(model_name, str) or not model_name:

@@ -84,7 +84,6 @@ logger = logging.getLogger(__name__)
 LINE_NAMESPACE = uuid.UUID("6f1d2b5e-6c1a-4a8e-9d55-0c7b3a1e2f40")
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}
 PREDICT_URL = "/api/v1/predict"
-UNFINISHED = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING, Batch.Status.FINALIZING)
 # Why a line that never ran ends in the error file, by the batch's stop reason.
 NOT_RUN = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -160,7 +159,7 @@ def enqueued_lines(organization_id: int) -> int:
     )
     to_run = BatchLine.objects.filter(
         batch__organization_id=organization_id,
-        batch__status__in=UNFINISHED,
+        batch__status__in=Batch.UNFINISHED,
         status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING],
     ).count()
     return int(validating["n"] or 0) + to_run
@@ -738,7 +737,7 @@ def finalize_ready() -> int:
 def _fail_by_id(batch_id: int, *, code: str, message: str) -> None:
     with transaction.atomic():
         batch = Batch.objects.select_for_update().filter(pk=batch_id).first()
-        if batch is not None and batch.status not in Batch.FINISHED:
+        if batch is not None and batch.status in Batch.UNFINISHED:
             _fail(batch, code=code, message=message)
 
 

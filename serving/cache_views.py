@@ -15,7 +15,7 @@ import orjson
 from django.http import HttpResponse
 
 from core.db import run_db
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, InvalidRequest, NotFound
 from serving.requests import ApiRequest, reads_body
 from serving.semcache.feedback import NotServedFromCache, parse_request_id, report
@@ -37,12 +37,12 @@ def _body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-@reads_body
+@reads_body()
 async def cache_feedback(request: ApiRequest) -> HttpResponse:
     if request.method != "POST":
         raise APIError(f"Method {request.method} is not allowed here; use POST.", status=405,
                        type="invalid_request_error", code="method_not_allowed", headers={"Allow": "POST"})  # fmt: skip
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     body = _body(request.body)
     given = body.get("request_id")
     if not isinstance(given, str) or not given.strip():

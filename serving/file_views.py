@@ -24,7 +24,7 @@ from accounts.grants import KeyGrant
 from core.db import run_db
 from serving import files
 from serving.admission import take_request
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, InvalidRequest, NotFound
 from serving.models import StoredFile
 from serving.requests import ApiRequest, reads_body, require_method
@@ -79,12 +79,12 @@ def _create(body: BinaryIO, content_type: str, organization_id: int, api_key_id:
     return files.file_object(stored)
 
 
-@reads_body
+@reads_body()
 async def files_root(request: ApiRequest) -> HttpResponse:
     """``GET`` lists, ``POST`` uploads (the body spooled to disk as it came, after the key and
     its request rate were checked: ``before_upload``)."""
     require_method(request, "GET", "POST")
-    grant = request.grant or await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     if request.method == "POST":
         content_type = request.header("content-type") or ""
         if not content_type.startswith("multipart/form-data"):
@@ -120,7 +120,7 @@ async def files_root(request: ApiRequest) -> HttpResponse:
 
 
 async def _owned(request: ApiRequest, file_id: str) -> StoredFile:
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     found = await run_db(files.file_for_organization, grant.organization_id, file_id)
     if found is None:
         raise NotFound(f"No such file: {file_id}.", param="file_id", code="file_not_found")

@@ -193,7 +193,7 @@ def files_purge_expired(*, limit: int = 200) -> int:
     output and error files after FILES_OUTPUT_RETENTION_DAYS), except an input file that a
     batch not yet finished still reads; at most ``limit`` a run. Each file on its own: one
     that cannot be deleted is logged and left for the next run. How many went."""
-    needed = Batch.objects.filter(input_file=OuterRef("pk")).exclude(status__in=Batch.FINISHED)
+    needed = Batch.objects.filter(input_file=OuterRef("pk"), status__in=Batch.UNFINISHED)
     expired = list(
         StoredFile.objects.filter(expires_at__lte=timezone.now()).exclude(Exists(needed)).order_by("expires_at")[:limit]
     )

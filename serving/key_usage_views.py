@@ -28,7 +28,7 @@ from billing.usage_selectors import (
     usage_window,
 )
 from core.db import run_db
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, InvalidRequest
 from serving.requests import ApiRequest
 
@@ -120,7 +120,7 @@ async def usage(request: ApiRequest) -> HttpResponse:
             code="method_not_allowed",
             headers={"Allow": "GET"},
         )
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     query = parse_usage_query(request.query_string, today=datetime.now(UTC).date())
     page = await run_db(
         usage_daily_for_key,

@@ -270,7 +270,7 @@ class Batch(models.Model):
         "cancelling": {"cancelled", "failed"},
         "finalizing": {"completed", "expired", "cancelled", "failed"},
     }
-    FINISHED = ("failed", "completed", "expired", "cancelled")
+    UNFINISHED = tuple(TRANSITIONS)  # a status that may still move; the others are final
 
     public_id = models.CharField(max_length=40, unique=True, help_text="`batch_…`, the API's id")
     organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="batches")

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from accounts.grants import KeyGrant
 from billing import ledger
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, RateLimited
 from serving.model_access import find_model_for
 from serving.openai_wire import rate_limit_headers
@@ -43,7 +43,7 @@ def _model_object(model: ModelRoute) -> dict[str, Any]:
 
 async def models_list(request: ApiRequest) -> HttpResponse:
     require_method(request, "GET")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     table = await routing_table()
     data = [_model_object(m) for name, m in sorted(table.models.items()) if grant.may_use(name)]
     return await _with_limits(_json({"object": "list", "data": data}), grant)
@@ -51,7 +51,7 @@ async def models_list(request: ApiRequest) -> HttpResponse:
 
 async def model_detail(request: ApiRequest, model: str) -> HttpResponse:
     require_method(request, "GET")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     route = await find_model_for(grant, model)  # one outside the key's scope does not exist
     return await _with_limits(_json(_model_object(route)), grant)
 
@@ -108,7 +108,7 @@ async def run_call(
 
 async def _infer(request: ApiRequest, endpoint: Endpoint) -> HttpResponseBase:
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     call = InferenceCall(endpoint, grant, request.request_id)
     answer = await run_call(request, call, request.body, pinned_version=_pinned_version(request))
     response: HttpResponseBase = EventStreamResponse(sse(call)) if answer is None else _json(answer)
@@ -137,16 +137,16 @@ async def _with_limits(response: HttpResponse, grant: KeyGrant) -> HttpResponse:
     return response
 
 
-@reads_body
+@reads_body()
 async def chat_completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, CHAT)
 
 
-@reads_body
+@reads_body()
 async def completions(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, COMPLETIONS)
 
 
-@reads_body
+@reads_body()
 async def embeddings(request: ApiRequest) -> HttpResponseBase:
     return await _infer(request, EMBEDDINGS)

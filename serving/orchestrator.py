@@ -45,7 +45,7 @@ from billing.outcomes import CLIENT_CLOSED, CLIENT_CLOSED_CODE
 from billing.pricing import PriceQuote
 from core.lifecycle import LazyThreadPool
 from serving import engine, metrics
-from serving.admission import Admission, take_request
+from serving.admission import Admission, charge_refused, take_request
 from serving.errors import (
     APIError,
     EngineFailed,
@@ -271,8 +271,7 @@ class InferenceCall:
                 reserved = prompt_bound + prompts * body.n * per_choice
         except InvalidRequest:
             if not self._rpm_paid and not self.batch:  # refused after it was counted: it still counts as a request
-                with contextlib.suppress(ledger.LedgerUnavailable):
-                    await ledger.take_request(self.grant, force=True)
+                await charge_refused(self.grant)
             raise
 
         # Charged at the price in effect when the request arrived (its record's created_at),

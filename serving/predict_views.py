@@ -28,7 +28,7 @@ from django.http import HttpResponse
 
 from accounts.grants import KeyGrant
 from registry.signatures import Signature
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import APIError, InvalidRequest
 from serving.openai_wire import rate_limit_headers
 from serving.predict.call import Parse, PredictCall, is_ready, predict_model, served_versions
@@ -45,7 +45,6 @@ from serving.predict.protocol import (
 )
 from serving.requests import ApiRequest, json_object, model_name, reads_body, require_method
 from serving.routing import ModelRoute, routing_table
-from serving.session_auth import session_grant
 
 View = TypeVar("View", bound=Callable[..., Coroutine[Any, Any, HttpResponse]])
 
@@ -98,7 +97,7 @@ async def server_ready(request: ApiRequest) -> HttpResponse:
 
 
 async def _model(request: ApiRequest, name: str) -> ModelRoute:
-    return await predict_model(await authenticate(request.header("authorization")), name)
+    return await predict_model(await request_grant(request), name)
 
 
 @protocol_errors
@@ -118,11 +117,11 @@ async def model_ready(request: ApiRequest, model: str, version: str | None = Non
     raise APIError(f"No replica of `{route.name}` is ready.", status=503)
 
 
-@reads_body
+@reads_body()
 @protocol_errors
 async def model_infer(request: ApiRequest, model: str, version: str | None = None) -> HttpResponse:
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     call = PredictCall(grant, request.request_id, endpoint="v2-infer")
     request.on_close(call.close)
     pinned = version or (request.header("x-model-version") or "").strip() or None
@@ -157,16 +156,6 @@ def _annotate(response: HttpResponse, call: PredictCall) -> None:
 
 
 # --- the seeds' shapes -------------------------------------------------------------------
-
-
-async def _grant(request: ApiRequest) -> KeyGrant:
-    """The API key's grant; or, for the console's "try it" form (no key, ``X-Organization``),
-    the signed-in member's playground key in that organisation (``serving.session_auth``:
-    this site's own pages only)."""
-    organization = request.header("x-organization")
-    if request.header("authorization") is None and organization is not None:
-        return await session_grant({"headers": request.raw_headers}, organization)
-    return await authenticate(request.header("authorization"))
 
 
 def _instances(instances: object) -> Parse[None]:
@@ -204,11 +193,11 @@ def _version_param(data: dict[str, Any]) -> str | None:
     return version or None
 
 
-@reads_body
+@reads_body(sessions=True)
 async def model_predict(request: ApiRequest, model: str) -> HttpResponse:
     """``POST /api/v1/models/{name}/predict``: a batch of instances, one prediction each."""
     require_method(request, "POST")
-    grant = await _grant(request)  # a 401 before any word on the body
+    grant = await request_grant(request, sessions=True)  # a 401 before any word on the body
     data = json_object(request.body)
     call, answers = await _predict(request, grant, model, data.get("inputs"), _version_param(data), endpoint="predict")
     response = _json({
@@ -244,11 +233,11 @@ async def predict_answer(call: PredictCall, data: dict[str, Any], *, size: int =
     }
 
 
-@reads_body
+@reads_body(sessions=True)
 async def predict(request: ApiRequest) -> HttpResponse:
     """``POST /api/v1/predict`` ``{"model", "input"}``: one instance, one prediction."""
     require_method(request, "POST")
-    grant = await _grant(request)
+    grant = await request_grant(request, sessions=True)
     data = json_object(request.body)
     call = PredictCall(grant, request.request_id, endpoint="predict")
     request.on_close(call.close)

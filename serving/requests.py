@@ -24,22 +24,14 @@ class ApiRequest:
     was read (``serving.asgi``); ``upload``: an upload's body, spooled to a temporary file
     (``body`` is then empty), closed with the request."""
 
-    def __init__(
-        self,
-        scope: dict[str, Any],
-        body: bytes,
-        request_id: uuid.UUID,
-        *,
-        grant: KeyGrant | None = None,
-        upload: BinaryIO | None = None,
-    ) -> None:
+    def __init__(self, scope: dict[str, Any], body: bytes, request_id: uuid.UUID) -> None:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.query_string: str = scope.get("query_string", b"").decode("latin1")
         self.body = body
         self.request_id = request_id
-        self.grant = grant
-        self.upload = upload
+        self.grant: KeyGrant | None = None  # set once judged (serving.auth.request_grant)
+        self.upload: BinaryIO | None = None
         self.raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         self._headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope["headers"]}
         self.closers: list[Closer] = []
@@ -67,15 +59,22 @@ class ApiRequest:
 
 
 READS_BODY = "reads_body"
+TAKES_SESSIONS = "takes_sessions"
 V = TypeVar("V", bound=Callable[..., Any])
 
 
-def reads_body(view: V) -> V:
+def reads_body(*, sessions: bool = False) -> Callable[[V], V]:
     """Mark a view that reads its request's body (a POST's): the data plane's entry reads a
     body only for such a view, and only after judging its sender from the headers
-    (``serving.asgi``); every other view's body is never read."""
-    setattr(view, READS_BODY, True)
-    return view
+    (``serving.asgi``, ``serving.auth.request_grant``); every other view's body is never read.
+    ``sessions``: a signed-in member's page may call it without a key (the portal's "try it")."""
+
+    def mark(view: V) -> V:
+        setattr(view, READS_BODY, True)
+        setattr(view, TAKES_SESSIONS, sessions)
+        return view
+
+    return mark
 
 
 def require_method(request: ApiRequest, *methods: str) -> None:

@@ -23,7 +23,7 @@ import orjson
 from django.http import HttpResponse, HttpResponseBase
 
 from accounts.grants import KeyGrant
-from serving.auth import authenticate
+from serving.auth import request_grant
 from serving.errors import InvalidRequest
 from serving.model_access import find_model_for
 from serving.openai_views import annotate_answer, run_call, sse
@@ -104,20 +104,20 @@ class _Tokens:
         return {"finish_reason": self.finish, "usage": self.usage}
 
 
-@reads_body
+@reads_body()
 async def generate(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/generate``."""
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))  # a 401 before any word on the body
+    grant = await request_grant(request)  # a 401 before any word on the body
     data = json_object(request.body)
     return await _generate(request, grant, model_name(data), data)
 
 
-@reads_body
+@reads_body()
 async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
     """``POST /api/v1/models/{name}/generate``: the model from the path (one in the body must agree)."""
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     data = json_object(request.body)
     if data.get("model") not in (None, model):
         raise InvalidRequest(f"The body names the model `{data['model']}` but the path `{model}`.", param="model")
@@ -127,11 +127,11 @@ async def model_generate(request: ApiRequest, model: str) -> HttpResponseBase:
 # --- embed ---------------------------------------------------------------------------------
 
 
-@reads_body
+@reads_body()
 async def embed(request: ApiRequest) -> HttpResponseBase:
     """``POST /api/v1/embed``."""
     require_method(request, "POST")
-    grant = await authenticate(request.header("authorization"))
+    grant = await request_grant(request)
     data = json_object(request.body)
     model = model_name(data)
     inputs = data.get("inputs")

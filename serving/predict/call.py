@@ -21,7 +21,6 @@ answer that came from a fallback is never kept under the version that failed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -43,7 +42,7 @@ from core.lifecycle import Background, LazyThreadPool
 from core.redis import async_redis
 from registry.signatures import Signature
 from serving import engine, metrics
-from serving.admission import Admission, limiter_unavailable, rate_limited
+from serving.admission import Admission, charge_refused, take_request
 from serving.engine import RawBody
 from serving.errors import (
     APIError,
@@ -218,8 +217,7 @@ class PredictCall:
                 raise InvalidRequest(str(exc), code="invalid_request") from None
         except InvalidRequest:
             if not self._rpm_paid and not self.batch:  # refused after it was read: it still counts as a request
-                with contextlib.suppress(ledger.LedgerUnavailable):
-                    await ledger.take_request(self.grant, force=True)
+                await charge_refused(self.grant)
             raise
         self.arrays, self.rows = arrays, rows
         return extra
@@ -227,12 +225,7 @@ class PredictCall:
     async def _take_request(self) -> None:
         """Pay this request's place in the key's per-minute request buckets now (429 when they
         are empty); admission then does not charge it again."""
-        try:
-            await ledger.take_request(self.grant)
-        except ledger.Refused as refused:
-            raise rate_limited(refused.refusal) from None
-        except ledger.LedgerUnavailable as exc:
-            raise limiter_unavailable(exc) from exc
+        await take_request(self.grant)
         self._rpm_paid = True
 
     def take_arrays(self, arrays: Arrays, rows: int) -> None:
