@@ -41,7 +41,7 @@ def replica_of(model: str) -> tuple[str, str, str]:
     django_setup()
     from registry.models import Replica
     from registry.replica_keys import replica_api_key
-    from serving.routing import _tokenizer_dir
+    from serving.gateway.routing import _tokenizer_dir
 
     replica = (
         Replica.objects.filter(state="ready", deployment__version__model__name=model)

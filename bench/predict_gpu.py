@@ -146,7 +146,7 @@ def _client(args: tuple[str, bytes, int, int, float, float, int]) -> tuple[int, 
     url, body, length, connections, start, stop, parts = args
     headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(length)}
     if parts > 1:
-        from serving.predict.protocol import MANY_PATH, Part, pack_many
+        from serving.gateway.inference_protocol import MANY_PATH, Part, pack_many
 
         url = url.split("/v2/", 1)[0] + MANY_PATH
         body = pack_many([Part(0, str(length), body)] * parts)
@@ -222,7 +222,7 @@ def main() -> None:
     import torch
 
     from registry.signatures import Signature
-    from serving.predict.protocol import encode_request
+    from serving.gateway.inference_protocol import encode_request
 
     args.out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

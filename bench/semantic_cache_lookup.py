@@ -467,7 +467,7 @@ def measure_writes(args: argparse.Namespace, corpus: Corpus, conn: psycopg.Conne
     out["after_vacuum"] = sizes_of(conn)
     log(f"VACUUM after the purge: {out['vacuum_seconds']} s, sizes {out['after_vacuum']}")
 
-    # Inserts one by one, as the orchestrator's insert after each answer (index maintained).
+    # Inserts one by one, as the LLM call's insert after each answer (index maintained).
     now = datetime.now(UTC)
     text = random.Random(args.seed + 1)
     scope_ids = corpus.rng.integers(0, len(corpus.scopes), size=args.single_inserts)

@@ -14,11 +14,11 @@ from django.core.asgi import get_asgi_application
 django_asgi = get_asgi_application()
 
 from console.routing import websocket_urlpatterns  # noqa: E402
-from serving.asgi import DataPlaneRouter  # noqa: E402
+from serving.gateway.asgi import DataPlaneRouter  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # The API (/v1/...) takes the data plane's lean path (serving/asgi.py); static
+        # The API (/v1/...) takes the data plane's lean path (serving/gateway/asgi.py); static
         # files are served under STATIC_URL; the rest is Django as usual.
         "http": DataPlaneRouter(ASGIStaticFilesHandler(django_asgi)),
         "websocket": URLRouter(websocket_urlpatterns),

@@ -12,7 +12,7 @@ from django.http import HttpRequest, JsonResponse
 
 from core.db import run_db
 from core.redis import async_redis
-from serving.routing import router
+from serving.gateway.routing import router
 
 
 def _database_ok() -> bool:

@@ -7,7 +7,7 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import URLPattern, URLResolver, path
 
 from console.consumers import LiveOverviewConsumer
-from serving.consumers import ChatCompletionsConsumer
+from serving.llm.consumers import ChatCompletionsConsumer
 
 websocket_urlpatterns: list[URLPattern | URLResolver] = [
     path("ws/v1/chat/completions", ChatCompletionsConsumer.as_asgi()),

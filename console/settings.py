@@ -224,7 +224,7 @@ CELERY_TIMEZONE = "UTC"
 #             import (minutes), e-mail (an SMTP server may hang), invoice drafting, rollups,
 #             reconciliation, the semantic-cache purge. Each catches up from where it stopped,
 #             so minutes of lag there are harmless.
-#   batch:    batch jobs' lines (serving.batches) and webhooks (serving.webhooks): hours of work
+#   batch:    batch jobs' lines (serving.batches.jobs) and webhooks (serving.batches.webhooks): hours of work
 #             at a low priority, never in front of anything above.
 CELERY_TASK_QUEUES = [
     Queue(name, Exchange(name), routing_key=name) for name in ("metering", "control", "slow", "batch")
@@ -266,11 +266,11 @@ ENGINE_FIRST_TOKEN_TIMEOUT = envfloat("ENGINE_FIRST_TOKEN_TIMEOUT", 30.0)
 ENGINE_REQUEST_TIMEOUT = envfloat("ENGINE_REQUEST_TIMEOUT", 600.0)
 ENGINE_CONNECT_RETRIES = envint("ENGINE_CONNECT_RETRIES", 2)
 # A request whose engine fails before its first byte reaches the client is retried once, on
-# another replica of its version or the model's base version (serving.orchestrator).
+# another replica of its version or the model's base version (serving.llm.call).
 ENGINE_FALLBACK = envbool("ENGINE_FALLBACK", "true")
 # The largest /v1 request body accepted; larger ones get 413 before they are read.
 API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
-# The Files API (/v1/files, serving.files): the largest upload and the most requests in one file.
+# The Files API (/v1/files, serving.batches.files): the largest upload and the most requests in one file.
 FILES_MAX_BYTES = envint("FILES_MAX_BYTES", 100 * 1024 * 1024)
 FILES_MAX_LINES = envint("FILES_MAX_LINES", 50_000)
 # Batch output and error files are kept this long, then deleted (OpenAI keeps them 30 days).
@@ -283,7 +283,7 @@ FILES_INPUT_RETENTION_DAYS = envint("FILES_INPUT_RETENTION_DAYS", 30)
 FILES_ORG_MAX_BYTES = envint("FILES_ORG_MAX_BYTES", 10 * 1024**3)
 FILES_ORG_MAX_FILES = envint("FILES_ORG_MAX_FILES", 10_000)
 
-# --- Batch jobs (serving.batches) ----------------------------------------------------------
+# --- Batch jobs (serving.batches.jobs) ----------------------------------------------------------
 # A batch's completion windows (OpenAI's is "24h"; more may be offered as "<n>h").
 BATCH_COMPLETION_WINDOWS = tuple(os.environ.get("BATCH_COMPLETION_WINDOWS", "24h").split(","))
 # Lines an organisation may have waiting or running in its unfinished batches, all together.
@@ -313,7 +313,7 @@ BATCH_WORK_SECONDS = envfloat("BATCH_WORK_SECONDS", 50.0)
 # sent only while the engines run with --scheduling-policy priority (ENGINE_SCHEDULING_POLICY).
 BATCH_ENGINE_PRIORITY = envint("BATCH_ENGINE_PRIORITY", 10)
 
-# --- Webhooks (serving.webhooks) -----------------------------------------------------------
+# --- Webhooks (serving.batches.webhooks) -----------------------------------------------------------
 # Host names webhooks may go to whatever they resolve to (e.g. an internal receiver).
 WEBHOOK_ALLOWED_HOSTS = tuple(h for h in os.environ.get("WEBHOOK_ALLOWED_HOSTS", "").split(",") if h)
 # Whether webhooks may go to private, loopback or link-local addresses (never by default).
@@ -413,7 +413,7 @@ CELERY_BEAT_SCHEDULE = {
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (rollout.canary).
     "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),
-    # Batch jobs: start, resume, run, expire and finish them (serving.batches); a run works
+    # Batch jobs: start, resume, run, expire and finish them (serving.batches.jobs); a run works
     # until there is nothing to do or BATCH_WORK_SECONDS pass, and a new batch starts one at once.
     "batch-work": every(envfloat("BATCH_TICK_SECONDS", 5.0), "serving.tasks.batch_work"),
     # Webhooks due (new, or a retry whose backoff has passed).
@@ -576,7 +576,7 @@ SPECTACULAR_SETTINGS = {
         "InvoiceStatusEnum": "billing.models.Invoice.Status",
     },
     # console.openapi documents the errors every DRF view may answer; the data plane is served
-    # by serving.asgi, not DRF, so serving.openapi adds it to the schema.
+    # by serving.gateway.asgi, not DRF, so serving.openapi adds it to the schema.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.openapi.document_errors",

@@ -8,7 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from console import health
 from console.auth import RateLimitedLoginView
 from console.pages import home
-from serving.metrics import metrics_view
+from serving.gateway.metrics import metrics_view
 
 urlpatterns = [
     path("", home.home, name="home"),
@@ -23,11 +23,11 @@ urlpatterns = [
     path("", include("console.pages.urls")),
     path("api/", include("accounts.urls")),
     path("api/", include("billing.urls")),
-    # Management paths under /api/v1/ that the data plane does not claim (serving.urls.DATA_PLANE_PREFIXES).
+    # Management paths under /api/v1/ that the data plane does not claim (serving.gateway.asgi.DATA_PLANE_PREFIXES).
     path("api/v1/", include("registry.urls")),
     path("api/v1/", include("rollout.urls")),
-    path("api/v1/", include("serving.shadow_management_api")),
-    path("api/cache/", include("serving.cache_management_api")),
+    path("api/v1/", include("serving.shadow.management_api")),
+    path("api/cache/", include("serving.semcache.management_api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

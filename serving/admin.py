@@ -10,8 +10,10 @@ from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from serving.models import ShadowPolicy, ShadowRecord, StoredFile
-from serving.services import shadow_policy_delete, shadow_policy_set
+from serving.batches.models import StoredFile
+from serving.gateway.models import ShadowPolicy
+from serving.shadow.models import ShadowRecord
+from serving.shadow.services import shadow_policy_delete, shadow_policy_set
 
 
 @admin.register(ShadowPolicy)
@@ -42,7 +44,7 @@ class ShadowPolicyAdmin(admin.ModelAdmin[ShadowPolicy]):
 
 @admin.register(ShadowRecord)
 class ShadowRecordAdmin(admin.ModelAdmin[ShadowRecord]):
-    """Read-only: written by gateways (serving.shadow) alone."""
+    """Read-only: written by gateways (serving.shadow.traffic) alone."""
 
     list_display = ("created_at", "model", "candidate_version", "primary_version", "status_code", "latency_ms",
                     "ttft_ms", "completion_tokens", "finish_reason")  # fmt: skip
@@ -73,4 +75,4 @@ class StoredFileAdmin(admin.ModelAdmin[StoredFile]):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: StoredFile | None = None) -> bool:
-        return False  # the row indexes bytes in the artifact store: serving.files.file_delete removes both
+        return False  # the row indexes bytes in the artifact store: serving.batches.files.file_delete removes both

@@ -1,12 +1,12 @@
-"""The data plane in the OpenAPI schema: OpenAI's paths, the request bodies of ``serving.schemas``,
+"""The data plane in the OpenAPI schema: OpenAI's paths, the request bodies of ``serving.llm.schemas``,
 the Open Inference Protocol's paths (small models) and the seed design's shapes.
 
-The data plane is no DRF view (``serving.asgi`` serves it), so drf-spectacular cannot see
+The data plane is no DRF view (``serving.gateway.asgi`` serves it), so drf-spectacular cannot see
 it; ``add_data_plane``, one of its postprocessing hooks, adds it to the schema at
 ``/api/schema/``. Request bodies come from the pydantic models that validate them, so the
 schema cannot drift from what the gateway accepts. Every operation documents the errors
 the gateway answers, each an OpenAI error body. The WebSocket API
-(``/ws/v1/chat/completions``, ``serving.consumers``) has no OpenAPI form.
+(``/ws/v1/chat/completions``, ``serving.llm.consumers``) has no OpenAPI form.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from registry.signatures import DATATYPES
-from serving.schemas import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from serving.llm.schemas import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 COMPONENT = "#/components/schemas/{model}"
 BEARER = "bearerAuth"
 TAG = "inference"
 
-# What each error status means on the data plane (serving.errors; the engine's own 4xx pass through).
+# What each error status means on the data plane (serving.gateway.errors; the engine's own 4xx pass through).
 ERRORS: dict[int, str] = {
     400: "invalid request: bad JSON, an unknown or invalid argument (`param` names it), an unknown model, "
     "a context too long, or the engine's own refusal",
@@ -567,7 +567,7 @@ _CACHE_SCHEMAS: dict[str, Any] = {
 
 
 def cache_paths() -> dict[str, dict[str, Any]]:
-    """Feedback on answers served from the semantic cache (``serving.cache_views``)."""
+    """Feedback on answers served from the semantic cache (``serving.semcache.views``)."""
     report = _operation(
         "cache_feedback_create", "Report an answer served from the cache as wrong",
         ok=_json_ok("CacheFeedback", "the report (the first one, when the request was reported before)"),
@@ -699,7 +699,7 @@ _BATCH_SCHEMAS: dict[str, Any] = {
 
 
 def batch_paths() -> dict[str, dict[str, Any]]:
-    """OpenAI's Batch API and the seeds' batch (``serving.batch_views``)."""
+    """OpenAI's Batch API and the seeds' batch (``serving.batches.views``)."""
     create = _operation(
         "openai_batches_create", "Create a batch", ok=_json_ok("OpenAIBatch", "the batch, validating"),
         errors=(400, 429, *READ_ERRORS), body="OpenAIBatchCreate",
@@ -754,7 +754,7 @@ def batch_paths() -> dict[str, dict[str, Any]]:
 
 
 def file_paths() -> dict[str, dict[str, Any]]:
-    """OpenAI's Files API (``serving.file_views``)."""
+    """OpenAI's Files API (``serving.batches.file_views``)."""
     upload = _operation(
         "openai_files_create", "Upload a batch input file", ok=_json_ok("OpenAIFile", "the file"),
         errors=(400, *READ_ERRORS),

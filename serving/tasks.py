@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from celery import shared_task
+from django.conf import settings
 
 from billing.ledger import sweep_lost_requests
+from serving.batches.jobs import work
+from serving.batches.webhooks import webhooks_deliver_due
 from serving.semcache.store import purge_expired, scope_sizes_refresh
 
 
@@ -28,8 +33,6 @@ def cache_purge_expired() -> int:
 def webhooks_deliver() -> int:
     """Send the webhooks that are due, with their retries (every 5 s, and on each new one;
     idempotent: concurrent runs take different deliveries)."""
-    from serving.webhooks import webhooks_deliver_due  # httpx and the models only when it runs
-
     return webhooks_deliver_due()
 
 
@@ -37,12 +40,6 @@ def webhooks_deliver() -> int:
 # by ENGINE_REQUEST_TIMEOUT); a run killed at this limit leaves its lines to be given back.
 @shared_task(ignore_result=True, time_limit=3600)
 def batch_work() -> int:
-    """Run batch jobs' lines for a while (serving.batches.work); every BATCH_TICK_SECONDS and
+    """Run batch jobs' lines for a while (serving.batches.jobs.work); every BATCH_TICK_SECONDS and
     when a batch is created or cancelled. Several workers share the lines."""
-    import asyncio
-
-    from django.conf import settings
-
-    from serving.batches import work
-
     return asyncio.run(work(seconds=settings.BATCH_WORK_SECONDS))

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from serving import batch_views, cache_views, file_views, key_usage_views, openai_views, predict_views, seed_views
+from serving.batches import file_views
+from serving.batches import views as batch_views
+from serving.gateway import usage_views as key_usage_views
+from serving.llm import seed_views
+from serving.llm import views as openai_views
+from serving.predict import views as predict_views
+from serving.semcache import views as cache_views
 
 app_name = "dataplane"
 
@@ -45,12 +51,3 @@ urlpatterns = [
     path("api/v1/batch", batch_views.seed_batch, name="api-batch"),
     path("api/v1/batch/<str:batch_id>", batch_views.seed_batch_detail, name="api-batch-detail"),
 ]
-
-# Paths the data plane's ASGI entry serves itself (serving.asgi, answered in OpenAI's error
-# shape, or the protocol's for /v2); and, under the management API's /api/v1/models/, the
-# paths that end in one of DATA_PLANE_MODEL_ACTIONS.
-DATA_PLANE_PREFIXES = (
-    "/v1/", "/v2", "/api/v1/chat/", "/api/v1/completions", "/api/v1/embeddings", "/api/v1/usage", "/api/v1/predict",
-    "/api/v1/generate", "/api/v1/embed", "/api/v1/batch",
-)  # fmt: skip
-DATA_PLANE_MODEL_ACTIONS = ("/predict", "/generate")

@@ -29,13 +29,13 @@ from console.pages.nav import CONSOLE, NavItem
 from core.errors import InvalidInput
 from registry.models import Model
 from registry.selectors import model_named, models_for_board
+from serving.gateway.routing import CacheRules
 from serving.models import CachePolicy
-from serving.selectors import cache_entries_count, cache_policies_by_model, cache_quality
 from serving.semcache.budget import ModelQuality
 from serving.semcache.feedback import NotServedFromCache, parse_request_id, report
-from serving.semcache.policy import CacheRules
+from serving.semcache.selectors import cache_entries_count, cache_policies_by_model, cache_quality
+from serving.semcache.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purge
 from serving.semcache.store import cache_stats
-from serving.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purge
 
 VERSIONS_PER_PAGE = 25
 POLICIES_PER_PAGE = 25

@@ -44,8 +44,8 @@ from rollout.canary import (
 )
 from rollout.models import Canary, CanaryDecision
 from rollout.selectors import Lifecycle, canaries_of, canary_latest, lifecycle_of, models_with_latest_canary
-from serving.selectors import shadow_comparison, shadow_policy_of
-from serving.services import shadow_policy_delete, shadow_policy_set
+from serving.shadow.selectors import shadow_comparison, shadow_policy_of
+from serving.shadow.services import shadow_policy_delete, shadow_policy_set
 
 CANARIES_PER_PAGE = 25
 SHADOW_WINDOWS = {"1": "the last hour", "24": "the last 24 hours", "168": "the last 7 days"}

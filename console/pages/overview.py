@@ -12,7 +12,7 @@ from billing.usage_series import DEFAULT_RANGE, TIME_RANGES
 from console.pages.access import platform_admin_required
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import CHARTS, dashboard
-from serving.selectors import batch_queue_stats
+from serving.batches.selectors import batch_queue_stats
 
 # The headline numbers, in the order the page shows them (keys of overview_data's headline).
 HEADLINES = (

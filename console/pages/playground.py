@@ -17,8 +17,8 @@ from console.pages.nav import PORTAL, NavItem
 from registry.models import Task
 from registry.selectors import serving_deployments
 from registry.signatures import is_predict_framework
-from serving.selectors import cache_policies_by_model
-from serving.semcache.policy import CacheRules
+from serving.gateway.routing import CacheRules
+from serving.semcache.selectors import cache_policies_by_model
 
 WEBSOCKET_PATH = "/ws/v1/chat/completions"
 # What the playground starts with; the engine's own limit is the model's context length.
@@ -112,7 +112,7 @@ def try_small_models(request: OrgRequest, org_id: int) -> HttpResponse:
 def cache_terms(models: list[ServedModel]) -> dict[str, dict[str, Any]]:
     """When each model's semantic cache can answer a playground request, by model name:
     ``off`` says why it never can (else empty), ``maxTemperature`` is the hottest sampling it
-    takes. These are the gateway's own rules (``serving.routing`` builds its ``CacheRules``
+    takes. These are the gateway's own rules (``serving.gateway.routing`` builds its ``CacheRules``
     from the same policy rows, ``serving.semcache.policy.intent_of`` applies them); the
     playground always sends a temperature, so the model's default temperature never decides.
     What else could keep one request out (a prompt over ``max_prompt_tokens``) is said, not

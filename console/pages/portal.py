@@ -58,7 +58,7 @@ from console.pages.portal_usage import (
     usage_csv,
 )
 from core.errors import InvalidInput
-from serving.selectors import cache_quality
+from serving.semcache.selectors import cache_quality
 
 KEYS_PER_PAGE = 25
 INVOICES_PER_PAGE = 25

@@ -1,6 +1,6 @@
 """One predict request from tensors to usage event: route → check → cache → admit → run → settle.
 
-The small-model twin of ``serving.orchestrator.InferenceCall``, with the same guarantees
+The small-model twin of ``serving.llm.call.InferenceCall``, with the same guarantees
 through the same parts: the key's grant, the router (A/B weights, canaries, pinned
 versions, fallback to the base version), the ledger (RPM, concurrency, spend caps and
 budgets; settled exactly once by ``close``, whatever ends the request), replica leases and
@@ -8,7 +8,7 @@ circuits, and one usage event per admitted request, metered in inferences (the r
 batch dimension) and priced per thousand of them.
 
 Every front end drives it the same way: the Open Inference Protocol over REST
-(``serving.predict_views``) and gRPC (``serving.predict.grpc_server``), and the seeds'
+(``serving.predict.views``) and gRPC (``serving.predict.grpc_server``), and the seeds'
 ``/api/v1/predict`` shapes. A tensor that does not fit the version's signature is refused
 (400, naming it) before admission: the model never sees it and nothing is metered, but it
 counts as a request against the key's per-minute limit (as a refused prompt does), and a
@@ -41,10 +41,10 @@ from core import keys
 from core.lifecycle import Background, LazyThreadPool
 from core.redis import async_redis
 from registry.signatures import Signature
-from serving import engine, metrics
-from serving.admission import Admission, charge_refused, take_request
-from serving.engine import RawBody
-from serving.errors import (
+from serving.gateway import engine, metrics
+from serving.gateway.admission import Admission, charge_refused, error_code_of, status_of, take_request
+from serving.gateway.engine import RawBody
+from serving.gateway.errors import (
     APIError,
     EngineFailed,
     EngineTimeout,
@@ -52,9 +52,7 @@ from serving.errors import (
     InvalidRequest,
     RateLimited,
 )
-from serving.model_access import find_model_for
-from serving.orchestrator import error_code_of, status_of
-from serving.predict.protocol import (
+from serving.gateway.inference_protocol import (
     HEADER_LENGTH,
     BadRequest,
     BadTensor,
@@ -63,9 +61,10 @@ from serving.predict.protocol import (
     encode_request,
     read_body,
 )
+from serving.gateway.model_access import find_model_for
+from serving.gateway.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, router
 from serving.predict.result_cache import result_key
-from serving.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, router
-from serving.shadow import predicted_labels, shadows
+from serving.shadow.traffic import predicted_labels, shadows
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +303,7 @@ class PredictCall:
         return self._admission.rate_limits if self._admission is not None else None
 
     async def admit(self) -> Headroom:
-        """Charge the limits and register the request in flight (``serving.admission``: a
+        """Charge the limits and register the request in flight (``serving.gateway.admission``: a
         caller cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
         spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
         self._admission = Admission(self.grant, self.model, batch=self.batch)
@@ -314,7 +313,7 @@ class PredictCall:
 
     @property
     def deferred_event(self) -> UsageEvent | None:
-        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
+        """A batch line's usage event, once closed (its batch writes it: ``serving.batches.jobs``)."""
         return self._admission.deferred if self._admission is not None else None
 
     # --- running ---------------------------------------------------------------------------

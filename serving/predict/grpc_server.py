@@ -27,11 +27,19 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from accounts.grants import KeyGrant
 from registry.signatures import Signature
-from serving.auth import authenticate
-from serving.errors import APIError
+from serving.gateway.auth import authenticate
+from serving.gateway.errors import APIError
+from serving.gateway.inference_protocol import (
+    EXTENSIONS,
+    MAX_DIMENSIONS,
+    RAW,
+    SERVER_NAME,
+    BadRequest,
+    BadTensor,
+    to_raw,
+)
+from serving.gateway.routing import routing_table
 from serving.predict.call import PredictCall, is_ready, model_metadata, predict_model, served_versions
-from serving.predict.protocol import EXTENSIONS, MAX_DIMENSIONS, RAW, SERVER_NAME, BadRequest, BadTensor, to_raw
-from serving.routing import routing_table
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ Routes (all but ``/health`` require ``Authorization: Bearer <replica key>``):
 
 - ``GET /health``: 200 once the model is loaded and the batcher runs;
 - ``POST /v2/models/{name}[/versions/{v}]/infer``: JSON or Triton's binary tensors in and
-  out (``serving.predict.protocol``); a bad tensor is a 400 naming it, a full queue a 429,
+  out (``serving.gateway.inference_protocol``); a bad tensor is a 400 naming it, a full queue a 429,
   a request that waited past its deadline a 504, a failed batch a 500 (its requests only);
 - ``POST /internal/infer-many``: several such requests in one call, each answered as if sent
-  alone, as soon as it is ready (``serving.predict.protocol.MANY_PATH``: how a gateway sends
+  alone, as soon as it is ready (``serving.gateway.inference_protocol.MANY_PATH``: how a gateway sends
   the predictions that wait for this replica together);
 - ``GET /v2/models/{name}``: the signature; ``GET /stats``: what the batcher formed (batch
   sizes, why each went, queue depth, refusals) for the console; ``GET /metrics``: Prometheus
@@ -37,8 +37,7 @@ import orjson
 
 from registry.batching import BatcherConfig
 from registry.signatures import Signature, TextInput, onnx_file, torchscript_file
-from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
-from serving.predict.protocol import (
+from serving.gateway.inference_protocol import (
     HEADER_LENGTH,
     MANY_PATH,
     BadRequest,
@@ -51,6 +50,7 @@ from serving.predict.protocol import (
     requested_outputs,
     unpack_many,
 )
+from serving.predict.batcher import BatchTooLarge, DynamicBatcher, QueueFull, RequestTimedOut
 from serving.predict.runner import OnnxRunner, TorchScriptRunner
 
 logger = logging.getLogger("serving.predict.worker")

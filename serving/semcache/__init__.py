@@ -13,6 +13,6 @@
   miss;
 - ``lookup``: the above in order, within a time budget; any failure is a miss.
 
-``serving.orchestrator`` asks it before admission and replays a verified hit like a live
+``serving.llm.call`` asks it before admission and replays a verified hit like a live
 answer; docs/architecture.md, "The semantic cache", has the whole design.
 """

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from django.conf import settings
 
-from serving import engine
-from serving.errors import EngineUnavailable
-from serving.routing import find_model, router
+from serving.gateway import engine
+from serving.gateway.errors import EngineUnavailable
+from serving.gateway.routing import find_model, router
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:

@@ -30,8 +30,8 @@ from django.db import connection, transaction
 
 from core import keys
 from core.redis import async_redis, sync_redis
-from serving.models import CacheEntry, CacheFeedback
 from serving.semcache import budget
+from serving.semcache.models import CacheEntry, CacheFeedback
 from serving.semcache.verify import SAME
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from django.utils import timezone
 from core import keys
 from core.lifecycle import Background, unobserved
 from core.redis import async_redis
-from serving import metrics
+from serving.gateway import metrics
 from serving.semcache import budget, feedback, signature, store
 from serving.semcache.embed import cosine, embed_texts
 from serving.semcache.policy import ANSWER_NEUTRAL, CacheIntent

@@ -21,15 +21,26 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from django.conf import settings
 
-if TYPE_CHECKING:
-    from serving.models import CachePolicy
+from serving.gateway.routing import CacheRules
 
-from serving.schemas import ChatCompletionRequest
+
+class CacheableRequest(Protocol):
+    """What the cache reads of a chat request (``serving.llm.schemas.ChatCompletionRequest``)."""
+
+    @property
+    def cache(self) -> bool | None: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def temperature(self) -> float | None: ...
+
 
 # Request fields that never change what an answer says: who asked, the public model name, and
 # when the engine schedules it (``priority``: a batch line's is lower than an interactive
@@ -40,51 +51,6 @@ _NOT_IN_SCOPE = ANSWER_NEUTRAL | {"messages", "stream", "stream_options", "cache
 # What a replayed answer cannot reproduce: such requests always go to an engine.
 _NEEDS_ENGINE = ("logprobs", "top_logprobs", "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
                  "echo")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CacheRules:
-    """One model's cache rules, as the gateway holds them (from the routing snapshot)."""
-
-    enabled: bool
-    max_temperature: float
-    max_prompt_tokens: int
-    ttl_seconds: int
-    shared_scope: bool
-    wrong_hit_budget: float = 0.0  # the share of wrong semantic hits accepted (serving.semcache.budget)
-
-    @property
-    def wrong_hit_budget_percent(self) -> str:
-        return f"{self.wrong_hit_budget * 100:g}"
-
-    @classmethod
-    def defaults(cls) -> CacheRules:
-        return cls(
-            enabled=True,
-            max_temperature=settings.SEMANTIC_CACHE_MAX_TEMPERATURE,
-            max_prompt_tokens=settings.SEMANTIC_CACHE_MAX_PROMPT_TOKENS,
-            ttl_seconds=settings.SEMANTIC_CACHE_TTL_SECONDS,
-            shared_scope=False,
-            wrong_hit_budget=settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET,
-        )
-
-    @classmethod
-    def of(cls, policy: CachePolicy | None) -> CacheRules:
-        """The rules of a model with this policy row (None: the defaults)."""
-        if policy is None:
-            return cls.defaults()
-        return cls(
-            enabled=policy.enabled,
-            max_temperature=float(policy.max_temperature),
-            max_prompt_tokens=policy.max_prompt_tokens,
-            ttl_seconds=policy.ttl_seconds,
-            shared_scope=policy.shared_scope,
-            wrong_hit_budget=(
-                float(policy.wrong_hit_budget) / 100
-                if policy.wrong_hit_budget is not None
-                else settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET
-            ),
-        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +67,7 @@ NO_CACHE = CacheIntent(read=False, write=False)
 
 def intent_of(
     *,
-    body: ChatCompletionRequest,
+    body: CacheableRequest,
     payload: dict[str, Any],
     rules: CacheRules,
     default_temperature: float,

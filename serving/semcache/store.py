@@ -52,7 +52,7 @@ from redis.exceptions import RedisError
 from core import keys
 from core.db import run_db
 from core.redis import async_redis, sync_redis
-from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
+from serving.semcache.models import EMBEDDING_DIMENSIONS, CacheEntry
 
 logger = logging.getLogger(__name__)
 

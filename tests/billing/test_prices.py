@@ -89,7 +89,7 @@ class TestPriceSet:
         """Issue 18: the gateway prices a request at its admission time from a routing table
         it may reload just after a scheduled switch; the price that just ended must be there."""
         from registry.models import Deployment
-        from serving.routing import load_routing_table
+        from serving.gateway.routing import load_routing_table
 
         version = ModelVersion.objects.create(
             model=model, version="1", framework="x", artifact_uri="local://x/1", artifact_sha256="0" * 64,

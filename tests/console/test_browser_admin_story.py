@@ -157,12 +157,12 @@ def remove_story(story: Story) -> None:
 
 
 class SupervisorThread:
-    """The story model's supervisor (``serving.supervisor.Supervisor``, serving only that model,
+    """The story model's supervisor (``serving.supervisor.host.Supervisor``, serving only that model,
     with the fake engine as its launcher), stepped every 0.2 s in a thread of its own, as
     ``runworkers`` steps it. ``paused()`` holds it between two steps."""
 
     def __init__(self, model: str, log_dir: Path) -> None:
-        from serving.supervisor import Supervisor
+        from serving.supervisor.host import Supervisor
 
         self.messages: list[str] = []
         self.errors: list[str] = []

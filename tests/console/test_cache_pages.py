@@ -22,7 +22,7 @@ from billing.models import UsageRollup
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Model, Task
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry, CachePolicy
-from serving.services import cache_policy_set
+from serving.semcache.services import cache_policy_set
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from registry.models import AuditEntry, Deployment, Model
 from registry.services import CANARY_CONTROLLER, audit_record, deployment_bounds_set, traffic_set
 from rollout.autoscaler import deployment_autoscale_set
 from rollout.hotswap import SWAP_DRAIN, deployment_swap_drain, deployment_swap_version
-from serving.services import shadow_policy_set
+from serving.shadow.services import shadow_policy_set
 from tests.support.registry import make_version
 
 pytestmark = pytest.mark.django_db

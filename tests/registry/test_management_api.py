@@ -14,7 +14,7 @@ from core.redis import sync_redis
 from registry import artifacts
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.services import deployment_create, traffic_set
-from serving.urls import DATA_PLANE_PREFIXES
+from serving.gateway.asgi import DATA_PLANE_PREFIXES
 from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db

@@ -28,7 +28,7 @@ from rollout.autoscaler import (
 )
 from rollout.observations import engine_load, latency_p99, observe_deployment, peak_in_flight
 from rollout.tasks import autoscale_tick
-from serving.supervisor import Supervisor
+from serving.supervisor.host import Supervisor
 from tests.billing.records import make_record
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

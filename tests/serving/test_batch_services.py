@@ -12,8 +12,8 @@ import pytest
 from django.utils import timezone
 
 from accounts.services import api_key_create, organization_create
-from serving import batches
-from serving.files import file_create, files_purge_expired
+from serving.batches import jobs as batches
+from serving.batches.files import file_create, files_purge_expired
 from serving.models import Batch, BatchLine, StoredFile
 
 pytestmark = pytest.mark.django_db

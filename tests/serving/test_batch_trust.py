@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from accounts.grants import KeyGrant
 from accounts.services import api_key_create, organization_create
-from serving import batches, files
+from serving.batches import files
+from serving.batches import jobs as batches
 from serving.models import Batch, BatchLine, StoredFile
 from tests.support.batches import batch as make_batch
 from tests.support.batches import stored_file
@@ -375,8 +376,9 @@ class TestFilesQuotaAndRetention:
 def test_a_batch_line_and_an_interactive_request_share_one_cache_scope(settings):
     """The engine's ``priority`` (a batch line's is lower) schedules an answer, it does not
     change it: it was part of the cache scope, so batch lines never met interactive answers."""
+    from serving.gateway.routing import CacheRules
     from serving.semcache.lookup import embeddings_key
-    from serving.semcache.policy import CacheRules, scope_of
+    from serving.semcache.policy import scope_of
 
     interactive = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
     line = {**interactive, "priority": settings.BATCH_ENGINE_PRIORITY}

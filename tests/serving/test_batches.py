@@ -283,7 +283,7 @@ def test_the_seeds_batch_calls_back_signed(batch_gateway, worker_factory, fake, 
     import http.server
     import threading
 
-    from serving.webhooks import SIGNATURE_HEADER, verify
+    from serving.batches.webhooks import SIGNATURE_HEADER, verify
 
     received: list[tuple[bytes, str]] = []
 

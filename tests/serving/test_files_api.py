@@ -136,7 +136,7 @@ def test_the_admin_lists_files_read_only(tmp_path, store):
     from django.test import Client
 
     from accounts.services import organization_create
-    from serving.files import file_create
+    from serving.batches.files import file_create
 
     upload = tmp_path / "requests.jsonl"
     upload.write_bytes(_jsonl(_line("a"), _line("b")))

@@ -112,7 +112,7 @@ class TestSeveralChoices:
     """n > 1 (or several prompts): "length" when any choice was cut, else the first choice's."""
 
     def _reason(self, *chunks):
-        from serving.openai_wire import finish_reason_of, note_finish_reasons
+        from serving.gateway.openai_wire import finish_reason_of, note_finish_reasons
 
         reasons: dict[int, str] = {}
         for choices in chunks:

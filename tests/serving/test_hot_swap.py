@@ -39,7 +39,7 @@ from rollout.hotswap import (
     swap_get,
     swap_step,
 )
-from serving.supervisor import Supervisor, marked_engines
+from serving.supervisor.host import Supervisor, marked_engines
 from tests.processes import BASE_DIR, child_env
 from tests.support.gateway import committed, persisted, request_id_of
 

@@ -21,13 +21,13 @@ import pytest
 from core import keys
 from core.redis import async_redis
 from registry.signatures import Signature
-from serving import engine, routing
-from serving.errors import EngineUnavailable
+from serving.gateway import engine, routing
+from serving.gateway.errors import EngineUnavailable
+from serving.gateway.inference_protocol import HEADER_LENGTH, encode_response
+from serving.gateway.routing import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from serving.predict import call as predict_call
 from serving.predict.call import HIT, MISS, PredictCall
-from serving.predict.protocol import HEADER_LENGTH, encode_response
 from serving.predict.result_cache import result_key
-from serving.routing import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 
 SIGNATURE = Signature.from_json({
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],

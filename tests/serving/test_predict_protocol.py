@@ -1,5 +1,5 @@
 """Open Inference Protocol tensors checked against a version's signature
-(serving.predict.protocol): what fits becomes arrays of the right type and shape; what does
+(serving.gateway.inference_protocol): what fits becomes arrays of the right type and shape; what does
 not is refused with a message naming the tensor, before anything reaches a model."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidInput
-from serving.predict.protocol import (
+from serving.gateway.inference_protocol import (
     BadRequest,
     BadTensor,
     Part,
@@ -123,7 +123,7 @@ def test_the_signature_round_trips():
 
 class TestBinaryExtension:
     def test_a_binary_request_reads_back_as_the_same_arrays(self):
-        from serving.predict.protocol import encode_request, read_body
+        from serving.gateway.inference_protocol import encode_request, read_body
 
         pixels = np.arange(128, dtype=np.float32).reshape(2, 64)
         body, length = encode_request({"pixels": pixels}, DIGITS)
@@ -133,7 +133,7 @@ class TestBinaryExtension:
         np.testing.assert_array_equal(arrays["pixels"], pixels)
 
     def test_bytes_tensors_and_their_lengths(self):
-        from serving.predict.protocol import RAW, to_raw
+        from serving.gateway.inference_protocol import RAW, to_raw
 
         raw = to_raw(np.array(["good", "très bien"], dtype=object), "BYTES")
         lang = to_raw(np.array(["en", "fr"], dtype=object), "BYTES")
@@ -147,7 +147,7 @@ class TestBinaryExtension:
                                  {"name": "lang", "datatype": "BYTES", "shape": [2], RAW: lang}])  # fmt: skip
 
     def test_announced_bytes_must_be_there_and_nothing_more(self):
-        from serving.predict.protocol import BadRequest, read_body
+        from serving.gateway.inference_protocol import BadRequest, read_body
 
         header = (
             b'{"inputs":[{"name":"pixels","datatype":"FP32","shape":[1,64],"parameters":{"binary_data_size":256}}]}'
@@ -166,7 +166,7 @@ class TestBinaryExtension:
             decode_inputs(DIGITS, request["inputs"])
 
     def test_outputs_in_json_or_binary_as_asked(self):
-        from serving.predict.protocol import decode_outputs, encode_response, read_body, requested_outputs
+        from serving.gateway.inference_protocol import decode_outputs, encode_response, read_body, requested_outputs
 
         outputs = {"probabilities": np.full((2, 10), 0.1, dtype=np.float32), "label": np.array([3, 4])}
         assert requested_outputs(DIGITS, {}) == {"probabilities": False, "label": False}
@@ -187,7 +187,7 @@ class TestBinaryExtension:
 
 class TestSeedShapes:
     def test_instances_become_tensors(self):
-        from serving.predict.protocol import instances_to_tensors
+        from serving.gateway.inference_protocol import instances_to_tensors
 
         tensors = instances_to_tensors(DIGITS, [{"pixels": [1.0] * 64}, [2.0] * 64])
         arrays, batch = decode_inputs(DIGITS, tensors)
@@ -199,7 +199,7 @@ class TestSeedShapes:
             instances_to_tensors(TEXT, [{"text": "hi"}])
 
     def test_predictions_name_the_class(self):
-        from serving.predict.protocol import predictions
+        from serving.gateway.inference_protocol import predictions
 
         outputs = {"label": np.array([1, 0]), "probabilities": np.array([[0.2, 0.8], [0.9, 0.1]], dtype=np.float32)}
         answers = predictions(outputs, ["negative", "positive"], 2)
@@ -209,7 +209,7 @@ class TestSeedShapes:
 
 
 def test_agreement_compares_labels_item_by_item():
-    from serving.shadow import agreement, predicted_labels
+    from serving.shadow.traffic import agreement, predicted_labels
 
     primary = predicted_labels({"label": np.array([1, 2, 3]), "probabilities": np.zeros((3, 4))})
     assert agreement(primary, {"label": np.array([1, 0, 3])}) == (3, 2)
@@ -297,7 +297,7 @@ def bytes_elements(count: int, item: bytes = b"") -> bytes:
 
 class TestBoundedDecoding:
     def test_a_million_bytes_elements_for_shape_1_are_not_all_read(self, counted):
-        from serving.predict.protocol import RAW
+        from serving.gateway.inference_protocol import RAW
 
         raw = CountedBytes(bytes_elements(1_000_000))
         with pytest.raises(BadTensor) as refused:
@@ -334,7 +334,7 @@ class TestBoundedDecoding:
         ],
     )
     def test_a_shape_no_body_can_hold_is_refused_before_its_data_is_read(self, counted, datatype, shape, wire):
-        from serving.predict.protocol import RAW
+        from serving.gateway.inference_protocol import RAW
 
         signature = ONE_TEXT if datatype == "BYTES" else ANY
         name = signature.inputs[0].name
@@ -350,7 +350,7 @@ class TestBoundedDecoding:
         assert "at most" in str(refused.value)
 
     def test_a_bytes_tensor_needs_four_bytes_an_element_before_any_is_read(self, counted):
-        from serving.predict.protocol import RAW
+        from serving.gateway.inference_protocol import RAW
 
         raw = CountedBytes(bytes_elements(3))
         with pytest.raises(BadTensor) as refused:
@@ -365,7 +365,7 @@ class TestBoundedDecoding:
         assert "dimensions" in str(refused.value)
 
     def test_what_fits_still_decodes(self):
-        from serving.predict.protocol import RAW
+        from serving.gateway.inference_protocol import RAW
 
         arrays, rows = decode_inputs(ONE_TEXT, [{"name": "text", "datatype": "BYTES", "shape": [3],
                                                  RAW: bytes_elements(3, b"hi")}])  # fmt: skip
@@ -378,7 +378,7 @@ class TestBoundedDecoding:
 
 class TestAClientsRawField:
     def test_it_is_an_unknown_field_not_a_binary_part(self):
-        from serving.predict.protocol import read_body
+        from serving.gateway.inference_protocol import read_body
 
         body = read_body(b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"_raw":"abcdefgh"}]}', None)
         with pytest.raises(BadTensor, match="data must be a list"):
@@ -390,7 +390,7 @@ class TestAClientsRawField:
         assert arrays["text"].tolist() == ["hi"]
 
     def test_with_a_binary_part_too_the_binary_part_is_read(self):
-        from serving.predict.protocol import read_body
+        from serving.gateway.inference_protocol import read_body
 
         header = (b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"_raw":"x",'
                   b'"parameters":{"binary_data_size":6}}]}')  # fmt: skip
@@ -399,7 +399,7 @@ class TestAClientsRawField:
         assert arrays["text"].tolist() == [b"hi"]
 
     def test_an_answer_with_a_raw_field_is_not_read_as_binary(self):
-        from serving.predict.protocol import decode_outputs, read_body
+        from serving.gateway.inference_protocol import decode_outputs, read_body
 
         answer = read_body(b'{"outputs":[{"name":"label","datatype":"INT64","shape":[1],"_raw":"x","data":[3]}]}', None)
         assert decode_outputs(ONE_TEXT, answer)["label"].tolist() == [3]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from registry.signatures import Signature
-from serving.predict.protocol import decode_inputs
+from serving.gateway.inference_protocol import decode_inputs
 from serving.predict.result_cache import result_key
 
 SIGNATURE = Signature.from_json({

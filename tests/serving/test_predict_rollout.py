@@ -134,8 +134,8 @@ def test_a_failing_canary_is_rolled_back_on_errors_alone(gateway, make_api_key, 
 def test_a_shadow_candidate_is_judged_by_agreement(gateway, make_api_key, digits_versions, django_db_blocker):
     """Version 2 is the same graph: it must agree on every item the primary answered."""
     from registry.models import Model, ModelVersion
-    from serving.selectors import shadow_comparison
-    from serving.services import shadow_policy_delete, shadow_policy_set
+    from serving.shadow.selectors import shadow_comparison
+    from serving.shadow.services import shadow_policy_delete, shadow_policy_set
 
     def start() -> datetime:
         model = Model.objects.get(name=DIGITS)

@@ -10,8 +10,8 @@ import pytest
 
 from registry.signatures import Signature
 from registry.small_models import build_digits
+from serving.gateway.inference_protocol import decode_inputs
 from serving.predict.batcher import BatcherConfig, DynamicBatcher
-from serving.predict.protocol import decode_inputs
 from serving.predict.runner import OnnxRunner
 
 

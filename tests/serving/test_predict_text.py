@@ -16,7 +16,7 @@ import pytest
 from core.errors import InvalidInput
 from registry.signatures import predict_config
 from registry.small_models import _minilm_dir, build_digits
-from serving.predict.protocol import HEADER_LENGTH, decode_outputs, encode_request, read_body
+from serving.gateway.inference_protocol import HEADER_LENGTH, decode_outputs, encode_request, read_body
 from serving.predict.worker import KEY_ENV, Worker
 
 KEY = "replica-secret"

@@ -1,4 +1,4 @@
-"""Predictions that travel together (serving.engine.Together): the ones waiting for the same
+"""Predictions that travel together (serving.gateway.engine.Together): the ones waiting for the same
 replica go to the worker in one call, and each gets exactly the answer it would get alone;
 a worker without the path, or a call that fails, costs no prediction its own outcome."""
 
@@ -19,12 +19,12 @@ import uvicorn
 
 from registry.replica_keys import replica_api_key
 from registry.small_models import build_digits
-from serving import engine
-from serving.engine import RawBody
-from serving.errors import EngineFailed
-from serving.predict.protocol import HEADER_LENGTH, MANY_PATH, decode_outputs, encode_request, read_body
+from serving.gateway import engine
+from serving.gateway.engine import RawBody
+from serving.gateway.errors import EngineFailed
+from serving.gateway.inference_protocol import HEADER_LENGTH, MANY_PATH, decode_outputs, encode_request, read_body
+from serving.gateway.routing import ReplicaRoute, Router
 from serving.predict.worker import KEY_ENV, Worker
-from serving.routing import ReplicaRoute, Router
 
 REPLICA_ID = 424242
 

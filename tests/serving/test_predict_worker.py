@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from registry.small_models import build_digits
-from serving.predict.protocol import (
+from serving.gateway.inference_protocol import (
     HEADER_LENGTH,
     MANY_PATH,
     Part,

@@ -8,7 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from serving.routing import CircuitBreaker, ModelRoute, ReplicaRoute, Router, VersionRoute, served_context_length
+from serving.gateway.routing import (
+    CircuitBreaker,
+    ModelRoute,
+    ReplicaRoute,
+    Router,
+    VersionRoute,
+    served_context_length,
+)
 
 
 def version(vid: int, weight: int, replicas: int = 1, *, age: float = 0.0) -> VersionRoute:

@@ -28,8 +28,8 @@ from core.db import run_db
 from core.errors import InvalidInput
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
 from serving.semcache import signature, store
+from serving.semcache.services import cache_purge
 from serving.semcache.store import CacheUnavailable, SearchTuning
-from serving.services import cache_purge
 from tests.support.api import client_for
 
 PLANS = ["exact", "hnsw"]

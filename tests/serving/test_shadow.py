@@ -49,7 +49,7 @@ class Shadowed:
 
 def set_policy(django_db_blocker, name: str, percent: str | int, *, enabled: bool = True) -> None:
     from registry.models import Model
-    from serving.services import shadow_policy_set
+    from serving.shadow.services import shadow_policy_set
 
     def apply() -> None:
         model = Model.objects.get(name=name)
@@ -226,7 +226,7 @@ class TestAFailingCandidateChangesNothing:
         assert shadow.latency_ms >= 5_900
 
     def test_copies_beyond_the_limit_in_flight_are_dropped_not_queued(self, spawn_gateway, api_key, shadowed):
-        from serving.shadow import MAX_IN_FLIGHT
+        from serving.shadow.traffic import MAX_IN_FLIGHT
 
         gateway = spawn_gateway(ENGINE_REQUEST_TIMEOUT="3", REPLICA_STALE_AFTER="86400")
         shadowed.candidate.control(mode="hang")
@@ -257,7 +257,7 @@ class TestWhichRequestsAreCopied:
         assert shadowed.shadow_requests() == 0
 
     def test_the_share_is_picked_by_request_id(self, fault_gateway, api_key, shadowed, django_db_blocker):
-        from serving.shadow import selected
+        from serving.shadow.traffic import selected
 
         set_policy(django_db_blocker, shadowed.name, "50")
         request_ids = [chat(fault_gateway, api_key, shadowed.name).headers["x-request-id"] for _ in range(30)]
@@ -285,7 +285,7 @@ class TestPolicies:
     def test_the_candidate_must_be_a_version_of_the_model(self, shadowed):
         from core.errors import InvalidInput
         from registry.models import Model, ModelVersion
-        from serving.services import shadow_policy_set
+        from serving.shadow.services import shadow_policy_set
 
         model = Model.objects.get(name=shadowed.name)
         elsewhere = ModelVersion.objects.create(

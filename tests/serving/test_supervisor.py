@@ -31,7 +31,7 @@ from console.management.commands.runplatform import AlreadyRunning, ChildProcess
 from registry.models import Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
-from serving.supervisor import (
+from serving.supervisor.host import (
     DATABASE_MARKER,
     HOST_MARKER,
     REPLICA_MARKER,
@@ -198,7 +198,7 @@ class TestSupervisor:
 
     def test_a_restarted_supervisor_releases_what_its_predecessor_left(self, fake_launcher, deployment, monkeypatch):
         # run() recycles stale connections each loop; inside the test transaction it must not.
-        monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
+        monkeypatch.setattr("serving.supervisor.host.close_old_connections", lambda: None)
         host = unique_host()
         Replica.objects.create(deployment=deployment, host=host, state="ready", endpoint="http://x")
         sup = Supervisor(host=host, slots=["0"], log_dir=fake_launcher, report=lambda m: None)
@@ -259,7 +259,7 @@ class TestRestartOnRequest:
 class TestLoadTimesAndModels:
     def test_each_replicas_load_time_is_logged_audited_and_exported(self, make_supervisor, deployment):
         from registry.models import AuditEntry
-        from serving.metrics import REPLICA_LOAD_SECONDS
+        from serving.gateway.metrics import REPLICA_LOAD_SECONDS
 
         messages: list[str] = []
         supervisor = make_supervisor(report=messages.append)
@@ -297,8 +297,8 @@ class TestDatabaseOutages:
             raise OperationalError("connection refused")
 
         # The first query of every pass, and a later one: any of them may be the one that fails.
-        monkeypatch.setattr("serving.supervisor.replica_release_host", database_down)
-        monkeypatch.setattr("serving.supervisor.replica_heartbeats", database_down)
+        monkeypatch.setattr("serving.supervisor.host.replica_release_host", database_down)
+        monkeypatch.setattr("serving.supervisor.host.replica_heartbeats", database_down)
         os.killpg(replica.pid, signal.SIGKILL)  # and the engine crashes meanwhile
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
@@ -411,7 +411,7 @@ class TestRowsAndStrays:
             assert supervisor.engines == {}
 
     def test_an_untracked_engine_of_this_host_is_killed_on_start(self, fake_launcher, monkeypatch):
-        monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
+        monkeypatch.setattr("serving.supervisor.host.close_old_connections", lambda: None)
         host = unique_host()
 
         def start(marked_host: str) -> subprocess.Popen[bytes]:
@@ -524,7 +524,7 @@ class TestLeavingRouting:
     def test_a_replica_whose_health_check_fails_leaves_routing_within_10_s(self, make_supervisor, deployment, settings):
         from core import keys
         from core.redis import sync_redis
-        from serving.routing import Router, load_routing_table
+        from serving.gateway.routing import Router, load_routing_table
 
         settings.WORKER_HEARTBEAT_SECONDS = 3.0  # the production cadence (the fixture's is 0.2 s)
         supervisor = make_supervisor()
@@ -679,7 +679,7 @@ class TestOneSupervisorPerHost:
         assert HostLease.objects.get(host=first.host).holder == second.holder
 
     def test_a_supervisor_that_stops_cleanly_gives_its_host_up_at_once(self, make_supervisor, monkeypatch):
-        monkeypatch.setattr("serving.supervisor.close_old_connections", lambda: None)
+        monkeypatch.setattr("serving.supervisor.host.close_old_connections", lambda: None)
         first = make_supervisor()
         first.stopping = True
         first.run(once=True)  # takes the lease, has nothing to stop, releases the lease

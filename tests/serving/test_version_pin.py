@@ -14,12 +14,13 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from serving import model_access, orchestrator
-from serving.errors import EngineUnavailable, InvalidRequest, ModelNotFound
-from serving.orchestrator import CHAT, InferenceCall
-from serving.routing import ModelRoute, ReplicaRoute, VersionRoute
+from serving.gateway import model_access
+from serving.gateway.errors import EngineUnavailable, InvalidRequest, ModelNotFound
+from serving.gateway.routing import ModelRoute, ReplicaRoute, VersionRoute
+from serving.llm import call as orchestrator
+from serving.llm.call import CHAT, InferenceCall
+from serving.llm.tokens import PromptCount
 from serving.semcache.policy import scope_of
-from serving.tokens import PromptCount
 from tests.processes import Gateway, start_gateway
 from tests.support.gateway import committed, register_fake_replica, start_fake_engine
 

@@ -1,4 +1,4 @@
-"""Signed, retried webhooks (serving.webhooks): the signature, which addresses they may go to,
+"""Signed, retried webhooks (serving.batches.webhooks): the signature, which addresses they may go to,
 and delivery to a real HTTP receiver on this machine, with retries, give-up and refusals."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import pytest
 from django.utils import timezone
 
 from accounts.services import organization_create, organization_webhook_secret
-from serving.models import WebhookDelivery
-from serving.webhooks import (
+from serving.batches.webhooks import (
     SIGNATURE_HEADER,
     BadCallback,
     UnresolvedCallback,
@@ -30,6 +29,7 @@ from serving.webhooks import (
     webhook_enqueue,
     webhooks_deliver_due,
 )
+from serving.models import WebhookDelivery
 
 pytestmark = pytest.mark.django_db
 
@@ -606,21 +606,22 @@ class TestDelivery:
     def test_a_run_is_queued_on_commit_and_a_broker_failure_stays_quiet(
         self, org, monkeypatch, caplog, django_capture_on_commit_callbacks
     ):
-        from serving.tasks import webhooks_deliver
+        from celery import current_app
 
-        queued: list[dict[str, Any]] = []
-        monkeypatch.setattr(webhooks_deliver, "apply_async", lambda **kwargs: queued.append(kwargs))
+        queued: list[tuple[str, dict[str, Any]]] = []
+        monkeypatch.setattr(current_app, "send_task", lambda name, **kwargs: queued.append((name, kwargs)))
         with django_capture_on_commit_callbacks(execute=True):
             delivery = _enqueue(org, "https://hooks.example.com/batch")
-        assert queued == [{"retry": False}]
+        assert queued == [("serving.tasks.webhooks_deliver", {"retry": False})]
+        assert "serving.tasks.webhooks_deliver" in current_app.tasks  # the name is the task's
         assert delivery.next_attempt_at <= timezone.now()
 
-        def refuse(**kwargs: Any) -> None:
+        def refuse(name: str, **kwargs: Any) -> None:
             raise ConnectionError("broker down")
 
-        monkeypatch.setattr(webhooks_deliver, "apply_async", refuse)
+        monkeypatch.setattr(current_app, "send_task", refuse)
         with (
-            caplog.at_level(logging.WARNING, logger="serving.webhooks"),
+            caplog.at_level(logging.WARNING, logger="serving.batches.enqueue"),
             django_capture_on_commit_callbacks(execute=True),
         ):
             _enqueue(org, "https://hooks.example.com/batch")

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import Organization
 from core.errors import InvalidInput
-from serving.services import cache_purge
+from serving.semcache.services import cache_purge
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from serving.supervisor import HostLeaseHeld, Supervisor
+from serving.supervisor.host import HostLeaseHeld, Supervisor
 
 # libpq options for the supervisor's connection: a database that vanishes (or a network that
 # drops its packets) fails the query within seconds instead of hanging the loop for minutes.

@@ -1,0 +1,108 @@
+"""Reads of batch jobs as the console and the portal list them: progress, queued lines, queue stats."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+
+from serving.batches.models import Batch, BatchLine
+
+# Lines still to run: waiting for a worker, or with one.
+_LINES_TO_RUN = (BatchLine.Status.PENDING, BatchLine.Status.RUNNING)
+
+
+# Statuses whose counts are live in the lines (as ``serving.batches.jobs.request_counts`` reads them).
+_COUNTED_LIVE = (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING)
+
+
+# Throughput is the lines finished over this window, per minute.
+THROUGHPUT_WINDOW = timedelta(minutes=5)
+
+
+def batches_listed(*, organization_id: int | None = None, status: str = "") -> QuerySet[Batch]:
+    """Batches newest first, with their files and organisation: one organisation's, or every
+    organisation's for None; only those in ``status`` when one is given."""
+    batches = Batch.objects.all() if organization_id is None else Batch.objects.filter(organization_id=organization_id)
+    if status:
+        batches = batches.filter(status=status)
+    return batches.select_related("organization", "input_file", "output_file", "error_file").order_by(
+        "-created_at", "-pk"
+    )
+
+
+def batch_progress(batches: Iterable[Batch]) -> dict[int, dict[str, int]]:
+    """``serving.batches.jobs.request_counts`` of many batches (total, completed, failed by batch id),
+    with one query for the lines of those still running rather than one per batch."""
+    batches = list(batches)
+    live = [b.pk for b in batches if b.status in _COUNTED_LIVE]
+    finished: dict[int, dict[str, int]] = defaultdict(dict)
+    rows = (
+        BatchLine.objects.filter(batch_id__in=live, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED])
+        .values_list("batch_id", "status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for batch_id, status, n in rows:
+        finished[batch_id][status] = n
+    progress = {}
+    for b in batches:
+        if b.status in _COUNTED_LIVE:
+            done = finished[b.pk]
+            progress[b.pk] = {"total": b.total, "completed": done.get("succeeded", 0), "failed": done.get("failed", 0)}
+        else:
+            progress[b.pk] = {"total": b.total, "completed": b.completed, "failed": b.failed}
+    return progress
+
+
+def batch_lines_queued(*, models: Collection[str]) -> dict[str, list[tuple[int, int]]]:
+    """For each model, its batches in progress with lines still to run, oldest first (the order
+    workers take them in), each as (batch id, lines to run). Per model these add up to
+    ``serving.batches.jobs.enqueued_lines_of_model``."""
+    rows = (
+        BatchLine.objects.filter(
+            batch__model__in=list(models), batch__status=Batch.Status.IN_PROGRESS, status__in=_LINES_TO_RUN
+        )
+        .values_list("batch__model", "batch_id", "batch__created_at")
+        .annotate(n=Count("pk"))
+        .order_by("batch__created_at", "batch_id")
+    )
+    queued: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for model, batch_id, _created, n in rows:
+        queued[model].append((batch_id, n))
+    return dict(queued)
+
+
+def batch_queue_stats(*, now: datetime | None = None) -> dict[str, Any]:
+    """The batch queue across every organisation: lines ``waiting`` (not started, in batches
+    validating or in progress: the queue's depth), lines ``running``, lines ``finished_recently``
+    (succeeded or failed over the last THROUGHPUT_WINDOW) and that as ``per_minute``, and the
+    batches ``in_progress``."""
+    now = now or timezone.now()
+    # A cancelling batch's pending lines never start; a running line finishes whatever its batch.
+    by_status = dict(
+        BatchLine.objects.filter(
+            Q(status=BatchLine.Status.PENDING, batch__status=Batch.Status.IN_PROGRESS)
+            | Q(status=BatchLine.Status.RUNNING)
+        )
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    validating = Batch.objects.filter(status=Batch.Status.VALIDATING).aggregate(n=Sum("total"))["n"] or 0
+    finished = BatchLine.objects.filter(
+        finished_at__gte=now - THROUGHPUT_WINDOW, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED]
+    ).count()
+    minutes = THROUGHPUT_WINDOW.total_seconds() / 60
+    return {
+        "waiting": by_status.get(BatchLine.Status.PENDING, 0) + int(validating),
+        "running": by_status.get(BatchLine.Status.RUNNING, 0),
+        "finished_recently": finished,
+        "window_minutes": int(minutes),
+        "per_minute": round(finished / minutes, 1),
+        "in_progress": Batch.objects.filter(status=Batch.Status.IN_PROGRESS).count(),
+    }

@@ -1,0 +1,992 @@
+"""The per-host worker supervisor behind ``manage.py runworkers``.
+
+It keeps this host's share of every serving deployment running as vLLM OpenAI server
+processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
+
+- claims a replica when a deployment wants more and a slot is free, starts the engine,
+  waits for /health, then marks the replica ready with its endpoint;
+- heart-beats ready replicas after checking /health (routers ignore stale heartbeats);
+- announces every replica that becomes ready or leaves on the routing channel, so gateways
+  reload at once;
+- restarts a crashed or unhealthy replica with exponential backoff;
+- restarts a replica a person asked to (``registry.services.replica_restart_request``):
+  drained and stopped like one no longer wanted, then started again through the same
+  restart path, at once;
+- records each replica's load time (start to first good /health) in the log, the audit
+  log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
+- carries every hot-swap under way through its next step (``rollout.hotswap``);
+- drains a replica that is no longer wanted (no new requests are routed to it; in-flight
+  ones finish or the drain timeout passes), then stops it;
+- on SIGTERM/SIGINT drains and stops everything it started.
+
+One supervisor per host name: it holds the host's lease (``registry.HostLease``) from before
+it touches anything of the host until it has stopped, renewing it on every database pass. A
+second one for the same host refuses to start (``HostLeaseHeld``) instead of releasing the
+first one's replicas as its predecessor's; one killed with SIGKILL is succeeded once its
+lease has expired. A supervisor that finds its lease taken over (it was cut off from the
+database for longer than the lease, and another started) writes nothing more, stops its
+engines and exits.
+
+Each loop first tends the engine processes (exits, health results, stop deadlines), which
+never touches the database, then does the database work. The in-memory state of each
+engine is the truth for this host; the replica row is brought to it (``EngineProcess.want``)
+whenever the database answers, so an outage only delays the bookkeeping: engines keep
+running and pending state changes are applied once it is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections, transaction
+from django.utils import timezone
+
+from core.events import publish_routing_change_now
+from core.transitions import IllegalTransition
+from registry.artifacts import get_artifact_store
+from registry.models import Deployment, HostLease, Replica
+from registry.replica_keys import replica_api_key
+from registry.selectors import (
+    deployment_with_version,
+    host_lease_held,
+    live_replica_pids,
+    replica_get,
+    replica_states,
+    replicas_restart_requested,
+    serving_deployments,
+)
+from registry.services import (
+    host_lease_release,
+    host_lease_renew,
+    host_lease_take,
+    replica_claim,
+    replica_heartbeats,
+    replica_mark_ready,
+    replica_record_load_time,
+    replica_record_pid,
+    replica_release_host,
+    replica_surplus,
+    replica_transition,
+)
+from registry.signatures import is_predict_framework
+from rollout.hotswap import swap_step
+from serving.gateway.metrics import REPLICA_LOAD_SECONDS
+from serving.gateway.routing import served_context_length
+
+logger = logging.getLogger(__name__)
+
+# InterfaceError is not a DatabaseError in Django's hierarchy; both mean "no database now".
+DATABASE_ERRORS = (DatabaseError, InterfaceError)
+
+# Every engine process carries these in its environment, so a supervisor finds the engines
+# of its host in /proc without the database: one that crashed between starting an engine
+# and recording its pid leaves nothing the next one cannot find.
+HOST_MARKER = "PLATFORM_WORKER_HOST"
+DATABASE_MARKER = "PLATFORM_WORKER_DATABASE"
+REPLICA_MARKER = "PLATFORM_REPLICA_ID"
+
+# What an engine inherits from the supervisor's environment; nothing else (no
+# PROMETHEUS_MULTIPROC_DIR, which would mix its metrics into the gateway's, no
+# DATABASE_URL, SECRET_KEY, REDIS_URL or any other platform variable).
+ENGINE_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED",
+     "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"}
+)  # fmt: skip
+# LD_PRELOAD: vLLM's CPU guide preloads tcmalloc / libiomp. OPENBLAS_/NVPL_ tune the math
+# libraries like OMP_/MKL_ do (some CPUs need OPENBLAS_CORETYPE); the torch, triton and
+# NCCL families tune kernels and caches on GPU hosts.
+ENGINE_ENV_PREFIXES = (
+    "LC_", "HF_", "TRANSFORMERS_", "VLLM_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NVPL_", "CUDA_", "NVIDIA_",
+    "NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
+)  # fmt: skip
+
+# Never inherited though allow-listed: it opens vLLM's debug routes (/collective_rpc,
+# /sleep, …), which its API key does not guard.
+ENGINE_ENV_DENIED = frozenset({"VLLM_SERVER_DEV_MODE"})
+
+# How long the loop waits for the database after a failure: short at first, then capped,
+# so a restored database is noticed within seconds.
+DATABASE_RETRY_FIRST = 0.5
+DATABASE_RETRY_MAX = 5.0
+
+# How often a supervisor looks for hot-swap steps that are due (each a few queries).
+SWAP_STEP_SECONDS = 1.0
+
+
+# The metrics whose sum says an engine is busy: vLLM's, and the predict worker's.
+BUSY_METRICS = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "predict:num_requests_running", "predict:num_requests_waiting",
+)  # fmt: skip
+
+
+class HostLeaseHeld(Exception):
+    """Another supervisor holds this host's lease: this one must not start."""
+
+    def __init__(self, host: str, lease: HostLease) -> None:
+        self.host, self.lease = host, lease
+        until = timezone.localtime(lease.expires_at).strftime("%Y-%m-%d %H:%M:%S %Z")
+        super().__init__(
+            f"host {host} is already supervised by pid {lease.holder_pid} on {lease.holder_machine} "
+            f"(its lease runs until {until} and is renewed while it runs): stop that supervisor first, "
+            "or give this one another --host"
+        )
+
+
+def lease_holder() -> str:
+    """This process's name as a lease holder: its pid and machine (for people), then a part no
+    other process can repeat (a pid is reused, a machine name shared)."""
+    return f"{os.getpid()}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    """One replica's engine process, as this supervisor sees it."""
+
+    replica_id: int
+    deployment_id: int
+    slot: str
+    model: str = ""  # the public name and version, for logs and metrics
+    predict: bool = False  # a predict worker (serving.predict.worker), not a vLLM engine
+    version: str = ""
+    port: int = 0
+    popen: subprocess.Popen[bytes] | None = None
+    # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
+    # | stopped (process gone, its row still to be recorded)
+    phase: str = "starting"
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    load_seconds: float = 0.0  # started_at → first good /health, of the latest start
+    last_check: float = 0.0
+    failed_checks: int = 0
+    restarts: int = 0
+    restart_at: float = 0.0
+    drain_deadline: float = 0.0
+    term_deadline: float = 0.0
+    kill_sent: bool = False
+    log_path: Path | None = None
+    # The replica row's state this engine calls for, and whether the row has it yet (with
+    # the pid and endpoint that go with it).
+    want: str = Replica.State.STARTING
+    recorded: bool = False
+    row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
+    beat_due: bool = False  # /health answered since the last heartbeat written
+    probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
+    # Draining for a restart asked for: once the process has exited it is started again.
+    restart_requested: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{settings.WORKER_ENGINE_HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+def is_predict(deployment: Deployment) -> bool:
+    """Served by the platform's own predict worker (a small model), not by vLLM."""
+    return is_predict_framework(deployment.version.framework)
+
+
+def engine_command(deployment: Deployment, port: int) -> list[str]:
+    version = deployment.version
+    model = version.model
+    path = get_artifact_store().local_path(version.artifact_uri)
+    if is_predict(deployment):
+        return [
+            sys.executable, "-m", "serving.predict.worker",
+            "--name", model.name,
+            "--version", version.version,
+            "--artifact", str(path),
+            "--config", json.dumps(version.config),
+            "--host", settings.WORKER_ENGINE_HOST,
+            "--port", str(port),
+            "--threads", str(settings.WORKER_PREDICT_THREADS),
+            "--framework", version.framework.strip().lower(),
+            # On a GPU host each slot is one GPU (CUDA_VISIBLE_DEVICES): the model runs there.
+            "--device", "cpu" if settings.WORKER_DEVICE == "cpu" else "cuda",
+        ]  # fmt: skip
+    launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    command = [
+        *launcher,
+        "--model", str(path),
+        "--served-model-name", model.name,
+        "--host", settings.WORKER_ENGINE_HOST,
+        "--port", str(port),
+        "--max-model-len", str(served_context_length(version.config)),
+        "--uvicorn-log-level", "warning",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if model.task == "embedding":
+        command += ["--runner", "pooling"]
+    # Interactive requests before batch jobs' lines (serving.batches.jobs sends theirs a priority).
+    command += ["--scheduling-policy", settings.ENGINE_SCHEDULING_POLICY]
+    if settings.WORKER_DEVICE == "cpu":
+        # Eager mode starts in ~35 s instead of ~3 min and serves about as fast on CPU.
+        command += ["--enforce-eager"]
+    else:
+        command += ["--gpu-memory-utilization", str(settings.VLLM_GPU_MEMORY_UTILIZATION)]
+    return command + shlex.split(settings.ENGINE_EXTRA_ARGS)
+
+
+def _database_name() -> str:
+    return str(connections["default"].settings_dict.get("NAME") or "")
+
+
+def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
+    """The whole environment of one replica's engine: an allow-list of ours, plus its own settings."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and name not in ENGINE_ENV_DENIED
+    }
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    # vLLM reads its --api-key from here: in the environment it is readable only by this
+    # user, where the command line is world-readable (ps).
+    env["VLLM_API_KEY"] = env["WORKER_API_KEY"] = replica_api_key(replica_id)
+    if settings.WORKER_DEVICE == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.VLLM_CPU_KVCACHE_SPACE)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = slot
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    env[HOST_MARKER] = host
+    env[DATABASE_MARKER] = _database_name()
+    env[REPLICA_MARKER] = str(replica_id)
+    return env
+
+
+def marked_engines(host: str, database: str) -> Iterator[tuple[int, str]]:
+    """(pid, replica id) of every process whose environment marks it as an engine of this host.
+
+    The database is part of the mark: two platforms (or two test runs) that share a machine
+    and a host name never touch each other's engines.
+    """
+    with contextlib.suppress(OSError):  # no /proc: nothing to find
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                variables = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone, or another user's
+                continue
+            if f"{HOST_MARKER}={host}".encode() in variables and f"{DATABASE_MARKER}={database}".encode() in variables:
+                prefix = f"{REPLICA_MARKER}=".encode()
+                replica = next((v[len(prefix) :].decode() for v in variables if v.startswith(prefix)), "?")
+                yield int(entry.name), replica
+
+
+def _signal_group(pid: int | None, sig: int) -> None:
+    """Signal an engine's whole process group (vLLM runs its engine core in child processes).
+
+    Safe after the leader was reaped: Linux never reuses a pid while a process group of
+    that number still has members.
+    """
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+@dataclass
+class Supervisor:
+    host: str = field(default_factory=lambda: settings.WORKER_HOST)
+    slots: list[str] = field(default_factory=lambda: list(settings.WORKER_SLOTS))
+    # Serve only deployments of these models (public names); None: every model.
+    models: frozenset[str] | None = None
+    log_dir: Path = field(default_factory=lambda: Path(settings.WORKER_LOG_DIR))
+    engines: dict[int, EngineProcess] = field(default_factory=dict)  # by replica id
+    stopping: bool = False
+    stop_announced: bool = False
+    report: Callable[[str], None] = field(default=lambda message: logger.info(message))
+    # An engine that ignores SIGTERM this long is killed.
+    stop_grace: float = 15.0
+    lease_seconds: float = field(default_factory=lambda: settings.WORKER_HOST_LEASE_SECONDS)
+    holder: str = field(default_factory=lease_holder)
+    # Another supervisor took this host's lease over: nothing of the host is ours any more.
+    lease_lost: bool = False
+    # Probes run beside the loop, so one hung engine never delays another's heartbeat; the
+    # timeout stays well under the heartbeat interval.
+    probe_timeout: float = field(default_factory=lambda: min(2.0, max(0.5, settings.WORKER_HEARTBEAT_SECONDS / 3)))
+    _http: httpx.Client = field(init=False)
+    _probes: ThreadPoolExecutor = field(init=False)
+    _started: bool = field(default=False, init=False)  # the predecessor's engines are killed
+    _lease_held: bool = field(default=False, init=False)
+    _db_down_since: float | None = field(default=None, init=False)
+    _db_retry_at: float = field(default=0.0, init=False)
+    _db_retry_delay: float = field(default=DATABASE_RETRY_FIRST, init=False)
+    _gone_since: float | None = field(default=None, init=False)  # shutting down: every engine has exited
+    _routing_changed: bool = field(default=False, init=False)  # a replica row changed state this pass
+    _announcer: ThreadPoolExecutor = field(init=False)
+    _announcement: Future[None] | None = field(default=None, init=False)
+    _swaps_checked_at: float = field(default=-SWAP_STEP_SECONDS, init=False)
+
+    def __post_init__(self) -> None:
+        self._http = httpx.Client(timeout=self.probe_timeout)
+        self._probes = ThreadPoolExecutor(max_workers=max(4, len(self.slots)), thread_name_prefix="engine-probe")
+        self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="routing-announce")
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def run(self, *, once: bool = False) -> None:
+        """Supervise until stopped. Raises ``HostLeaseHeld``, having touched nothing, when
+        another supervisor holds this host; ``lease_lost`` is set when one took it over."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            # The lease first: a predecessor's engines (by their marker) and rows are ours to
+            # kill and release only once no other supervisor runs this host.
+            if not self._take_lease_waiting():
+                return
+            self._kill_marked_strangers()
+            only = f"; models {', '.join(sorted(self.models))}" if self.models is not None else ""
+            self.report(
+                f"supervising engines on {self.host} (slots {', '.join(self.slots)}{only}); "
+                f"holding its lease as {self.holder}"
+            )
+            while True:
+                with contextlib.suppress(*DATABASE_ERRORS):
+                    close_old_connections()
+                if self.stopping:
+                    if self._shutdown_step():
+                        break
+                else:
+                    self.step()
+                if once:
+                    break
+                time.sleep(0.5)
+            self.report("all engines stopped")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            leftover = [e for e in self.engines.values() if e.alive()]
+            if leftover:  # only when the loop died of a bug: never leave an engine unwatched
+                self.report(f"killing {len(leftover)} engine(s) on the way out")
+            self.close()
+
+    def close(self) -> None:
+        """Kill whatever engine still runs, give the host's lease up and release the probe
+        threads (tests call it too)."""
+        for engine in self.engines.values():
+            self._kill(engine)
+        for engine in self.engines.values():
+            if engine.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    engine.popen.wait(5)  # after SIGKILL: only reaping, never a real wait
+        if self._lease_held:  # only once no engine of ours runs: a successor starts at once
+            self._lease_held = False
+            with contextlib.suppress(*DATABASE_ERRORS):  # then it expires by itself
+                host_lease_release(host=self.host, holder=self.holder)
+        self._probes.shutdown(wait=False, cancel_futures=True)
+        self._announcer.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    def take_lease(self) -> None:
+        """Take this host's lease, or raise ``HostLeaseHeld`` naming its holder."""
+        while not host_lease_take(host=self.host, holder=self.holder, seconds=self.lease_seconds):
+            lease = host_lease_held(host=self.host)
+            if lease is not None:
+                raise HostLeaseHeld(self.host, lease)
+            # Expired or released between the two statements: take it again.
+        self._lease_held = True
+
+    def _take_lease_waiting(self) -> bool:
+        """``take_lease``, waiting for a database that does not answer (who holds the host is
+        known only there); False when stopped (a signal) meanwhile."""
+        delay, reported = DATABASE_RETRY_FIRST, False
+        while True:
+            try:
+                self.take_lease()
+                return True
+            except DATABASE_ERRORS as exc:
+                if not reported:
+                    reported = True
+                    self.report(
+                        f"database unavailable ({type(exc).__name__}); waiting for it to take the lease of {self.host}"
+                    )
+            with contextlib.suppress(*DATABASE_ERRORS):
+                close_old_connections()
+            if self.stopping:
+                return False
+            time.sleep(delay)
+            delay = min(DATABASE_RETRY_MAX, delay * 2)
+
+    def _hold_lease(self) -> bool:
+        """At the start of every database pass: take the lease (the first pass of a supervisor
+        driven by ``step``) or renew it. False when another supervisor took it over: the
+        supervisor then stops its engines without another write, and exits."""
+        if not self._lease_held:
+            self.take_lease()
+            return True
+        if host_lease_renew(host=self.host, holder=self.holder, seconds=self.lease_seconds):
+            return True
+        self._lease_held = False
+        self.lease_lost = True
+        self.stopping = True
+        lease = None
+        with contextlib.suppress(*DATABASE_ERRORS):  # only for the message: the loss stands
+            lease = host_lease_held(host=self.host)
+        holder = (
+            f"now held by pid {lease.holder_pid} on {lease.holder_machine}"
+            if lease is not None
+            else "its lease row is gone"
+        )
+        message = (
+            f"LEASE LOST: host {self.host} was taken over ({holder}) while this supervisor could not renew "
+            f"its lease; it no longer writes any replica row of {self.host}, stops its {len(self.engines)} "
+            "engine(s) and exits"
+        )
+        logger.error(message)
+        self.report(message)
+        # Drained by the probes alone (the new holder has released their rows, so nothing new
+        # is routed to them), then stopped; ``_database_step`` writes nothing from now on.
+        for engine in list(self.engines.values()):
+            self._begin_drain(engine)
+        return False
+
+    def _kill_marked_strangers(self) -> None:
+        """Engines of this host (by their marker) that this supervisor does not own: a predecessor's."""
+        spared = {engine.pid for engine in self.engines.values()} | {os.getpgrp()}
+        for pid, replica in marked_engines(self.host, _database_name()):
+            try:
+                group = os.getpgid(pid)
+            except ProcessLookupError:
+                continue
+            if group in spared or pid == os.getpid():
+                continue  # ours, or already killed with its group (vLLM's engine core shares the mark)
+            spared.add(group)
+            _signal_group(group, signal.SIGKILL)
+            self.report(f"killed engine pid {pid} (replica {replica}) that no supervisor tracks")
+
+    def _kill_orphans(self) -> None:
+        """Engines an earlier supervisor of this host recorded and left running (it was killed)."""
+        for pid in live_replica_pids(host=self.host):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue  # gone already
+            if b"--served-model-name" in cmdline:  # ours: never kill a reused pid's stranger
+                _signal_group(pid, signal.SIGKILL)
+                self.report(f"killed engine pid {pid} left by an earlier supervisor")
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # Only flags: the loop does the work. A handler that touched the database could
+        # re-enter a query the main thread is in the middle of.
+        if self.stopping:  # a second signal: stop now
+            for engine in self.engines.values():
+                self._kill(engine)
+            raise SystemExit(1)
+        self.stopping = True
+
+    def step(self) -> None:
+        """One pass: tend every engine process, then the database work. Nothing in it waits long."""
+        now = time.monotonic()
+        for engine in list(self.engines.values()):
+            self._tend(engine, now)
+        self._database_step(now)
+
+    def _shutdown_step(self) -> bool:
+        if not self.stop_announced:
+            self.stop_announced = True
+            self.report("stopping: draining all replicas")
+        now = time.monotonic()
+        for engine in list(self.engines.values()):
+            self._begin_drain(engine)
+        for engine in list(self.engines.values()):
+            self._tend(engine, now)
+        self._database_step(now)
+        if not self.engines:
+            return True
+        if any(engine.phase != "stopped" for engine in self.engines.values()):
+            return False
+        if self.lease_lost:  # their rows are the new holder's to release
+            self.report(f"{len(self.engines)} engine(s) stopped; their replica rows are left to the new holder")
+            return True
+        # Every engine has exited; only their rows wait for a database that does not answer.
+        self._gone_since = self._gone_since or now
+        if self._db_down_since is not None and now - self._gone_since > self.stop_grace:
+            self.report(
+                f"could not record {len(self.engines)} stopped replica(s): the database is unavailable; "
+                "the next runworkers on this host releases them"
+            )
+            return True
+        return False
+
+    # --- the database side ----------------------------------------------------------
+
+    def _database_step(self, now: float) -> None:
+        if now < self._db_retry_at or self.lease_lost:
+            return
+        try:
+            if not self._hold_lease():
+                return
+            if not self._started:
+                self._kill_orphans()
+                self._started = True
+            self._check_rows()
+            self._record_pending()
+            self._write_heartbeats()
+            if not self.stopping:
+                self._step_swaps(now)
+                self._take_restart_requests()
+                self._restart_due(now)
+                self._claim_wanted()
+                self._record_pending()
+            self._announce_routing_change()
+        except DATABASE_ERRORS as exc:
+            self._announce_routing_change()  # what was written before the error stands
+            if self._db_down_since is None:  # once per outage, not once per loop
+                self._db_down_since = now
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.report(
+                    f"database unavailable ({type(exc).__name__}: {reason}); "
+                    f"{len(self.engines)} engine(s) keep running; retrying"
+                )
+            self._db_retry_at = now + self._db_retry_delay
+            self._db_retry_delay = min(DATABASE_RETRY_MAX, self._db_retry_delay * 2)
+        except (ObjectDoesNotExist, IllegalTransition) as exc:
+            # A row deleted or moved by someone else halfway through the pass: the next pass
+            # starts from what the database says then.
+            logger.warning("supervisor pass cut short: %s", exc)
+            self._announce_routing_change()
+        else:
+            if self._db_down_since is not None:
+                self.report(f"database reachable again after {now - self._db_down_since:.0f} s")
+            self._db_down_since = None
+            self._db_retry_delay = DATABASE_RETRY_FIRST
+
+    def _step_swaps(self, now: float) -> None:
+        """Carry every hot-swap under way through the step now due (traffic moved once the new
+        replicas are ready, old deployment drained, swap closed). Before claiming: a deployment
+        set draining here is drained in the same pass."""
+        if now - self._swaps_checked_at < SWAP_STEP_SECONDS:
+            return
+        self._swaps_checked_at = now
+        for message in swap_step():
+            self.report(message)
+
+    def _check_rows(self) -> None:
+        """Match this host's replica rows with the engines it runs.
+
+        A live row of this host with no engine here is an earlier supervisor's, or a claim
+        whose commit reached the database while its answer was lost: it is released, so it
+        never holds a place in its deployment. An engine whose row vanished (or was stopped
+        by someone else) is stopped.
+        """
+        released = replica_release_host(host=self.host, keep=list(self.engines))
+        if released:
+            self._routing_changed = True
+            self.report(f"released {released} replica(s) of {self.host} that no engine here serves")
+        if not self.engines:
+            return
+        states = replica_states(replica_ids=list(self.engines))
+        for engine in list(self.engines.values()):
+            if engine.row_gone:
+                continue
+            state = states.get(engine.replica_id)
+            if state is None:
+                self._lose_row(engine, "its replica row was deleted")
+            elif state == Replica.State.STOPPED and engine.want != Replica.State.STOPPED:
+                self._lose_row(engine, "its replica was stopped by another process")
+
+    def _record_pending(self) -> None:
+        for engine in list(self.engines.values()):
+            if not engine.recorded:
+                self._record(engine)
+            if engine.phase == "stopped" and engine.recorded and not engine.row_gone:
+                self.engines.pop(engine.replica_id, None)
+                self.report(f"replica {engine.replica_id} stopped")
+
+    def _record(self, engine: EngineProcess) -> None:
+        """Bring the replica's row to ``engine.want`` through legal moves."""
+        replica = replica_get(replica_id=engine.replica_id)
+        if replica is None:
+            self._lose_row(engine, "its replica row was deleted")
+            return
+        target = engine.want
+        route = _route(replica.state, target)
+        if route is None:
+            logger.warning("replica %s: no move from %s to %s; left as is", replica.pk, replica.state, target)
+            route = []
+        try:
+            if not route and target == Replica.State.STARTING and engine.pid not in (None, replica.pid):
+                # Claimed as starting: only the new process to record (a restart moves state and pid at once).
+                assert engine.pid is not None
+                replica_record_pid(replica_id=replica.pk, pid=engine.pid)
+            for state in route:
+                # Set before the write: one move may commit and the next fail.
+                self._routing_changed = self._routing_changed or state != Replica.State.STARTING
+                if state == Replica.State.READY:
+                    assert engine.pid is not None
+                    with transaction.atomic():
+                        replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
+                        replica_record_load_time(replica=replica, seconds=engine.load_seconds, host=self.host)
+                elif state == Replica.State.STARTING and engine.pid is not None:
+                    replica_transition(replica=replica, state=state, pid=engine.pid)
+                elif state == Replica.State.DRAINING and not engine.restart_requested:
+                    # Leaving its deployment: a restart asked for meanwhile is moot, and must
+                    # not keep the row holding a place in the deployment.
+                    replica_transition(replica=replica, state=state, restart_requested_at=None)
+                else:
+                    replica_transition(replica=replica, state=state)
+        except ObjectDoesNotExist:  # the replica, or its deployment, deleted meanwhile
+            self._lose_row(engine, "its replica row was deleted")
+            return
+        except IllegalTransition as exc:  # moved by someone else meanwhile: theirs stands
+            logger.warning("replica %s: %s", engine.replica_id, exc)
+        engine.recorded = True
+
+    def _announce_routing_change(self) -> None:
+        """Tell gateways to reload their routing tables now, not at their next refresh, when a
+        replica became ready or left (draining, failed, stopped).
+
+        ``core.events.publish_routing_change_now``: no wait for a commit (the supervisor's
+        writes are committed by now) and off the loop, in a thread of its own: a
+        Redis that hangs must never delay a heartbeat. One announcement waiting covers any
+        number of changes.
+        """
+        if not self._routing_changed:
+            return
+        self._routing_changed = False
+        pending = self._announcement
+        if pending is not None and not pending.running() and not pending.done():
+            return  # not sent yet: it will carry this change too
+        with contextlib.suppress(RuntimeError):  # closed: shutting down
+            self._announcement = self._announcer.submit(publish_routing_change_now, "replica")
+
+    def _write_heartbeats(self) -> None:
+        beating = [
+            engine
+            for engine in self.engines.values()
+            if engine.beat_due and engine.recorded and engine.want == Replica.State.READY
+        ]
+        if beating:
+            replica_heartbeats(replica_ids=[engine.replica_id for engine in beating])
+            for engine in beating:
+                engine.beat_due = False
+
+    def _take_restart_requests(self) -> None:
+        """Begin the restarts people asked for: each ready engine asked drains like one no
+        longer wanted; once it has exited, ``_tend`` hands it to ``_restart_due`` instead of
+        stopping it. A request for an engine in another phase is settled by the move to
+        starting or stopped that phase leads to."""
+        ready = [e.replica_id for e in self.engines.values() if e.phase == "ready" and not e.restart_requested]
+        if not ready:
+            return
+        for replica_id in replicas_restart_requested(replica_ids=ready):
+            engine = self.engines[replica_id]
+            engine.restart_requested = True
+            self.report(f"replica {replica_id}: restart requested")
+            self._begin_drain(engine)
+
+    def _restart_due(self, now: float) -> None:
+        for engine in list(self.engines.values()):
+            if engine.phase != "backoff" or now < engine.restart_at or not engine.recorded:
+                continue
+            if engine.alive():  # SIGKILL not through yet: the slot is still busy
+                continue
+            deployment = deployment_with_version(deployment_id=engine.deployment_id)
+            if deployment is None:
+                self._lose_row(engine, "its deployment was deleted")
+                continue
+            serving = deployment.status in (Deployment.Status.PENDING, Deployment.Status.RUNNING)
+            if not serving or replica_surplus(deployment=deployment) > 0:
+                self._set_stopped(engine)
+                continue
+            self._spawn(engine, deployment)
+
+    def _free_slots(self, *, predict: bool = False) -> list[str]:
+        """Slots a new engine may take: a vLLM engine needs one no other vLLM engine holds;
+        a predict worker shares a slot with up to WORKER_PREDICT_PER_SLOT - 1 others (and
+        with a vLLM engine), least shared first."""
+        engines = list(self.engines.values())
+        if not predict:
+            used = {e.slot for e in engines if not e.predict}
+            return [slot for slot in self.slots if slot not in used]
+        sharing = {slot: sum(1 for e in engines if e.predict and e.slot == slot) for slot in self.slots}
+        open_slots = [slot for slot in self.slots if sharing[slot] < settings.WORKER_PREDICT_PER_SLOT]
+        return sorted(open_slots, key=lambda slot: sharing[slot])
+
+    def _claim_wanted(self) -> None:
+        deployments = [d for d in serving_deployments() if self.models is None or d.version.model.name in self.models]
+        wanted_ids = {d.id for d in deployments}
+        for engine in list(self.engines.values()):
+            if engine.deployment_id not in wanted_ids:
+                self._begin_drain(engine)
+        for deployment in deployments:
+            mine = [
+                e
+                for e in self.engines.values()
+                if e.deployment_id == deployment.id and e.phase in ("starting", "ready", "backoff")
+            ]
+            try:
+                if mine and replica_surplus(deployment=deployment) > 0:
+                    self._begin_drain(max(mine, key=lambda e: e.replica_id))
+                    continue
+                predict = is_predict(deployment)
+                free = self._free_slots(predict=predict)
+                if not free:
+                    continue
+                replica = replica_claim(deployment=deployment, host=self.host)
+            except Deployment.DoesNotExist:
+                continue  # deleted since the list was read; the next pass stops its engines
+            if replica is not None:
+                engine = EngineProcess(
+                    replica_id=replica.id,
+                    deployment_id=deployment.id,
+                    slot=free[0],
+                    model=deployment.version.model.name,
+                    version=deployment.version.version,
+                    predict=predict,
+                )
+                self.engines[replica.id] = engine
+                self._spawn(engine, deployment)
+
+    # --- one engine's process (no database below this line) ---------------------------
+
+    def _spawn(self, engine: EngineProcess, deployment: Deployment) -> None:
+        engine.port = _free_port(settings.WORKER_ENGINE_HOST)
+        engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
+        command = engine_command(deployment, engine.port)
+        env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
+        try:
+            with open(engine.log_path, "ab") as log:
+                log.write(f"\n=== {timezone.now().isoformat()} starting: {shlex.join(command)}\n".encode())
+                log.flush()
+                engine.popen = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        except OSError as exc:
+            engine.popen = None
+            self._fail(engine, f"could not start: {exc}")
+            return
+        engine.phase = "starting"
+        engine.started_at = time.monotonic()
+        engine.failed_checks = 0
+        engine.restart_requested = False
+        engine.kill_sent = False
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.STARTING, False
+        self.report(
+            f"replica {engine.replica_id} ({deployment.version}) starting on slot {engine.slot}, "
+            f"port {engine.port}, pid {engine.pid}"
+        )
+
+    def _tend(self, engine: EngineProcess, now: float) -> None:
+        if engine.phase in ("stopped", "backoff"):
+            return
+        if not engine.alive():
+            engine.probe = None
+            if engine.restart_requested and not engine.row_gone and not self.stopping:
+                self._restart_when_stopped(engine)
+            elif engine.phase in ("draining", "stopping") or engine.row_gone:
+                self._set_stopped(engine)
+            else:
+                code = engine.popen.returncode if engine.popen else None
+                self._fail(engine, f"engine exited with code {code}")
+            return
+        if engine.phase == "stopping":
+            if not engine.kill_sent and now >= engine.term_deadline:
+                self._kill(engine)
+                self.report(f"replica {engine.replica_id} ignored SIGTERM for {self.stop_grace:.0f} s; killed")
+            return
+        if engine.phase == "starting":
+            result = self._probe_result(engine, "health")
+            if result:
+                engine.phase = "ready"
+                engine.ready_at = engine.last_check = now
+                engine.load_seconds = now - engine.started_at
+                engine.want, engine.recorded = Replica.State.READY, False
+                REPLICA_LOAD_SECONDS.labels(engine.model, engine.version, str(engine.replica_id)).set(
+                    engine.load_seconds
+                )
+                self.report(
+                    f"replica {engine.replica_id} ({engine.model}:{engine.version}) ready at {engine.endpoint}; "
+                    f"loaded in {engine.load_seconds:.1f} s"
+                )
+            elif now - engine.started_at > settings.WORKER_STARTUP_TIMEOUT:
+                self._kill(engine)
+                self._fail(engine, f"not healthy within {settings.WORKER_STARTUP_TIMEOUT:.0f} s")
+            elif engine.probe is None:
+                self._start_probe(engine, "health")
+            return
+        if engine.phase == "ready":
+            result = self._probe_result(engine, "health")
+            if result is True:
+                engine.failed_checks = 0
+                engine.beat_due = True
+                if now - engine.ready_at > 60:
+                    engine.restarts = 0  # stable again: the next crash restarts quickly
+            elif result is False:
+                engine.failed_checks += 1
+                if engine.failed_checks >= 3:
+                    self._kill(engine)
+                    self._fail(engine, "/health failed 3 times")
+                    return
+            # A failed check is confirmed quickly (every third of a heartbeat), so an engine that
+            # stops answering leaves routing within REPLICA_STALE_AFTER even when it stays alive.
+            interval = settings.WORKER_HEARTBEAT_SECONDS / (3 if engine.failed_checks else 1)
+            if engine.probe is None and now - engine.last_check >= interval:
+                engine.last_check = now
+                self._start_probe(engine, "health")
+            return
+        if engine.phase == "draining":
+            if now >= engine.drain_deadline or self._probe_result(engine, "idle"):
+                self._stop_process(engine)
+            elif engine.probe is None:
+                self._start_probe(engine, "idle")
+
+    def _start_probe(self, engine: EngineProcess, kind: str) -> None:
+        check = self._healthy if kind == "health" else self._idle
+        engine.probe = (kind, self._probes.submit(check, engine.endpoint))
+
+    def _probe_result(self, engine: EngineProcess, kind: str) -> bool | None:
+        """The answer of the engine's finished probe of this kind; None while none has finished."""
+        if engine.probe is None or not engine.probe[1].done():
+            return None
+        probe_kind, future = engine.probe
+        engine.probe = None
+        if probe_kind != kind:  # asked for before the engine changed phase: stale
+            return None
+        return bool(future.result())
+
+    def _healthy(self, endpoint: str) -> bool:
+        """Runs in a probe thread: touches neither the engine's state nor the database."""
+        try:
+            return self._http.get(f"{endpoint}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _idle(self, endpoint: str) -> bool:
+        """No request running or waiting in the engine (from vLLM's own metrics). Runs in a probe thread."""
+        try:
+            text = self._http.get(f"{endpoint}/metrics").text
+        except httpx.HTTPError:
+            return True
+        busy = 0.0
+        for line in text.splitlines():
+            if line.startswith(BUSY_METRICS):
+                with contextlib.suppress(ValueError):
+                    busy += float(line.rsplit(" ", 1)[-1])
+        return busy == 0
+
+    def _begin_drain(self, engine: EngineProcess) -> None:
+        if engine.phase in ("draining", "stopping", "stopped"):
+            return
+        if engine.phase == "backoff":
+            self._set_stopped(engine)
+            return
+        if engine.phase == "starting":
+            # Nothing was ever routed to it: no drain, and its row leaves the deployment now.
+            engine.want, engine.recorded = Replica.State.STOPPED, False
+            self._stop_process(engine)
+            self.report(f"replica {engine.replica_id} stopped before it was ready")
+            return
+        engine.phase = "draining"
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.DRAINING, False
+        engine.drain_deadline = time.monotonic() + settings.WORKER_DRAIN_TIMEOUT
+        self.report(f"replica {engine.replica_id} draining (up to {settings.WORKER_DRAIN_TIMEOUT:.0f} s)")
+
+    def _stop_process(self, engine: EngineProcess) -> None:
+        """SIGTERM now; a later pass kills it if it is still there after ``stop_grace``."""
+        engine.phase = "stopping"
+        engine.probe = None
+        if engine.alive():
+            _signal_group(engine.pid, signal.SIGTERM)
+            engine.term_deadline = time.monotonic() + self.stop_grace
+
+    def _kill(self, engine: EngineProcess) -> None:
+        """SIGKILL, without waiting: a later pass sees the exit."""
+        if engine.alive():
+            _signal_group(engine.pid, signal.SIGKILL)
+            engine.kill_sent = True
+
+    def _set_stopped(self, engine: EngineProcess) -> None:
+        """The engine's process is gone for good; its row is recorded stopped next."""
+        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.phase = "stopped"
+        engine.probe = None
+        if engine.row_gone:
+            self.engines.pop(engine.replica_id, None)
+            self.report(f"replica {engine.replica_id}'s engine stopped")
+        else:
+            engine.want, engine.recorded = Replica.State.STOPPED, False
+
+    def _restart_when_stopped(self, engine: EngineProcess) -> None:
+        """A restart asked for: the engine has exited (drained, or not); ``_restart_due`` starts
+        it again at once, as it restarts a failed one, without the backoff."""
+        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.phase = "backoff"
+        engine.probe = None
+        engine.restart_at = time.monotonic()
+        self.report(f"replica {engine.replica_id} stopped for its restart; starting it again")
+
+    def _lose_row(self, engine: EngineProcess, why: str) -> None:
+        """The row is no longer ours to write: stop the engine and forget it."""
+        engine.row_gone = True
+        engine.recorded = True
+        self.report(f"replica {engine.replica_id}: {why}; stopping its engine")
+        if engine.alive() and engine.phase != "stopping":
+            self._stop_process(engine)
+        elif not engine.alive():
+            self._set_stopped(engine)
+
+    def _fail(self, engine: EngineProcess, reason: str) -> None:
+        _signal_group(engine.pid, signal.SIGKILL)
+        engine.probe = None
+        engine.want, engine.recorded = Replica.State.FAILED, False
+        delay = min(settings.WORKER_MAX_BACKOFF, 2.0**engine.restarts)
+        engine.restarts += 1
+        engine.phase = "backoff"
+        engine.restart_at = time.monotonic() + delay
+        self.report(
+            f"replica {engine.replica_id} failed ({reason}); restarting in {delay:.0f} s (log: {engine.log_path})"
+        )
+
+
+def _route(current: str, target: str) -> list[str] | None:
+    """The states a row passes through from ``current`` to ``target`` (legal moves only).
+
+    Through ``failed`` where no direct move exists (ready → stopped, ready → starting), or
+    through ``starting`` (failed → ready, when an engine restarted and became ready while
+    the database was away). None: no such route.
+    """
+    if current == target:
+        return []
+    moves = Replica.TRANSITIONS
+    if target in moves.get(current, frozenset()):
+        return [target]
+    for via in (Replica.State.FAILED, Replica.State.STARTING):
+        if via in moves.get(current, frozenset()) and target in moves.get(via, frozenset()):
+            return [via, target]
+    return None
