@@ -386,7 +386,7 @@ WEBHOOK_SECRET_PREFIX = "whsec_"
 
 
 def organization_webhook_secret(*, organization_id: int, rotate: bool = False) -> str:
-    """The secret that signs the organisation's webhooks (serving.webhooks), made on first use;
+    """The secret that signs the organisation's webhooks (serving.batches.webhooks), made on first use;
     ``rotate`` replaces it at once (receivers then accept the old and new one for a while).
 
     The first use sets it with an UPDATE guarded on the empty value and reads it back, so two
@@ -718,7 +718,7 @@ PLAYGROUND_KEY_PREFIX = "playground"
 def playground_key_hash(*, organization_id: int, user_id: int) -> str:
     """The stored hash of a member's playground key: an HMAC of SECRET_KEY, not the SHA-256 of
     any secret, so no bearer key can ever match it; the key is usable only by the console's
-    playground, for a signed-in member (serving.session_auth)."""
+    playground, for a signed-in member (serving.gateway.session_auth)."""
     message = f"playground-key:{organization_id}:{user_id}".encode()
     return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
 

@@ -100,7 +100,7 @@ class UsageRecord(models.Model):
 
 class FailedAttempt(models.Model):
     """An engine attempt that failed before its request's first byte reached the client, and
-    was retried on another replica or version (``serving.orchestrator``, the fallback).
+    was retried on another replica or version (``serving.llm.call``, the fallback).
 
     Never billed, limited or invoiced: the request is metered once, as the attempt that
     answered. But the version that failed is judged by it (``rollout.served_requests``), so

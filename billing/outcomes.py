@@ -11,7 +11,7 @@ outcome. Nothing is known of how it would have ended: it is neither an error nor
 
 from __future__ import annotations
 
-# The status a usage record keeps for a request whose client went away (serving.orchestrator
+# The status a usage record keeps for a request whose client went away (serving.llm.call
 # records it; the gateway's Prometheus counter labels it so).
 CLIENT_CLOSED = 499
 CLIENT_CLOSED_CODE = "client_closed"

@@ -3,7 +3,7 @@ the Open Inference Protocol's terms, kept in the version's ``config["signature"]
 
 Checked when a version is registered: the declared signature must be the one its artifact
 has (``onnx_signature`` reads an ONNX model's), so a request checked against it
-(``serving.predict.protocol``) never reaches a model that would refuse it.
+(``serving.gateway.inference_protocol``) never reaches a model that would refuse it.
 """
 
 from __future__ import annotations
