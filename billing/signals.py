@@ -8,3 +8,7 @@ from django.dispatch import Signal
 # Sent once an invoice's finalization has committed; ``invoice_id``. billing.tasks queues
 # its email.
 invoice_finalized = Signal()
+
+# Sent once new budget alerts are committed (billing.usage.persist_budget_alerts);
+# ``alert_ids``, the run's new alerts. billing.tasks queues their email.
+budget_alerts_stored = Signal()

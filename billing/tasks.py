@@ -16,7 +16,7 @@ from billing.models import Invoice
 from billing.reconciliation import reconcile, reconcile_due_hours, reconcile_month
 from billing.rollups import HOUR, rollups_build
 from billing.services import budget_alerts_notify, invoice_email_send, invoices_draft_month
-from billing.signals import invoice_finalized
+from billing.signals import budget_alerts_stored, invoice_finalized
 from billing.usage import persist_budget_alerts, persist_failed_attempts, persist_usage_stream
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,12 @@ def budget_alerts_email(alert_ids: list[int]) -> int:
     server that hangs holds up this queue, never metering. Idempotent: an alert is sent
     once, whoever sends it; what fails is left to ``budget_alerts_notify_pending``."""
     return budget_alerts_notify(alert_ids=alert_ids)
+
+
+@receiver(budget_alerts_stored, dispatch_uid="billing.tasks.queue_budget_alerts_email")
+def queue_budget_alerts_email(sender: object, *, alert_ids: list[int], **kwargs: object) -> None:
+    """New budget alerts are emailed by ``budget_alerts_email`` on the slow queue."""
+    budget_alerts_email.delay(alert_ids)
 
 
 @shared_task(ignore_result=True, time_limit=300)

@@ -40,6 +40,7 @@ from billing.invoicing import CLOSED_STATUSES
 from billing.ledger import UsageEvent
 from billing.models import BudgetAlert, FailedAttempt, Invoice, UsageRecord
 from billing.pricing import from_micros
+from billing.signals import budget_alerts_stored
 from core import keys
 from core.redis import sync_redis
 
@@ -375,22 +376,18 @@ def _store_alert(fields: dict[bytes, bytes]) -> BudgetAlert | None:
     return alert if created else None
 
 
-def _queue_alert_emails(alert_ids: list[int]) -> None:
-    from billing.tasks import budget_alerts_email  # the tasks module imports this one
-
-    budget_alerts_email.delay(alert_ids)
-
-
 def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> int:
     """Budget alerts raised by the limiter (soft thresholds) → BudgetAlert rows, one per
     scope, budget, month and threshold, each then emailed once to the organisation.
 
     Each alert is stored on its own: one that fails is retried, then parked
     (see the module docstring), and never stops the rest of its batch. Emailing is queued
-    after the rows are stored, committed and acknowledged: one ``billing.tasks.budget_alerts_email``
-    for the new alerts of the run, on the slow queue. A failing mail server, or a message
-    that never reaches a worker, leaves alerts unsent (``notified_at`` empty) for
-    ``billing.tasks.budget_alerts_notify_pending`` to retry.
+    after the rows are stored, committed and acknowledged: ``billing.signals.budget_alerts_stored``
+    announces the run's new alerts, and its receiver in billing.tasks queues one
+    ``budget_alerts_email`` for them, on the slow queue (this module never imports the tasks
+    that call it). A failing mail server, or a message that never reaches a worker, leaves
+    alerts unsent (``notified_at`` empty) for ``billing.tasks.budget_alerts_notify_pending``
+    to retry.
     """
     client = sync_redis()
     stream, dead_letters = alerts_stream_key(), alerts_dead_letter_key()
@@ -409,6 +406,10 @@ def persist_budget_alerts(*, batch_size: int = 200, max_batches: int = 50) -> in
         _retry_or_park(client, stream, dead_letters, failures)
         handled += len(stored)
     if new_alerts:
+
+        def announce() -> None:  # a named function: a robust callback that fails is logged by name
+            budget_alerts_stored.send(sender=BudgetAlert, alert_ids=new_alerts)
+
         # Robust: a broker that refuses the message loses no alert (the retry finds it).
-        transaction.on_commit(lambda: _queue_alert_emails(new_alerts), robust=True)
+        transaction.on_commit(announce, robust=True)
     return handled

@@ -21,6 +21,7 @@ from core.redis import sync_redis
 from registry.bundled import BUNDLED_MODELS, BundledModel, import_bundled_models
 from registry.models import ModelVersion
 from registry.services import Actor, audit_record
+from registry.signals import bundled_import_queued
 
 STALE_AFTER = timedelta(minutes=15)
 MAX_LINES = 200
@@ -112,16 +113,18 @@ def bundled_models_status() -> list[BundledStatus]:
 
 
 def bundled_import_start(*, actor: Actor, force: bool = False) -> bool:
-    """Start the import of the bundled models (``registry.tasks.bundled_models_import``, on
-    commit); False when a run is queued or running already. Audited."""
-    # Imported here: the task module runs this module's ``import_run``.
-    from registry.tasks import bundled_models_import
-
+    """Start the import of the bundled models (``registry.tasks.bundled_models_import``, queued
+    on commit by the receiver of ``registry.signals.bundled_import_queued``); False when a run
+    is queued or running already. Audited."""
     user = actor if actor is not None and actor.is_authenticated else None
     if not import_claim(started_by=user.get_username() if user is not None else ""):
         return False
     with transaction.atomic():
         audit_record(actor=actor, action="bundled.import", target_type="model", target="bundled models", before=None,
                      after={"force": force})  # fmt: skip
-        transaction.on_commit(lambda: bundled_models_import.delay(force=force))
+
+        def announce() -> None:
+            bundled_import_queued.send(sender=ModelVersion, force=force)
+
+        transaction.on_commit(announce)
     return True
