@@ -117,7 +117,7 @@ def metering_counts(batch_id: str, lines: int) -> dict[str, int]:
     from billing.usage import persist_usage_stream
     from core import keys
     from core.redis import sync_redis
-    from serving.batches.jobs import line_request_id
+    from serving.batches.services import line_request_id
     from serving.models import BatchLine
 
     attempts = dict(BatchLine.objects.filter(batch__public_id=batch_id).values_list("index", "attempts"))

@@ -105,7 +105,7 @@ class UsageEvent:
     # The items a predict request carried (rows of its batch dimension): what a small model
     # is metered and priced by. 0 for a token model's request.
     inferences: int = 0
-    # A line of a batch job (``serving.batches.jobs``): priced at its price's batch percent,
+    # A line of a batch job (``serving.batches``): priced at its price's batch percent,
     # billed on lines of its own, never charged to the interactive per-minute limits.
     batch: bool = False
 
@@ -727,7 +727,7 @@ def sweep_lost_requests() -> int:
         gateway = str(entry.get("gateway", ""))
         seen.add(gateway)
         if entry.get("batch") == "True":
-            continue  # a batch line's: its batch gives it back or settles it (serving.batches.jobs)
+            continue  # a batch line's: its batch gives it back or settles it (serving.batches)
         age = now - admitted
         overdue = age > settings.ENGINE_REQUEST_TIMEOUT + 60
         if not overdue and not dead(gateway):

@@ -8,8 +8,8 @@ from celery import shared_task
 from django.conf import settings
 
 from billing.ledger import sweep_lost_requests
-from serving.batches.jobs import work
 from serving.batches.webhooks import webhooks_deliver_due
+from serving.batches.worker import work
 from serving.semcache.store import purge_expired, scope_sizes_refresh
 
 
@@ -40,6 +40,6 @@ def webhooks_deliver() -> int:
 # by ENGINE_REQUEST_TIMEOUT); a run killed at this limit leaves its lines to be given back.
 @shared_task(ignore_result=True, time_limit=3600)
 def batch_work() -> int:
-    """Run batch jobs' lines for a while (serving.batches.jobs.work); every BATCH_TICK_SECONDS and
+    """Run batch jobs' lines for a while (serving.batches.worker.work); every BATCH_TICK_SECONDS and
     when a batch is created or cancelled. Several workers share the lines."""
     return asyncio.run(work(seconds=settings.BATCH_WORK_SECONDS))

@@ -5,7 +5,7 @@ Who may do what follows the Batch and Files APIs, where any key of the organisat
 batches and reads their files: every member sees the batches and downloads their files; its
 admins cancel a batch, and see and rotate the secret that signs its webhooks (a secret, so,
 like a key's, never shown to plain members, and the page that shows it is never stored).
-Reads are serving's (``serving.batches.selectors``, ``serving.batches.jobs``); writes its services'.
+Reads are serving's (``serving.batches.selectors``, ``serving.batches``); writes its services'.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from console.pages.lists import never_stored, page_of, query_without_page
 from console.pages.nav import CONSOLE, PORTAL, NavItem
 from registry.artifacts import get_artifact_store
 from serving.batches.files import file_for_organization
-from serving.batches.jobs import BadBatch, batch_cancel, batch_for_organization, estimated_seconds
-from serving.batches.selectors import batch_lines_queued, batch_progress, batches_listed
+from serving.batches.selectors import batch_for_organization, batch_lines_queued, batch_progress, batches_listed
+from serving.batches.services import BadBatch, batch_cancel, estimated_seconds
 from serving.batches.webhooks import SIGNATURE_HEADER, deliveries_of
 from serving.models import Batch
 
@@ -39,7 +39,7 @@ BATCHES_PER_PAGE = 25
 DELIVERIES_SHOWN = 20
 # What a download reads at a time, in a thread, while the event loop sends the previous one.
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
-# A cancel is taken while no line has finished the batch yet (serving.batches.jobs.batch_cancel).
+# A cancel is taken while no line has finished the batch yet (serving.batches.services.batch_cancel).
 CANCELLABLE = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS)
 # Why a batch stopped before running every line (Batch.stop_reason), where its status does not say.
 STOP_REASONS = {

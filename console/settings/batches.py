@@ -1,4 +1,4 @@
-"""The Files API (serving.batches.files), batch jobs (serving.batches.jobs) and webhooks (serving.batches.webhooks)."""
+"""The Files API (serving.batches.files), batch jobs (serving.batches) and webhooks (serving.batches.webhooks)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ FILES_ORG_MAX_BYTES = envint("FILES_ORG_MAX_BYTES", 10 * 1024**3)
 #: The most files one organisation may keep in the Files API (a count).
 FILES_ORG_MAX_FILES = envint("FILES_ORG_MAX_FILES", 10_000)
 
-# --- Batch jobs (serving.batches.jobs) ----------------------------------------------------------
+# --- Batch jobs (serving.batches) ----------------------------------------------------------
 # OpenAI's is "24h"; more may be offered as "<n>h".
 #: The completion windows a batch may ask for (a comma-separated list such as "24h").
 BATCH_COMPLETION_WINDOWS = tuple(os.environ.get("BATCH_COMPLETION_WINDOWS", "24h").split(","))

@@ -41,7 +41,7 @@ CELERY_TIMEZONE = "UTC"
 #             import (minutes), e-mail (an SMTP server may hang), invoice drafting, rollups,
 #             reconciliation, the semantic-cache purge. Each catches up from where it stopped,
 #             so minutes of lag there are harmless.
-#   batch:    batch jobs' lines (serving.batches.jobs) and webhooks (serving.batches.webhooks): hours of work
+#   batch:    batch jobs' lines (serving.batches) and webhooks (serving.batches.webhooks): hours of work
 #             at a low priority, never in front of anything above.
 #: The task queues: metering, control, slow, batch (kombu Queues).
 CELERY_TASK_QUEUES = [
@@ -115,7 +115,7 @@ CELERY_BEAT_SCHEDULE = {
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (rollout.canary).
     "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),
-    # Batch jobs: start, resume, run, expire and finish them (serving.batches.jobs); a run works
+    # Batch jobs: start, resume, run, expire and finish them (serving.batches); a run works
     # until there is nothing to do or BATCH_WORK_SECONDS pass, and a new batch starts one at once.
     "batch-work": every(envfloat("BATCH_TICK_SECONDS", 5.0), "serving.tasks.batch_work"),
     # Webhooks due (new, or a retry whose backoff has passed).

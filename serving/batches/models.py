@@ -38,7 +38,7 @@ class StoredFile(models.Model):
 class Batch(models.Model):
     """A batch job (OpenAI's Batch API, ``/v1/batches``, and the seeds' ``/api/v1/batch``):
     the requests of an input file run offline on capacity interactive traffic leaves idle,
-    at the batch price, each exactly once (``serving.batches.jobs``). Its lines are ``BatchLine``
+    at the batch price, each exactly once (``serving.batches``). Its lines are ``BatchLine``
     rows; its answers are written, in line order, to an output and an error file when it ends.
     """
 

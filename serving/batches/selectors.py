@@ -11,12 +11,13 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from serving.batches.models import Batch, BatchLine
+from serving.batches.services import BadBatch
 
 # Lines still to run: waiting for a worker, or with one.
 _LINES_TO_RUN = (BatchLine.Status.PENDING, BatchLine.Status.RUNNING)
 
 
-# Statuses whose counts are live in the lines (as ``serving.batches.jobs.request_counts`` reads them).
+# Statuses whose counts are live in the lines (as ``serving.batches.selectors.request_counts`` reads them).
 _COUNTED_LIVE = (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status.CANCELLING)
 
 
@@ -36,7 +37,7 @@ def batches_listed(*, organization_id: int | None = None, status: str = "") -> Q
 
 
 def batch_progress(batches: Iterable[Batch]) -> dict[int, dict[str, int]]:
-    """``serving.batches.jobs.request_counts`` of many batches (total, completed, failed by batch id),
+    """``serving.batches.selectors.request_counts`` of many batches (total, completed, failed by batch id),
     with one query for the lines of those still running rather than one per batch."""
     batches = list(batches)
     live = [b.pk for b in batches if b.status in _COUNTED_LIVE]
@@ -62,7 +63,7 @@ def batch_progress(batches: Iterable[Batch]) -> dict[int, dict[str, int]]:
 def batch_lines_queued(*, models: Collection[str]) -> dict[str, list[tuple[int, int]]]:
     """For each model, its batches in progress with lines still to run, oldest first (the order
     workers take them in), each as (batch id, lines to run). Per model these add up to
-    ``serving.batches.jobs.enqueued_lines_of_model``."""
+    ``serving.batches.services.enqueued_lines_of_model``."""
     rows = (
         BatchLine.objects.filter(
             batch__model__in=list(models), batch__status=Batch.Status.IN_PROGRESS, status__in=_LINES_TO_RUN
@@ -105,4 +106,67 @@ def batch_queue_stats(*, now: datetime | None = None) -> dict[str, Any]:
         "window_minutes": int(minutes),
         "per_minute": round(finished / minutes, 1),
         "in_progress": Batch.objects.filter(status=Batch.Status.IN_PROGRESS).count(),
+    }
+
+
+def batch_for_organization(organization_id: int, public_id: str) -> Batch | None:
+    return (
+        Batch.objects.select_related("input_file", "output_file", "error_file")
+        .filter(organization_id=organization_id, public_id=public_id)
+        .first()
+    )
+
+
+def batches_page(organization_id: int | None, *, limit: int, after: str | None) -> tuple[list[Batch], bool]:
+    """One page of batches, newest first (one organisation's, or all of them for None), and
+    whether more follow."""
+    batches = Batch.objects.all() if organization_id is None else Batch.objects.filter(organization_id=organization_id)
+    batches = batches.select_related("input_file", "output_file", "error_file", "organization")
+    batches = batches.order_by("-created_at", "-pk")
+    if after:
+        cursor = batches.filter(public_id=after).first()
+        if cursor is None:
+            raise BadBatch(f"after names no batch of yours: {after!r}.", param="after")
+        batches = batches.filter(
+            Q(created_at__lt=cursor.created_at) | Q(created_at=cursor.created_at, pk__lt=cursor.pk)
+        )
+    rows = list(batches[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def _stamp(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def request_counts(batch: Batch) -> dict[str, int]:
+    """Total, completed and failed lines; live from the lines while the batch runs
+    (``serving.batches.selectors.batch_progress``, which counts many batches at once)."""
+    return batch_progress([batch])[batch.pk]
+
+
+def batch_object(batch: Batch, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The batch as OpenAI's API shows it (``counts``: its request counts, when read already)."""
+    errors = {"object": "list", "data": batch.errors} if batch.errors else None
+    return {
+        "id": batch.public_id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model or None,
+        "errors": errors,
+        "input_file_id": batch.input_file_public_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file.public_id if batch.output_file else None,
+        "error_file_id": batch.error_file.public_id if batch.error_file else None,
+        "created_at": _stamp(batch.created_at),
+        "in_progress_at": _stamp(batch.in_progress_at),
+        "expires_at": _stamp(batch.expires_at),
+        "finalizing_at": _stamp(batch.finalizing_at),
+        "completed_at": _stamp(batch.completed_at),
+        "failed_at": _stamp(batch.failed_at),
+        "expired_at": _stamp(batch.expired_at),
+        "cancelling_at": _stamp(batch.cancelling_at),
+        "cancelled_at": _stamp(batch.cancelled_at),
+        "request_counts": counts if counts is not None else request_counts(batch),
+        "metadata": batch.metadata or None,
     }

@@ -1,4 +1,4 @@
-"""``/v1/batches`` (OpenAI's Batch API) and the seeds' ``/api/v1/batch``, over ``serving.batches.jobs``.
+"""``/v1/batches`` (OpenAI's Batch API) and the seeds' ``/api/v1/batch``, over ``serving.batches``.
 
 ``POST /v1/batches`` ``{input_file_id, endpoint, completion_window, metadata}``, ``GET
 /v1/batches`` (``limit`` 1 to 100, ``after``), ``GET /v1/batches/{id}``, ``POST
@@ -20,10 +20,10 @@ from django.http import HttpResponse
 
 from accounts.grants import KeyGrant
 from core.db import run_db
-from serving.batches import files
-from serving.batches import jobs as batches
+from serving.batches import files, services
 from serving.batches.models import Batch
-from serving.batches.selectors import batch_progress
+from serving.batches.selectors import batch_for_organization, batch_object, batch_progress, batches_page
+from serving.batches.services import PREDICT_URL, BadBatch, batch_create, estimated_seconds
 from serving.gateway.admission import take_request
 from serving.gateway.auth import request_grant
 from serving.gateway.errors import APIError, InvalidRequest, NotFound
@@ -40,17 +40,17 @@ def _json(data: Any, *, status: int = 200) -> HttpResponse:
     return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _refused(exc: batches.BadBatch) -> APIError:
+def _refused(exc: BadBatch) -> APIError:
     kind = "rate_limit_exceeded" if exc.status == 429 else "invalid_request_error"
     return APIError(exc.message, param=exc.param, status=exc.status, code=exc.code, type=kind)
 
 
 def _create(grant: KeyGrant, **fields: Any) -> dict[str, Any]:
     try:
-        batch = batches.batch_create(organization_id=grant.organization_id, api_key_id=grant.key_id, **fields)
-    except batches.BadBatch as exc:
+        batch = batch_create(organization_id=grant.organization_id, api_key_id=grant.key_id, **fields)
+    except BadBatch as exc:
         raise _refused(exc) from None
-    return batches.batch_object(batch)
+    return batch_object(batch)
 
 
 @reads_body()
@@ -76,11 +76,11 @@ async def batches_root(request: ApiRequest) -> HttpResponse:
 
     def page() -> dict[str, Any]:
         try:
-            rows, more = batches.batches_page(grant.organization_id, limit=limit, after=query.get("after") or None)
-        except batches.BadBatch as exc:
+            rows, more = batches_page(grant.organization_id, limit=limit, after=query.get("after") or None)
+        except BadBatch as exc:
             raise _refused(exc) from None
         counts = batch_progress(rows)
-        data = [batches.batch_object(b, counts[b.pk]) for b in rows]
+        data = [batch_object(b, counts[b.pk]) for b in rows]
         return {
             "object": "list", "data": data, "has_more": more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
@@ -91,7 +91,7 @@ async def batches_root(request: ApiRequest) -> HttpResponse:
 
 async def _owned(request: ApiRequest, batch_id: str) -> Batch:
     grant = await request_grant(request)
-    found = await run_db(batches.batch_for_organization, grant.organization_id, batch_id)
+    found = await run_db(batch_for_organization, grant.organization_id, batch_id)
     if found is None:
         raise NotFound(f"No such batch: {batch_id}.", param="batch_id", code="batch_not_found")
     return found
@@ -100,7 +100,7 @@ async def _owned(request: ApiRequest, batch_id: str) -> Batch:
 async def batch_detail(request: ApiRequest, batch_id: str) -> HttpResponse:
     require_method(request, "GET")
     found = await _owned(request, batch_id)
-    return _json(await run_db(batches.batch_object, found))
+    return _json(await run_db(batch_object, found))
 
 
 async def batch_cancel(request: ApiRequest, batch_id: str) -> HttpResponse:
@@ -109,10 +109,10 @@ async def batch_cancel(request: ApiRequest, batch_id: str) -> HttpResponse:
 
     def cancel() -> dict[str, Any]:
         try:
-            batch = batches.batch_cancel(batch=found)
-        except batches.BadBatch as exc:
+            batch = services.batch_cancel(batch=found)
+        except BadBatch as exc:
             raise _refused(exc) from None
-        return batches.batch_object(batches.batch_for_organization(batch.organization_id, batch.public_id) or batch)
+        return batch_object(batch_for_organization(batch.organization_id, batch.public_id) or batch)
 
     return _json(await run_db(cancel))
 
@@ -122,7 +122,7 @@ async def batch_cancel(request: ApiRequest, batch_id: str) -> HttpResponse:
 
 def _seed_line(index: int, url: str, model: str, item: object, params: dict[str, Any]) -> dict[str, Any]:
     """One input as a batch request line of ``url``."""
-    if url == batches.PREDICT_URL:
+    if url == PREDICT_URL:
         body: dict[str, Any] = {"input": item}
     elif url == "/v1/embeddings":
         body = {"input": item}
@@ -150,16 +150,16 @@ def _seed_create(grant: KeyGrant, url: str, model: str, inputs: list[Any], param
         except files.BadFile as exc:
             raise InvalidRequest(exc.message, param="inputs") from None
     try:
-        batch = batches.batch_create(
+        batch = batch_create(
             organization_id=grant.organization_id, api_key_id=grant.key_id, input_file_id=stored.public_id,
             endpoint=url, callback_url=callback_url,
         )  # fmt: skip
-    except batches.BadBatch as exc:
+    except BadBatch as exc:
         raise _refused(exc) from None
     return {
         "batch_id": batch.public_id,
         "status": batch.status,
-        "estimated_time": batches.estimated_seconds(model, len(inputs)),
+        "estimated_time": estimated_seconds(model, len(inputs)),
         "input_file_id": stored.public_id,
     }
 
@@ -198,7 +198,7 @@ async def seed_batch(request: ApiRequest) -> HttpResponse:
     model = await find_model_for(grant, model_name)  # one outside the key's scope does not exist
     await take_request(grant)  # a batch's creation is a request, whatever its lines
     if is_predict_model(model):
-        url = batches.PREDICT_URL
+        url = PREDICT_URL
     elif model.task == "embedding":
         url = "/v1/embeddings"
     else:
@@ -211,7 +211,7 @@ async def seed_batch_detail(request: ApiRequest, batch_id: str) -> HttpResponse:
     """``GET /api/v1/batch/{id}``: status, progress and result files in the seeds' words."""
     require_method(request, "GET")
     found = await _owned(request, batch_id)
-    shown = await run_db(batches.batch_object, found)
+    shown = await run_db(batch_object, found)
     counts = shown["request_counts"]
     return _json({
         "batch_id": found.public_id, "status": found.status, "model": found.model or None,

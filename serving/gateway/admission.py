@@ -13,7 +13,7 @@ The one admission contract of the data plane, shared by the LLM requests
   retried until Redis is back) after waiting for an admission still in flight.
 
 A batch job's line (``batch=True``) is admitted against the month's budgets only, and its
-settlement is left to its batch (``serving.batches.jobs``): ``settle`` keeps the event
+settlement is left to its batch (``serving.batches``): ``settle`` keeps the event
 (``deferred``), which the batch writes once the line's answer is stored, or gives the line
 back (``ledger.release``) to run it again.
 """

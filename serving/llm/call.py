@@ -110,7 +110,7 @@ class InferenceCall:
         self.endpoint = endpoint
         self.grant = grant
         self.request_id = request_id
-        # A batch job's line (serving.batches.jobs): the batch price, no per-minute limits, and its
+        # A batch job's line (serving.batches): the batch price, no per-minute limits, and its
         # settlement left to the batch (``serving.gateway.admission``).
         self.batch = batch
         self.status: int | None = None  # set when settled
@@ -431,7 +431,7 @@ class InferenceCall:
 
     @property
     def deferred_event(self) -> UsageEvent | None:
-        """A batch line's usage event, once closed (its batch writes it: ``serving.batches.jobs``)."""
+        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
         return self._admission.deferred if self._admission is not None else None
 
     # --- running ---------------------------------------------------------------------------

@@ -313,7 +313,7 @@ class PredictCall:
 
     @property
     def deferred_event(self) -> UsageEvent | None:
-        """A batch line's usage event, once closed (its batch writes it: ``serving.batches.jobs``)."""
+        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
         return self._admission.deferred if self._admission is not None else None
 
     # --- running ---------------------------------------------------------------------------

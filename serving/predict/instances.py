@@ -1,6 +1,6 @@
 """The seeds' prediction shapes over a ``PredictCall``: instances as the seeds send them, the
 ``params.version`` pin, and the one-instance answer that ``/api/v1/predict`` and batch jobs' lines
-(``serving.batches.jobs``) share."""
+(``serving.batches``) share."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def version_param(data: dict[str, Any]) -> str | None:
 
 async def predict_answer(call: PredictCall, data: dict[str, Any], *, size: int = 0) -> dict[str, Any]:
     """The seeds' one-instance prediction (``{"model", "input", "params"}``) run by ``call``:
-    its answer's body. Shared by ``/api/v1/predict`` and batch jobs' lines (``serving.batches.jobs``);
+    its answer's body. Shared by ``/api/v1/predict`` and batch jobs' lines (``serving.batches``);
     ``size``: the request body's bytes (``PredictCall.take_inputs``)."""
     started = time.perf_counter()
     model = model_name(data)

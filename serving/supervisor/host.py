@@ -250,7 +250,7 @@ def engine_command(deployment: Deployment, port: int) -> list[str]:
     ]  # fmt: skip
     if model.task == "embedding":
         command += ["--runner", "pooling"]
-    # Interactive requests before batch jobs' lines (serving.batches.jobs sends theirs a priority).
+    # Interactive requests before batch jobs' lines (serving.batches sends theirs a priority).
     command += ["--scheduling-policy", settings.ENGINE_SCHEDULING_POLICY]
     if settings.WORKER_DEVICE == "cpu":
         # Eager mode starts in ~35 s instead of ~3 min and serves about as fast on CPU.

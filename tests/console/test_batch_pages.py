@@ -18,8 +18,8 @@ from django.utils import timezone
 from accounts.models import ApiKey, Membership, Organization, Role
 from accounts.services import api_key_create, organization_create, organization_webhook_secret
 from console.pages.batches import duration_text, seconds_left
-from serving.batches.jobs import estimated_seconds
 from serving.batches.selectors import batch_queue_stats
+from serving.batches.services import estimated_seconds
 from serving.models import Batch, WebhookDelivery
 from tests.support.batches import batch, stored_file
 

@@ -12,7 +12,8 @@ import pytest
 from django.utils import timezone
 
 from accounts.services import api_key_create, organization_create
-from serving.batches import jobs as batches
+from serving.batches import services as batch_services
+from serving.batches import worker as batch_worker
 from serving.batches.files import file_create, files_purge_expired
 from serving.models import Batch, BatchLine, StoredFile
 
@@ -32,11 +33,11 @@ def test_an_organisation_cannot_queue_more_lines_than_its_limit(settings, store,
     org = organization_create(name="Batch limit")
     key = api_key_create(organization=org, name="k").api_key
     first = _upload(tmp_path, org.pk, 3)
-    batch = batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
+    batch = batch_services.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
                                  endpoint="/v1/embeddings")  # fmt: skip
-    assert batches.enqueued_lines(org.pk) == 3
-    with pytest.raises(batches.BadBatch) as refused:
-        batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
+    assert batch_services.enqueued_lines(org.pk) == 3
+    with pytest.raises(batch_services.BadBatch) as refused:
+        batch_services.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=first.public_id,
                              endpoint="/v1/embeddings")  # fmt: skip
     assert refused.value.status == 429
     assert refused.value.code == "enqueued_limit_exceeded"
@@ -46,21 +47,21 @@ def test_an_organisation_cannot_queue_more_lines_than_its_limit(settings, store,
         BatchLine(batch=batch, index=i, custom_id=f"c{i}", body={}, status="succeeded" if i < 2 else "pending")
         for i in range(3)
     ])  # fmt: skip
-    assert batches.enqueued_lines(org.pk) == 1
-    batches.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=_upload(tmp_path, org.pk, 4)
+    assert batch_services.enqueued_lines(org.pk) == 1
+    batch_services.batch_create(organization_id=org.pk, api_key_id=key.pk, input_file_id=_upload(tmp_path, org.pk, 4)
                          .public_id, endpoint="/v1/embeddings")  # fmt: skip
     other = organization_create(name="Batch limit, another")
     other_file = _upload(tmp_path, other.pk, 5)  # another organisation's limit is its own
     other_key = api_key_create(organization=other, name="k").api_key
-    batches.batch_create(organization_id=other.pk, api_key_id=other_key.pk, input_file_id=other_file.public_id,
+    batch_services.batch_create(organization_id=other.pk, api_key_id=other_key.pk, input_file_id=other_file.public_id,
                          endpoint="/v1/embeddings")  # fmt: skip
 
 
 def test_each_attempt_of_each_line_has_its_own_request_id():
-    ids = {batches.line_request_id("batch_a", i, k) for i in range(50) for k in range(1, 4)}
+    ids = {batch_services.line_request_id("batch_a", i, k) for i in range(50) for k in range(1, 4)}
     assert len(ids) == 150
-    assert batches.line_request_id("batch_a", 7, 2) == batches.line_request_id("batch_a", 7, 2)
-    assert batches.line_request_id("batch_a", 7, 2) != batches.line_request_id("batch_b", 7, 2)
+    assert batch_services.line_request_id("batch_a", 7, 2) == batch_services.line_request_id("batch_a", 7, 2)
+    assert batch_services.line_request_id("batch_a", 7, 2) != batch_services.line_request_id("batch_b", 7, 2)
 
 
 def test_output_files_are_deleted_after_their_retention(store, tmp_path):
@@ -87,19 +88,19 @@ async def test_the_batch_share_yields_to_interactive_requests(monkeypatch, setti
     async def interactive(model: str) -> int:
         return in_flight["n"]
 
-    monkeypatch.setattr(batches, "find_model", find)
-    monkeypatch.setattr(batches.router, "routable", lambda version: replicas)
-    monkeypatch.setattr(batches, "_interactive_in_flight", interactive)
+    monkeypatch.setattr(batch_worker, "find_model", find)
+    monkeypatch.setattr(batch_worker.router, "routable", lambda version: replicas)
+    monkeypatch.setattr(batch_worker, "_interactive_in_flight", interactive)
     model = f"share-{id(in_flight)}"
-    assert await batches.batch_share(model) == 8  # two idle replicas, four lines each
+    assert await batch_worker.batch_share(model) == 8  # two idle replicas, four lines each
     in_flight["n"] = 1
-    assert await batches.batch_share(model) == 4  # one replica's share given back
+    assert await batch_worker.batch_share(model) == 4  # one replica's share given back
     in_flight["n"] = 3
-    assert await batches.batch_share(model) == 0  # every replica busy: the batch waits
+    assert await batch_worker.batch_share(model) == 0  # every replica busy: the batch waits
     in_flight["n"] = 0
-    assert await batches.batch_share(model) == 0  # a gap between requests is not idle capacity
+    assert await batch_worker.batch_share(model) == 0  # a gap between requests is not idle capacity
     await asyncio.sleep(0.25)
-    assert await batches.batch_share(model) == 8
+    assert await batch_worker.batch_share(model) == 8
     settings.BATCH_MIN_SLOTS = 1
     in_flight["n"] = 5
-    assert await batches.batch_share(model) == 1  # at least the minimum
+    assert await batch_worker.batch_share(model) == 1  # at least the minimum

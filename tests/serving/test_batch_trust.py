@@ -18,7 +18,8 @@ from django.utils import timezone
 from accounts.grants import KeyGrant
 from accounts.services import api_key_create, organization_create
 from serving.batches import files
-from serving.batches import jobs as batches
+from serving.batches import lines as batch_lines
+from serving.batches import worker as batch_worker
 from serving.models import Batch, BatchLine, StoredFile
 from tests.support.batches import batch as make_batch
 from tests.support.batches import stored_file
@@ -90,7 +91,7 @@ class TestOneBadBatchStopsNobody:
         good_org, good_key = _tenant("Good file")
         bad = _validating(bad_org, bad_key, _jsonl(_line("a"), _line("b", input="x\u0000y"), _line("c" * 513)))
         good = _validating(good_org, good_key, _jsonl(*(_line(f"g{i}") for i in range(5))))
-        while batches.validate_one():
+        while batch_lines.validate_one():
             pass
         bad.refresh_from_db()
         good.refresh_from_db()
@@ -114,7 +115,7 @@ class TestOneBadBatchStopsNobody:
             return real(rows, **kwargs)
 
         monkeypatch.setattr(BatchLine.objects, "bulk_create", refuse_the_first)
-        while batches.validate_one():
+        while batch_lines.validate_one():
             pass
         bad.refresh_from_db()
         good.refresh_from_db()
@@ -127,7 +128,7 @@ class TestOneBadBatchStopsNobody:
         org, key = _tenant("Late validation")
         late = _validating(org, key, _jsonl(_line("a")))
         Batch.objects.filter(pk=late.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-        assert batches.expire_due() == 1
+        assert batch_lines.expire_due() == 1
         late.refresh_from_db()
         assert late.status == Batch.Status.EXPIRED
         assert late.expired_at is not None
@@ -137,15 +138,15 @@ class TestOneBadBatchStopsNobody:
         broken = make_batch(org, key, lines={"succeeded": 2})
         fine = make_batch(org, key, lines={"succeeded": 2})
         BatchLine.objects.filter(batch__in=[broken, fine]).update(metered=True, status_code=200, response={})
-        real = batches._write_file
+        real = batch_lines._write_file
 
         def write(batch: Batch, rows: Any, name: str) -> StoredFile | None:
             if batch.pk == broken.pk:
                 raise OSError("No space left on device")
             return real(batch, rows, name)
 
-        monkeypatch.setattr(batches, "_write_file", write)
-        assert batches.finalize_ready() == 1
+        monkeypatch.setattr(batch_lines, "_write_file", write)
+        assert batch_lines.finalize_ready() == 1
         broken.refresh_from_db()
         fine.refresh_from_db()
         assert (broken.status, broken.errors[-1]["code"]) == (Batch.Status.FAILED, "finalize_failed")
@@ -165,19 +166,19 @@ class TestOneBadBatchStopsNobody:
             ran.append("finalize")
             return 0
 
-        monkeypatch.setattr(batches, "meter_leftovers", broken)
-        monkeypatch.setattr(batches, "validate_one", validate)
-        monkeypatch.setattr(batches, "finalize_ready", finalize)
-        await batches.housekeeping()
+        monkeypatch.setattr(batch_worker, "meter_leftovers", broken)
+        monkeypatch.setattr(batch_worker, "validate_one", validate)
+        monkeypatch.setattr(batch_worker, "finalize_ready", finalize)
+        await batch_worker.housekeeping()
         assert ran == ["validate", "finalize"]
 
     def test_an_answer_holding_nul_is_stored(self, store):
         org, key = _tenant("NUL answer")
         batch = make_batch(org, key, lines={"pending": 1})
-        runnable = batches.runnable_models()[batch.model]
-        [line] = batches.claim(batches=runnable, owner="w", limit=1)
+        runnable = batch_lines.runnable_models()[batch.model]
+        [line] = batch_lines.claim(batches=runnable, owner="w", limit=1)
         answer = {"choices": [{"message": {"content": "a\u0000b"}}]}
-        assert batches.store_answer(line, owner="w", succeeded=True, status_code=200, response=answer, error=None,
+        assert batch_lines.store_answer(line, owner="w", succeeded=True, status_code=200, response=answer, error=None,
                                     event=None)  # fmt: skip
         stored = BatchLine.objects.get(pk=line.line_id)
         assert stored.response["choices"][0]["message"]["content"] == "a\ufffdb"
@@ -190,24 +191,24 @@ class TestExpiredKeys:
     def test_an_expired_or_revoked_key_stops_the_lines(self):
         _, key = _tenant("Expiry")
         grant = KeyGrant.of(key)
-        assert batches.key_stop_reason(grant) == ""
+        assert batch_worker.key_stop_reason(grant) == ""
         key.expires_at = timezone.now() - timedelta(seconds=1)
         key.save(update_fields=["expires_at"])
-        assert batches.key_stop_reason(batches._grant(key.pk)) == "key_expired"
+        assert batch_worker.key_stop_reason(batch_worker._grant(key.pk)) == "key_expired"
         key.is_active = False
         key.save(update_fields=["is_active"])
-        assert batches.key_stop_reason(batches._grant(key.pk)) == "key_revoked"
+        assert batch_worker.key_stop_reason(batch_worker._grant(key.pk)) == "key_revoked"
 
     async def test_a_line_under_an_expired_key_does_not_run(self, store, monkeypatch):
         from asgiref.sync import sync_to_async
 
-        def setup() -> tuple[Batch, batches.Claimed, KeyGrant]:
+        def setup() -> tuple[Batch, batch_lines.Claimed, KeyGrant]:
             org, key = _tenant("Expired batch")
             key.expires_at = timezone.now() - timedelta(seconds=1)
             key.save(update_fields=["expires_at"])
             batch = make_batch(org, key, lines={"pending": 1})
-            [line] = batches.claim(batches=batches.runnable_models()[batch.model], owner="w", limit=1)
-            grant = batches._grant(key.pk)
+            [line] = batch_lines.claim(batches=batch_lines.runnable_models()[batch.model], owner="w", limit=1)
+            grant = batch_worker._grant(key.pk)
             assert grant is not None
             return batch, line, grant
 
@@ -216,40 +217,40 @@ class TestExpiredKeys:
         async def must_not_run(*args: Any) -> Any:
             raise AssertionError("a line ran under an expired key")
 
-        monkeypatch.setattr(batches, "_execute", must_not_run)
-        await batches.run_line(line, grant, owner="w")
+        monkeypatch.setattr(batch_worker, "_execute", must_not_run)
+        await batch_worker.run_line(line, grant, owner="w")
         await sync_to_async(batch.refresh_from_db)()
         assert batch.stop_reason == "key_expired"
         status = await sync_to_async(lambda: BatchLine.objects.get(pk=line.line_id).status)()
         assert status == BatchLine.Status.PENDING
-        assert batches.NOT_RUN["key_expired"][0] == "api_key_expired"
+        assert batch_lines.NOT_RUN["key_expired"][0] == "api_key_expired"
 
 
 # --- the fair queue -------------------------------------------------------------------------
 
 
-def _runnable(batch_id: int, org: int, weight: int = 1) -> batches.Runnable:
-    return batches.Runnable(batch_id, f"batch_{batch_id}", org, weight, 1, "/v1/embeddings")
+def _runnable(batch_id: int, org: int, weight: int = 1) -> batch_lines.Runnable:
+    return batch_lines.Runnable(batch_id, f"batch_{batch_id}", org, weight, 1, "/v1/embeddings")
 
 
 class TestFairShares:
     def test_a_newcomer_gets_the_free_slots_until_it_is_level(self):
         big, small = _runnable(1, org=10), _runnable(2, org=20)
-        assert batches.fair_shares([big, small], {1: 8}, 4) == {2: 4}
-        shares = batches.fair_shares([big, small], {1: 4, 2: 2}, 4)
+        assert batch_lines.fair_shares([big, small], {1: 8}, 4) == {2: 4}
+        shares = batch_lines.fair_shares([big, small], {1: 4, 2: 2}, 4)
         assert shares == {2: 3, 1: 1}  # level at 5 each
 
     def test_weights_share_in_proportion(self):
         heavy, light = _runnable(1, org=10, weight=3), _runnable(2, org=20, weight=1)
-        assert batches.fair_shares([heavy, light], {}, 8) == {1: 6, 2: 2}
+        assert batch_lines.fair_shares([heavy, light], {}, 8) == {1: 6, 2: 2}
 
     def test_the_batches_of_one_organisation_share_its_part(self):
         a1, a2, b = _runnable(1, org=10), _runnable(2, org=10), _runnable(3, org=20)
-        assert batches.fair_shares([a1, a2, b], {}, 8) == {1: 2, 2: 2, 3: 4}
+        assert batch_lines.fair_shares([a1, a2, b], {}, 8) == {1: 2, 2: 2, 3: 4}
 
     def test_ties_go_to_the_oldest(self):
         first, second = _runnable(1, org=10), _runnable(2, org=20)
-        assert batches.fair_shares([first, second], {}, 1) == {1: 1}
+        assert batch_lines.fair_shares([first, second], {}, 1) == {1: 1}
 
 
 class TestFairClaim:
@@ -258,9 +259,9 @@ class TestFairClaim:
         small_org, small_key = _tenant("Small batch")
         huge = make_batch(big_org, big_key, model="fair-model", lines={"running": 8, "pending": 500})
         small = make_batch(small_org, small_key, model="fair-model", lines={"pending": 10})
-        claimed = batches.claim(batches=batches.runnable_models()["fair-model"], owner="w", limit=4)
+        claimed = batch_lines.claim(batches=batch_lines.runnable_models()["fair-model"], owner="w", limit=4)
         assert {c.batch_id for c in claimed} == {small.pk}
-        claimed = batches.claim(batches=batches.runnable_models()["fair-model"], owner="w", limit=6)
+        claimed = batch_lines.claim(batches=batch_lines.runnable_models()["fair-model"], owner="w", limit=6)
         # Level at 8 in flight each: small takes 4 more, then the two share the rest.
         counts = {b: sum(1 for c in claimed if c.batch_id == b) for b in (huge.pk, small.pk)}
         assert counts == {huge.pk: 1, small.pk: 5}
@@ -270,7 +271,7 @@ class TestFairClaim:
         b_org, b_key = _tenant("Many lines")
         make_batch(a_org, a_key, model="fair-rest", lines={"pending": 1})
         many = make_batch(b_org, b_key, model="fair-rest", lines={"pending": 20})
-        claimed = batches.claim(batches=batches.runnable_models()["fair-rest"], owner="w", limit=6)
+        claimed = batch_lines.claim(batches=batch_lines.runnable_models()["fair-rest"], owner="w", limit=6)
         assert len(claimed) == 6
         assert sum(1 for c in claimed if c.batch_id == many.pk) == 5
 
@@ -282,7 +283,7 @@ class TestFairClaim:
         organization_update(organization=heavy_org, batch_weight=3)
         heavy = make_batch(heavy_org, heavy_key, model="fair-weight", lines={"pending": 20})
         make_batch(light_org, light_key, model="fair-weight", lines={"pending": 20})
-        claimed = batches.claim(batches=batches.runnable_models()["fair-weight"], owner="w", limit=8)
+        claimed = batch_lines.claim(batches=batch_lines.runnable_models()["fair-weight"], owner="w", limit=8)
         assert sum(1 for c in claimed if c.batch_id == heavy.pk) == 6
 
     def test_batch_weight_is_a_whole_number_in_range(self):

@@ -79,7 +79,7 @@ def usage_of(batch_public_id: str, lines: int, attempts: int = 5) -> list[Any]:
     """The usage records of a batch's lines (any attempt), after persisting the stream."""
     from billing.models import UsageRecord
     from billing.usage import persist_usage_stream
-    from serving.batches.jobs import line_request_id
+    from serving.batches.services import line_request_id
 
     persist_usage_stream()
     ids = [line_request_id(batch_public_id, i, a) for i in range(lines) for a in range(1, attempts + 1)]
@@ -89,7 +89,7 @@ def usage_of(batch_public_id: str, lines: int, attempts: int = 5) -> list[Any]:
 def inflight_of(batch_public_id: str, lines: int, attempts: int = 5) -> int:
     from core import keys
     from core.redis import sync_redis
-    from serving.batches.jobs import line_request_id
+    from serving.batches.services import line_request_id
 
     ids = {str(line_request_id(batch_public_id, i, a)) for i in range(lines) for a in range(1, attempts + 1)}
     held = {k.decode() for k in sync_redis().hkeys(keys.inflight_requests())}
