@@ -92,7 +92,7 @@ def stop_leftover_supervisors(*, session: str, database: str, timeout: float = 3
     killed before its teardown, and before ``tests.parent_bound`` existed): its ``runworkers``
     (SIGTERM, so it drains and gives its host's lease up; SIGKILL after ``timeout``), then any
     engine marked with the test ``database``. Call before this run starts any. Their pids."""
-    from serving.supervisor.host import DATABASE_MARKER
+    from serving.supervisor.engines import DATABASE_MARKER
 
     supervisors = [
         pid

@@ -37,17 +37,13 @@ running and pending state changes are applied once it is back.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,17 +51,14 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import DatabaseError, InterfaceError, close_old_connections, connections, transaction
+from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from core.events import publish_routing_change_now
 from core.transitions import IllegalTransition
-from registry.artifacts import get_artifact_store
-from registry.models import Deployment, HostLease, Replica
-from registry.replica_keys import replica_api_key
+from registry.models import Deployment, Replica
 from registry.selectors import (
     deployment_with_version,
-    host_lease_held,
     live_replica_pids,
     replica_get,
     replica_states,
@@ -74,8 +67,6 @@ from registry.selectors import (
 )
 from registry.services import (
     host_lease_release,
-    host_lease_renew,
-    host_lease_take,
     replica_claim,
     replica_heartbeats,
     replica_mark_ready,
@@ -85,240 +76,36 @@ from registry.services import (
     replica_surplus,
     replica_transition,
 )
-from registry.signatures import is_predict_framework
 from rollout.hotswap import swap_step
+from serving.gateway.engine_kinds import KINDS, PREDICT, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
-from serving.gateway.routing import served_context_length
+from serving.supervisor.engines import (
+    EngineProcess,
+    database_name,
+    engine_env,
+    free_port,
+    healthy,
+    idle,
+    marked_engines,
+    signal_group,
+)
+from serving.supervisor.lease import (
+    DATABASE_ERRORS,
+    DATABASE_RETRY_FIRST,
+    DATABASE_RETRY_MAX,
+    LeaseKeeping,
+    lease_holder,
+)
 
 logger = logging.getLogger(__name__)
 
-# InterfaceError is not a DatabaseError in Django's hierarchy; both mean "no database now".
-DATABASE_ERRORS = (DatabaseError, InterfaceError)
-
-# Every engine process carries these in its environment, so a supervisor finds the engines
-# of its host in /proc without the database: one that crashed between starting an engine
-# and recording its pid leaves nothing the next one cannot find.
-HOST_MARKER = "PLATFORM_WORKER_HOST"
-DATABASE_MARKER = "PLATFORM_WORKER_DATABASE"
-REPLICA_MARKER = "PLATFORM_REPLICA_ID"
-
-# What an engine inherits from the supervisor's environment; nothing else (no
-# PROMETHEUS_MULTIPROC_DIR, which would mix its metrics into the gateway's, no
-# DATABASE_URL, SECRET_KEY, REDIS_URL or any other platform variable).
-ENGINE_ENV_NAMES = frozenset(
-    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED",
-     "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"}
-)  # fmt: skip
-# LD_PRELOAD: vLLM's CPU guide preloads tcmalloc / libiomp. OPENBLAS_/NVPL_ tune the math
-# libraries like OMP_/MKL_ do (some CPUs need OPENBLAS_CORETYPE); the torch, triton and
-# NCCL families tune kernels and caches on GPU hosts.
-ENGINE_ENV_PREFIXES = (
-    "LC_", "HF_", "TRANSFORMERS_", "VLLM_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NVPL_", "CUDA_", "NVIDIA_",
-    "NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
-)  # fmt: skip
-
-# Never inherited though allow-listed: it opens vLLM's debug routes (/collective_rpc,
-# /sleep, …), which its API key does not guard.
-ENGINE_ENV_DENIED = frozenset({"VLLM_SERVER_DEV_MODE"})
-
-# How long the loop waits for the database after a failure: short at first, then capped,
-# so a restored database is noticed within seconds.
-DATABASE_RETRY_FIRST = 0.5
-DATABASE_RETRY_MAX = 5.0
 
 # How often a supervisor looks for hot-swap steps that are due (each a few queries).
 SWAP_STEP_SECONDS = 1.0
 
 
-# The metrics whose sum says an engine is busy: vLLM's, and the predict worker's.
-BUSY_METRICS = (
-    "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "predict:num_requests_running", "predict:num_requests_waiting",
-)  # fmt: skip
-
-
-class HostLeaseHeld(Exception):
-    """Another supervisor holds this host's lease: this one must not start."""
-
-    def __init__(self, host: str, lease: HostLease) -> None:
-        self.host, self.lease = host, lease
-        until = timezone.localtime(lease.expires_at).strftime("%Y-%m-%d %H:%M:%S %Z")
-        super().__init__(
-            f"host {host} is already supervised by pid {lease.holder_pid} on {lease.holder_machine} "
-            f"(its lease runs until {until} and is renewed while it runs): stop that supervisor first, "
-            "or give this one another --host"
-        )
-
-
-def lease_holder() -> str:
-    """This process's name as a lease holder: its pid and machine (for people), then a part no
-    other process can repeat (a pid is reused, a machine name shared)."""
-    return f"{os.getpid()}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
-class EngineProcess:
-    """One replica's engine process, as this supervisor sees it."""
-
-    replica_id: int
-    deployment_id: int
-    slot: str
-    model: str = ""  # the public name and version, for logs and metrics
-    predict: bool = False  # a predict worker (serving.predict.worker), not a vLLM engine
-    version: str = ""
-    port: int = 0
-    popen: subprocess.Popen[bytes] | None = None
-    # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
-    # | stopped (process gone, its row still to be recorded)
-    phase: str = "starting"
-    started_at: float = 0.0
-    ready_at: float = 0.0
-    load_seconds: float = 0.0  # started_at → first good /health, of the latest start
-    last_check: float = 0.0
-    failed_checks: int = 0
-    restarts: int = 0
-    restart_at: float = 0.0
-    drain_deadline: float = 0.0
-    term_deadline: float = 0.0
-    kill_sent: bool = False
-    log_path: Path | None = None
-    # The replica row's state this engine calls for, and whether the row has it yet (with
-    # the pid and endpoint that go with it).
-    want: str = Replica.State.STARTING
-    recorded: bool = False
-    row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
-    beat_due: bool = False  # /health answered since the last heartbeat written
-    probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
-    # Draining for a restart asked for: once the process has exited it is started again.
-    restart_requested: bool = False
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{settings.WORKER_ENGINE_HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-
-def is_predict(deployment: Deployment) -> bool:
-    """Served by the platform's own predict worker (a small model), not by vLLM."""
-    return is_predict_framework(deployment.version.framework)
-
-
-def engine_command(deployment: Deployment, port: int) -> list[str]:
-    version = deployment.version
-    model = version.model
-    path = get_artifact_store().local_path(version.artifact_uri)
-    if is_predict(deployment):
-        return [
-            sys.executable, "-m", "serving.predict.worker",
-            "--name", model.name,
-            "--version", version.version,
-            "--artifact", str(path),
-            "--config", json.dumps(version.config),
-            "--host", settings.WORKER_ENGINE_HOST,
-            "--port", str(port),
-            "--threads", str(settings.WORKER_PREDICT_THREADS),
-            "--framework", version.framework.strip().lower(),
-            # On a GPU host each slot is one GPU (CUDA_VISIBLE_DEVICES): the model runs there.
-            "--device", "cpu" if settings.WORKER_DEVICE == "cpu" else "cuda",
-        ]  # fmt: skip
-    launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-    ]
-    command = [
-        *launcher,
-        "--model", str(path),
-        "--served-model-name", model.name,
-        "--host", settings.WORKER_ENGINE_HOST,
-        "--port", str(port),
-        "--max-model-len", str(served_context_length(version.config)),
-        "--uvicorn-log-level", "warning",
-        "--disable-uvicorn-access-log",
-    ]  # fmt: skip
-    if model.task == "embedding":
-        command += ["--runner", "pooling"]
-    # Interactive requests before batch jobs' lines (serving.batches sends theirs a priority).
-    command += ["--scheduling-policy", settings.ENGINE_SCHEDULING_POLICY]
-    if settings.WORKER_DEVICE == "cpu":
-        # Eager mode starts in ~35 s instead of ~3 min and serves about as fast on CPU.
-        command += ["--enforce-eager"]
-    else:
-        command += ["--gpu-memory-utilization", str(settings.VLLM_GPU_MEMORY_UTILIZATION)]
-    return command + shlex.split(settings.ENGINE_EXTRA_ARGS)
-
-
-def _database_name() -> str:
-    return str(connections["default"].settings_dict.get("NAME") or "")
-
-
-def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
-    """The whole environment of one replica's engine: an allow-list of ours, plus its own settings."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and name not in ENGINE_ENV_DENIED
-    }
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-    # vLLM reads its --api-key from here: in the environment it is readable only by this
-    # user, where the command line is world-readable (ps).
-    env["VLLM_API_KEY"] = env["WORKER_API_KEY"] = replica_api_key(replica_id)
-    if settings.WORKER_DEVICE == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.VLLM_CPU_KVCACHE_SPACE)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = slot
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = slot
-    env[HOST_MARKER] = host
-    env[DATABASE_MARKER] = _database_name()
-    env[REPLICA_MARKER] = str(replica_id)
-    return env
-
-
-def marked_engines(host: str, database: str) -> Iterator[tuple[int, str]]:
-    """(pid, replica id) of every process whose environment marks it as an engine of this host.
-
-    The database is part of the mark: two platforms (or two test runs) that share a machine
-    and a host name never touch each other's engines.
-    """
-    with contextlib.suppress(OSError):  # no /proc: nothing to find
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                variables = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:  # gone, or another user's
-                continue
-            if f"{HOST_MARKER}={host}".encode() in variables and f"{DATABASE_MARKER}={database}".encode() in variables:
-                prefix = f"{REPLICA_MARKER}=".encode()
-                replica = next((v[len(prefix) :].decode() for v in variables if v.startswith(prefix)), "?")
-                yield int(entry.name), replica
-
-
-def _signal_group(pid: int | None, sig: int) -> None:
-    """Signal an engine's whole process group (vLLM runs its engine core in child processes).
-
-    Safe after the leader was reaped: Linux never reuses a pid while a process group of
-    that number still has members.
-    """
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-
-
-@dataclass
-class Supervisor:
+class Supervisor(LeaseKeeping):
     host: str = field(default_factory=lambda: settings.WORKER_HOST)
     slots: list[str] = field(default_factory=lambda: list(settings.WORKER_SLOTS))
     # Serve only deployments of these models (public names); None: every model.
@@ -410,73 +197,10 @@ class Supervisor:
         self._announcer.shutdown(wait=False, cancel_futures=True)
         self._http.close()
 
-    def take_lease(self) -> None:
-        """Take this host's lease, or raise ``HostLeaseHeld`` naming its holder."""
-        while not host_lease_take(host=self.host, holder=self.holder, seconds=self.lease_seconds):
-            lease = host_lease_held(host=self.host)
-            if lease is not None:
-                raise HostLeaseHeld(self.host, lease)
-            # Expired or released between the two statements: take it again.
-        self._lease_held = True
-
-    def _take_lease_waiting(self) -> bool:
-        """``take_lease``, waiting for a database that does not answer (who holds the host is
-        known only there); False when stopped (a signal) meanwhile."""
-        delay, reported = DATABASE_RETRY_FIRST, False
-        while True:
-            try:
-                self.take_lease()
-                return True
-            except DATABASE_ERRORS as exc:
-                if not reported:
-                    reported = True
-                    self.report(
-                        f"database unavailable ({type(exc).__name__}); waiting for it to take the lease of {self.host}"
-                    )
-            with contextlib.suppress(*DATABASE_ERRORS):
-                close_old_connections()
-            if self.stopping:
-                return False
-            time.sleep(delay)
-            delay = min(DATABASE_RETRY_MAX, delay * 2)
-
-    def _hold_lease(self) -> bool:
-        """At the start of every database pass: take the lease (the first pass of a supervisor
-        driven by ``step``) or renew it. False when another supervisor took it over: the
-        supervisor then stops its engines without another write, and exits."""
-        if not self._lease_held:
-            self.take_lease()
-            return True
-        if host_lease_renew(host=self.host, holder=self.holder, seconds=self.lease_seconds):
-            return True
-        self._lease_held = False
-        self.lease_lost = True
-        self.stopping = True
-        lease = None
-        with contextlib.suppress(*DATABASE_ERRORS):  # only for the message: the loss stands
-            lease = host_lease_held(host=self.host)
-        holder = (
-            f"now held by pid {lease.holder_pid} on {lease.holder_machine}"
-            if lease is not None
-            else "its lease row is gone"
-        )
-        message = (
-            f"LEASE LOST: host {self.host} was taken over ({holder}) while this supervisor could not renew "
-            f"its lease; it no longer writes any replica row of {self.host}, stops its {len(self.engines)} "
-            "engine(s) and exits"
-        )
-        logger.error(message)
-        self.report(message)
-        # Drained by the probes alone (the new holder has released their rows, so nothing new
-        # is routed to them), then stopped; ``_database_step`` writes nothing from now on.
-        for engine in list(self.engines.values()):
-            self._begin_drain(engine)
-        return False
-
     def _kill_marked_strangers(self) -> None:
         """Engines of this host (by their marker) that this supervisor does not own: a predecessor's."""
         spared = {engine.pid for engine in self.engines.values()} | {os.getpgrp()}
-        for pid, replica in marked_engines(self.host, _database_name()):
+        for pid, replica in marked_engines(self.host, database_name()):
             try:
                 group = os.getpgid(pid)
             except ProcessLookupError:
@@ -484,7 +208,7 @@ class Supervisor:
             if group in spared or pid == os.getpid():
                 continue  # ours, or already killed with its group (vLLM's engine core shares the mark)
             spared.add(group)
-            _signal_group(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
             self.report(f"killed engine pid {pid} (replica {replica}) that no supervisor tracks")
 
     def _kill_orphans(self) -> None:
@@ -494,8 +218,8 @@ class Supervisor:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue  # gone already
-            if b"--served-model-name" in cmdline:  # ours: never kill a reused pid's stranger
-                _signal_group(pid, signal.SIGKILL)
+            if any(kind.process_mark in cmdline for kind in KINDS):  # ours: never a reused pid's stranger
+                signal_group(pid, signal.SIGKILL)
                 self.report(f"killed engine pid {pid} left by an earlier supervisor")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -752,8 +476,8 @@ class Supervisor:
                 if mine and replica_surplus(deployment=deployment) > 0:
                     self._begin_drain(max(mine, key=lambda e: e.replica_id))
                     continue
-                predict = is_predict(deployment)
-                free = self._free_slots(predict=predict)
+                kind = kind_of(deployment.version.framework)
+                free = self._free_slots(predict=kind is PREDICT)
                 if not free:
                     continue
                 replica = replica_claim(deployment=deployment, host=self.host)
@@ -766,7 +490,7 @@ class Supervisor:
                     slot=free[0],
                     model=deployment.version.model.name,
                     version=deployment.version.version,
-                    predict=predict,
+                    kind=kind,
                 )
                 self.engines[replica.id] = engine
                 self._spawn(engine, deployment)
@@ -774,9 +498,9 @@ class Supervisor:
     # --- one engine's process (no database below this line) ---------------------------
 
     def _spawn(self, engine: EngineProcess, deployment: Deployment) -> None:
-        engine.port = _free_port(settings.WORKER_ENGINE_HOST)
+        engine.port = free_port(settings.WORKER_ENGINE_HOST)
         engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
-        command = engine_command(deployment, engine.port)
+        command = engine.kind.command(deployment, engine.port)
         env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
         try:
             with open(engine.log_path, "ab") as log:
@@ -866,8 +590,8 @@ class Supervisor:
                 self._start_probe(engine, "idle")
 
     def _start_probe(self, engine: EngineProcess, kind: str) -> None:
-        check = self._healthy if kind == "health" else self._idle
-        engine.probe = (kind, self._probes.submit(check, engine.endpoint))
+        check = healthy if kind == "health" else idle
+        engine.probe = (kind, self._probes.submit(check, self._http, engine.endpoint, engine.kind))
 
     def _probe_result(self, engine: EngineProcess, kind: str) -> bool | None:
         """The answer of the engine's finished probe of this kind; None while none has finished."""
@@ -878,26 +602,6 @@ class Supervisor:
         if probe_kind != kind:  # asked for before the engine changed phase: stale
             return None
         return bool(future.result())
-
-    def _healthy(self, endpoint: str) -> bool:
-        """Runs in a probe thread: touches neither the engine's state nor the database."""
-        try:
-            return self._http.get(f"{endpoint}/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def _idle(self, endpoint: str) -> bool:
-        """No request running or waiting in the engine (from vLLM's own metrics). Runs in a probe thread."""
-        try:
-            text = self._http.get(f"{endpoint}/metrics").text
-        except httpx.HTTPError:
-            return True
-        busy = 0.0
-        for line in text.splitlines():
-            if line.startswith(BUSY_METRICS):
-                with contextlib.suppress(ValueError):
-                    busy += float(line.rsplit(" ", 1)[-1])
-        return busy == 0
 
     def _begin_drain(self, engine: EngineProcess) -> None:
         if engine.phase in ("draining", "stopping", "stopped"):
@@ -922,18 +626,18 @@ class Supervisor:
         engine.phase = "stopping"
         engine.probe = None
         if engine.alive():
-            _signal_group(engine.pid, signal.SIGTERM)
+            signal_group(engine.pid, signal.SIGTERM)
             engine.term_deadline = time.monotonic() + self.stop_grace
 
     def _kill(self, engine: EngineProcess) -> None:
         """SIGKILL, without waiting: a later pass sees the exit."""
         if engine.alive():
-            _signal_group(engine.pid, signal.SIGKILL)
+            signal_group(engine.pid, signal.SIGKILL)
             engine.kill_sent = True
 
     def _set_stopped(self, engine: EngineProcess) -> None:
         """The engine's process is gone for good; its row is recorded stopped next."""
-        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
         engine.phase = "stopped"
         engine.probe = None
         if engine.row_gone:
@@ -945,7 +649,7 @@ class Supervisor:
     def _restart_when_stopped(self, engine: EngineProcess) -> None:
         """A restart asked for: the engine has exited (drained, or not); ``_restart_due`` starts
         it again at once, as it restarts a failed one, without the backoff."""
-        _signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
         engine.phase = "backoff"
         engine.probe = None
         engine.restart_at = time.monotonic()
@@ -962,7 +666,7 @@ class Supervisor:
             self._set_stopped(engine)
 
     def _fail(self, engine: EngineProcess, reason: str) -> None:
-        _signal_group(engine.pid, signal.SIGKILL)
+        signal_group(engine.pid, signal.SIGKILL)
         engine.probe = None
         engine.want, engine.recorded = Replica.State.FAILED, False
         delay = min(settings.WORKER_MAX_BACKOFF, 2.0**engine.restarts)

@@ -171,7 +171,7 @@ def supervised_model(django_db_blocker, tmp_path, redis_url: str, replicas: int)
     (name, deployment id, host). Everything is stopped and deleted afterwards."""
     from registry.models import Deployment, Model, ModelVersion
     from registry.services import deployment_create
-    from serving.supervisor.host import marked_engines
+    from serving.supervisor.engines import marked_engines
 
     name = f"chaos-{uuid.uuid4().hex[:8]}"
     host = f"chaos-host-{uuid.uuid4().hex[:8]}"

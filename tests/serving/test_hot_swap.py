@@ -39,7 +39,8 @@ from rollout.hotswap import (
     swap_get,
     swap_step,
 )
-from serving.supervisor.host import Supervisor, marked_engines
+from serving.supervisor.engines import marked_engines
+from serving.supervisor.host import Supervisor
 from tests.processes import BASE_DIR, child_env
 from tests.support.gateway import committed, persisted, request_id_of
 

@@ -31,14 +31,9 @@ from console.management.commands.runplatform import AlreadyRunning, ChildProcess
 from registry.models import Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
-from serving.supervisor.host import (
-    DATABASE_MARKER,
-    HOST_MARKER,
-    REPLICA_MARKER,
-    HostLeaseHeld,
-    Supervisor,
-    marked_engines,
-)
+from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines
+from serving.supervisor.host import Supervisor
+from serving.supervisor.lease import HostLeaseHeld
 from tests import processes
 from tests.processes import BASE_DIR, child_env, free_port, stop_leftover_supervisors
 from tests.support.gateway import committed

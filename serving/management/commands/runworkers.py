@@ -9,7 +9,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from serving.supervisor.host import HostLeaseHeld, Supervisor
+from serving.supervisor.host import Supervisor
+from serving.supervisor.lease import HostLeaseHeld
 
 # libpq options for the supervisor's connection: a database that vanishes (or a network that
 # drops its packets) fails the query within seconds instead of hanging the loop for minutes.

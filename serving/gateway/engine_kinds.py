@@ -1,0 +1,111 @@
+"""Engine kinds: what the platform knows of each kind of engine a replica runs.
+
+A kind owns the frameworks it serves, the command line that starts one of its replicas, and
+how that replica is watched: the path of its health probe and the metrics whose sum says it
+is busy (a draining replica stops once they are zero). The supervisor starts and watches
+replicas through their kind (``serving.supervisor``); the first kind in ``KINDS`` that serves
+a version's framework is its kind. Today: the platform's own predict workers (small models:
+ONNX, TorchScript) and vLLM's OpenAI server (every other framework).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from registry.artifacts import get_artifact_store
+from registry.models import Deployment
+from registry.signatures import is_predict_framework
+from serving.gateway.routing import served_context_length
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    name: str
+    serves: Callable[[str], bool]  # a version's framework -> whether this kind serves it
+    command: Callable[[Deployment, int], list[str]]  # (deployment, port) -> argv of one replica
+    busy_metrics: tuple[str, ...]  # Prometheus series whose sum is the requests in flight
+    # In its command line: a pid an earlier supervisor recorded is one of ours to kill only
+    # when its command line has it (a reused pid is a stranger's).
+    process_mark: bytes
+    health_path: str = "/health"  # 200 when the replica serves
+    metrics_path: str = "/metrics"
+
+
+def _predict_command(deployment: Deployment, port: int) -> list[str]:
+    version = deployment.version
+    path = get_artifact_store().local_path(version.artifact_uri)
+    return [
+        sys.executable, "-m", "serving.predict.worker",
+        "--name", version.model.name,
+        "--version", version.version,
+        "--artifact", str(path),
+        "--config", json.dumps(version.config),
+        "--host", settings.WORKER_ENGINE_HOST,
+        "--port", str(port),
+        "--threads", str(settings.WORKER_PREDICT_THREADS),
+        "--framework", version.framework.strip().lower(),
+        # On a GPU host each slot is one GPU (CUDA_VISIBLE_DEVICES): the model runs there.
+        "--device", "cpu" if settings.WORKER_DEVICE == "cpu" else "cuda",
+    ]  # fmt: skip
+
+
+def _vllm_command(deployment: Deployment, port: int) -> list[str]:
+    version = deployment.version
+    model = version.model
+    path = get_artifact_store().local_path(version.artifact_uri)
+    launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    command = [
+        *launcher,
+        "--model", str(path),
+        "--served-model-name", model.name,
+        "--host", settings.WORKER_ENGINE_HOST,
+        "--port", str(port),
+        "--max-model-len", str(served_context_length(version.config)),
+        "--uvicorn-log-level", "warning",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if model.task == "embedding":
+        command += ["--runner", "pooling"]
+    # Interactive requests before batch jobs' lines (serving.batches sends theirs a priority).
+    command += ["--scheduling-policy", settings.ENGINE_SCHEDULING_POLICY]
+    if settings.WORKER_DEVICE == "cpu":
+        # Eager mode starts in ~35 s instead of ~3 min and serves about as fast on CPU.
+        command += ["--enforce-eager"]
+    else:
+        command += ["--gpu-memory-utilization", str(settings.VLLM_GPU_MEMORY_UTILIZATION)]
+    return command + shlex.split(settings.ENGINE_EXTRA_ARGS)
+
+
+PREDICT = EngineKind(
+    name="predict",
+    serves=is_predict_framework,
+    command=_predict_command,
+    busy_metrics=("predict:num_requests_running", "predict:num_requests_waiting"),
+    process_mark=b"serving.predict.worker",
+)
+VLLM = EngineKind(
+    name="vllm",
+    serves=lambda framework: not is_predict_framework(framework),
+    command=_vllm_command,
+    busy_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    process_mark=b"--served-model-name",
+)
+KINDS: tuple[EngineKind, ...] = (PREDICT, VLLM)
+
+
+def kind_of(framework: str) -> EngineKind:
+    """The kind of engine that serves a version of this framework."""
+    for kind in KINDS:
+        if kind.serves(framework):
+            return kind
+    raise LookupError(f"no engine kind serves the framework {framework!r}")

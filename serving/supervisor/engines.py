@@ -1,0 +1,227 @@
+"""The per-host worker supervisor behind ``manage.py runworkers``.
+
+It keeps this host's share of every serving deployment running as vLLM OpenAI server
+processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
+
+- claims a replica when a deployment wants more and a slot is free, starts the engine,
+  waits for /health, then marks the replica ready with its endpoint;
+- heart-beats ready replicas after checking /health (routers ignore stale heartbeats);
+- announces every replica that becomes ready or leaves on the routing channel, so gateways
+  reload at once;
+- restarts a crashed or unhealthy replica with exponential backoff;
+- restarts a replica a person asked to (``registry.services.replica_restart_request``):
+  drained and stopped like one no longer wanted, then started again through the same
+  restart path, at once;
+- records each replica's load time (start to first good /health) in the log, the audit
+  log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
+- carries every hot-swap under way through its next step (``rollout.hotswap``);
+- drains a replica that is no longer wanted (no new requests are routed to it; in-flight
+  ones finish or the drain timeout passes), then stops it;
+- on SIGTERM/SIGINT drains and stops everything it started.
+
+One supervisor per host name: it holds the host's lease (``registry.HostLease``) from before
+it touches anything of the host until it has stopped, renewing it on every database pass. A
+second one for the same host refuses to start (``HostLeaseHeld``) instead of releasing the
+first one's replicas as its predecessor's; one killed with SIGKILL is succeeded once its
+lease has expired. A supervisor that finds its lease taken over (it was cut off from the
+database for longer than the lease, and another started) writes nothing more, stops its
+engines and exits.
+
+Each loop first tends the engine processes (exits, health results, stop deadlines), which
+never touches the database, then does the database work. The in-memory state of each
+engine is the truth for this host; the replica row is brought to it (``EngineProcess.want``)
+whenever the database answers, so an outage only delays the bookkeeping: engines keep
+running and pending state changes are applied once it is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.db import connections
+
+from registry.models import Replica
+from registry.replica_keys import replica_api_key
+from serving.gateway.engine_kinds import PREDICT, VLLM, EngineKind
+
+# Every engine process carries these in its environment, so a supervisor finds the engines
+# of its host in /proc without the database: one that crashed between starting an engine
+# and recording its pid leaves nothing the next one cannot find.
+HOST_MARKER = "PLATFORM_WORKER_HOST"
+
+
+DATABASE_MARKER = "PLATFORM_WORKER_DATABASE"
+
+
+REPLICA_MARKER = "PLATFORM_REPLICA_ID"
+
+
+# What an engine inherits from the supervisor's environment; nothing else (no
+# PROMETHEUS_MULTIPROC_DIR, which would mix its metrics into the gateway's, no
+# DATABASE_URL, SECRET_KEY, REDIS_URL or any other platform variable).
+ENGINE_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TMPDIR", "TZ", "PYTHONPATH", "PYTHONUNBUFFERED",
+     "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME"}
+)  # fmt: skip
+
+
+# LD_PRELOAD: vLLM's CPU guide preloads tcmalloc / libiomp. OPENBLAS_/NVPL_ tune the math
+# libraries like OMP_/MKL_ do (some CPUs need OPENBLAS_CORETYPE); the torch, triton and
+# NCCL families tune kernels and caches on GPU hosts.
+ENGINE_ENV_PREFIXES = (
+    "LC_", "HF_", "TRANSFORMERS_", "VLLM_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NVPL_", "CUDA_", "NVIDIA_",
+    "NCCL_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
+)  # fmt: skip
+
+
+# Never inherited though allow-listed: it opens vLLM's debug routes (/collective_rpc,
+# /sleep, …), which its API key does not guard.
+ENGINE_ENV_DENIED = frozenset({"VLLM_SERVER_DEV_MODE"})
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EngineProcess:
+    """One replica's engine process, as this supervisor sees it."""
+
+    replica_id: int
+    deployment_id: int
+    slot: str
+    model: str = ""  # the public name and version, for logs and metrics
+    kind: EngineKind = VLLM  # what runs: its command line, probes and busy metrics
+    version: str = ""
+    port: int = 0
+    popen: subprocess.Popen[bytes] | None = None
+    # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
+    # | stopped (process gone, its row still to be recorded)
+    phase: str = "starting"
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    load_seconds: float = 0.0  # started_at → first good /health, of the latest start
+    last_check: float = 0.0
+    failed_checks: int = 0
+    restarts: int = 0
+    restart_at: float = 0.0
+    drain_deadline: float = 0.0
+    term_deadline: float = 0.0
+    kill_sent: bool = False
+    log_path: Path | None = None
+    # The replica row's state this engine calls for, and whether the row has it yet (with
+    # the pid and endpoint that go with it).
+    want: str = Replica.State.STARTING
+    recorded: bool = False
+    row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
+    beat_due: bool = False  # /health answered since the last heartbeat written
+    probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
+    # Draining for a restart asked for: once the process has exited it is started again.
+    restart_requested: bool = False
+
+    @property
+    def predict(self) -> bool:
+        """A predict worker (``serving.predict.worker``): it shares its slot with others."""
+        return self.kind is PREDICT
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{settings.WORKER_ENGINE_HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+def database_name() -> str:
+    return str(connections["default"].settings_dict.get("NAME") or "")
+
+
+def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
+    """The whole environment of one replica's engine: an allow-list of ours, plus its own settings."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and name not in ENGINE_ENV_DENIED
+    }
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    # vLLM reads its --api-key from here: in the environment it is readable only by this
+    # user, where the command line is world-readable (ps).
+    env["VLLM_API_KEY"] = env["WORKER_API_KEY"] = replica_api_key(replica_id)
+    if settings.WORKER_DEVICE == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.VLLM_CPU_KVCACHE_SPACE)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = slot
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    env[HOST_MARKER] = host
+    env[DATABASE_MARKER] = database_name()
+    env[REPLICA_MARKER] = str(replica_id)
+    return env
+
+
+def marked_engines(host: str, database: str) -> Iterator[tuple[int, str]]:
+    """(pid, replica id) of every process whose environment marks it as an engine of this host.
+
+    The database is part of the mark: two platforms (or two test runs) that share a machine
+    and a host name never touch each other's engines.
+    """
+    with contextlib.suppress(OSError):  # no /proc: nothing to find
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                variables = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone, or another user's
+                continue
+            if f"{HOST_MARKER}={host}".encode() in variables and f"{DATABASE_MARKER}={database}".encode() in variables:
+                prefix = f"{REPLICA_MARKER}=".encode()
+                replica = next((v[len(prefix) :].decode() for v in variables if v.startswith(prefix)), "?")
+                yield int(entry.name), replica
+
+
+def signal_group(pid: int | None, sig: int) -> None:
+    """Signal an engine's whole process group (vLLM runs its engine core in child processes).
+
+    Safe after the leader was reaped: Linux never reuses a pid while a process group of
+    that number still has members.
+    """
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def healthy(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:
+    """The replica answers its health probe. Runs in a probe thread: touches neither the
+    engine's state nor the database."""
+    try:
+        return http.get(f"{endpoint}{kind.health_path}").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def idle(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:
+    """No request running or waiting in the replica (from its own metrics). Runs in a probe thread."""
+    try:
+        text = http.get(f"{endpoint}{kind.metrics_path}").text
+    except httpx.HTTPError:
+        return True
+    busy = 0.0
+    for line in text.splitlines():
+        if line.startswith(kind.busy_metrics):
+            with contextlib.suppress(ValueError):
+                busy += float(line.rsplit(" ", 1)[-1])
+    return busy == 0
