@@ -1,38 +1,7 @@
-"""The per-host worker supervisor behind ``manage.py runworkers``.
-
-It keeps this host's share of every serving deployment running as vLLM OpenAI server
-processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
-
-- claims a replica when a deployment wants more and a slot is free, starts the engine,
-  waits for /health, then marks the replica ready with its endpoint;
-- heart-beats ready replicas after checking /health (routers ignore stale heartbeats);
-- announces every replica that becomes ready or leaves on the routing channel, so gateways
-  reload at once;
-- restarts a crashed or unhealthy replica with exponential backoff;
-- restarts a replica a person asked to (``registry.services.replica_restart_request``):
-  drained and stopped like one no longer wanted, then started again through the same
-  restart path, at once;
-- records each replica's load time (start to first good /health) in the log, the audit
-  log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
-- carries every hot-swap under way through its next step (``rollout.hotswap``);
-- drains a replica that is no longer wanted (no new requests are routed to it; in-flight
-  ones finish or the drain timeout passes), then stops it;
-- on SIGTERM/SIGINT drains and stops everything it started.
-
-One supervisor per host name: it holds the host's lease (``registry.HostLease``) from before
-it touches anything of the host until it has stopped, renewing it on every database pass. A
-second one for the same host refuses to start (``HostLeaseHeld``) instead of releasing the
-first one's replicas as its predecessor's; one killed with SIGKILL is succeeded once its
-lease has expired. A supervisor that finds its lease taken over (it was cut off from the
-database for longer than the lease, and another started) writes nothing more, stops its
-engines and exits.
-
-Each loop first tends the engine processes (exits, health results, stop deadlines), which
-never touches the database, then does the database work. The in-memory state of each
-engine is the truth for this host; the replica row is brought to it (``EngineProcess.want``)
-whenever the database answers, so an outage only delays the bookkeeping: engines keep
-running and pending state changes are applied once it is back.
-"""
+"""An engine process as the supervisor sees it (``EngineProcess``: its phase, deadlines and
+probe), the environment it starts with (an allow-list, its key, the markers that let a later
+supervisor find it in /proc without the database), and the probes run beside the loop: health
+and idle, by the replica's engine kind (``serving.gateway.engine_kinds``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The per-host worker supervisor behind ``manage.py runworkers``.
 
-It keeps this host's share of every serving deployment running as vLLM OpenAI server
-processes, one per replica, each pinned to a slot (a CPU core, or a GPU):
+It keeps this host's share of every serving deployment running as engine processes (by the
+version's engine kind: vLLM's OpenAI server, the predict worker), one per replica, each pinned
+to a slot (a CPU core, or a GPU):
 
 - claims a replica when a deployment wants more and a slot is free, starts the engine,
   waits for /health, then marks the replica ready with its endpoint;
