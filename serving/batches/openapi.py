@@ -46,14 +46,8 @@ FILE_SCHEMAS: dict[str, Any] = {
 
 
 _FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
 _BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
 _STAMP = {"type": "integer", "nullable": True}
-
-
 BATCH_SCHEMAS: dict[str, Any] = {
     "OpenAIBatchCreate": {
         "type": "object",

@@ -24,11 +24,7 @@ from serving.llm.call import CHAT, COMPLETIONS, EMBEDDINGS
 
 # The request ids of batch lines: uuid5 of this and "<batch>/<line>/<attempt>".
 LINE_NAMESPACE = uuid.UUID("6f1d2b5e-6c1a-4a8e-9d55-0c7b3a1e2f40")
-
-
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/embeddings": EMBEDDINGS}
-
-
 PREDICT_URL = "/api/v1/predict"
 
 

@@ -116,8 +116,6 @@ async def batch_share(model: str) -> int:
 # When each model last had interactive requests in flight, and how many it had when last
 # looked at, as this worker saw them.
 _interactive_seen: dict[str, float] = {}
-
-
 _interactive_now: dict[str, int] = {}
 
 

@@ -9,11 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 COMPONENT = "#/components/schemas/{model}"
-
-
 BEARER = "bearerAuth"
-
-
 TAG = "inference"
 
 
@@ -35,11 +31,7 @@ ERRORS: dict[int, str] = {
 
 
 INFERENCE_ERRORS = tuple(status for status in ERRORS if status != 409)
-
-
 READ_ERRORS = (401, 404, 405, 413, 503)
-
-
 ERROR_SCHEMAS: dict[str, Any] = {
     "OpenAIErrorDetail": {
         "type": "object",

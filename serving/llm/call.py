@@ -1,23 +1,13 @@
-"""One inference request from body to usage event: prepare → cache → admit → run → settle.
+"""An LLM request from body to usage event: prepare → cache → admit → run → settle.
 
 The REST/SSE views and the WebSocket consumer drive the same ``InferenceCall`` through the
-same script (``run``), so a fix to the request's life lands once. ``prepare`` does everything that can refuse a request
-before it is admitted (nothing is dispatched or metered for a refused request); ``admit``
-charges the limits through the ledger (``billing.ledger``). From then on the request is
-settled exactly once, by ``close``, whatever ends it:
-
-- the answer is complete: settled before the last bytes (the usage chunk, ``[DONE]``);
-- the engine fails or times out: settled with the tokens produced and the error status;
-- the client goes away or cancels, at any point, even while the admission call is still
-  in flight: the owner (``serving.gateway.asgi``, the consumer) calls ``close`` in a ``finally``;
-  ``close`` waits for an admission in flight, then settles it as 499 with what was used;
-- Redis is unreachable when settling: the ledger keeps retrying until it is back.
-
-The router's in-flight counts change only through a replica's lease (``routing.Lease``: the
-engine client takes it; ``close`` releases it, once), so no path leaves a replica counted busy.
-
-A model with a shadow policy has a share of its requests copied to a candidate version as
-they are dispatched (``serving.shadow.traffic``): the copy is never admitted, settled or metered.
+same script (``run``), so a fix to the request's life lands once. ``prepare`` does everything
+that can refuse a request before it is admitted (nothing is dispatched or metered for a
+refused request): validate the body (``serving.llm.schemas``), choose the version, count the
+prompts (``serving.llm.prompts``). Then the semantic cache (``serving.semcache``), admission,
+the engine (complete or streamed), and the settlement every call shares
+(``serving.gateway.call``). A model with a shadow policy has a share of its requests copied
+to a candidate version as they are dispatched (``serving.shadow.traffic``).
 """
 
 from __future__ import annotations
@@ -25,26 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from accounts.grants import KeyGrant
-from billing import ledger
 from billing.ledger import Headroom, UsageEvent
-from billing.pricing import PriceQuote
-from core.lifecycle import LazyThreadPool
 from serving.gateway import engine, metrics
-from serving.gateway.admission import Admission, charge_refused, error_code_of, status_of, take_request
+from serving.gateway.admission import error_code_of
+from serving.gateway.call import Call
 from serving.gateway.errors import (
     APIError,
     EngineFailed,
@@ -54,9 +39,17 @@ from serving.gateway.errors import (
 )
 from serving.gateway.model_access import find_model_for
 from serving.gateway.openai_wire import finish_reason_of, note_finish_reasons
-from serving.gateway.routing import Lease, ReplicaRoute, VersionRoute, router
+from serving.gateway.routing import ReplicaRoute, router
+from serving.llm.prompts import (
+    check_completion_limit,
+    check_context,
+    count_prompts,
+    counter_of,
+    counting_pool,
+    refuse_by_lower_bound,
+)
+from serving.llm.replay import ReplayStream, text_pieces
 from serving.llm.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, engine_payload, parse_body
-from serving.llm.tokens import PromptCount, PromptCounter, prompt_counter
 from serving.semcache.lookup import (
     MISS,
     CacheHit,
@@ -89,31 +82,13 @@ COMPLETIONS = Endpoint("completions", "/v1/completions", CompletionRequest, froz
 EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", EmbeddingRequest, frozenset({"embedding"}), "embd-")
 
 
-_loaded_counters: set[str | None] = set()
-
-
-async def _counter(version: VersionRoute) -> PromptCounter:
-    directory = version.tokenizer_dir
-    if directory in _loaded_counters:
-        return prompt_counter(directory)
-    # First use in this process: loading a tokenizer takes ~100 ms, keep it off the loop.
-    counter = await sync_to_async(prompt_counter, thread_sensitive=False)(directory)
-    _loaded_counters.add(directory)
-    return counter
-
-
-class InferenceCall:
-    """One request's life. Drive it as prepare → admit → complete() or start_stream()/chunks(),
-    and always ``close(status)`` in a ``finally`` (idempotent; a no-op once settled)."""
+class InferenceCall(Call):
+    """An LLM request (``serving.gateway.call.Call``). Drive it as prepare → admit → complete()
+    or start_stream()/chunks(), and always ``close(status)`` in a ``finally``."""
 
     def __init__(self, endpoint: Endpoint, grant: KeyGrant, request_id: uuid.UUID, *, batch: bool = False) -> None:
+        super().__init__(grant, request_id, endpoint_name=endpoint.name, batch=batch)
         self.endpoint = endpoint
-        self.grant = grant
-        self.request_id = request_id
-        # A batch job's line (serving.batches): the batch price, no per-minute limits, and its
-        # settlement left to the batch (``serving.gateway.admission``).
-        self.batch = batch
-        self.status: int | None = None  # set when settled
         self.failed = False  # a stream ended with an error event
         self.prompt_tokens = 0
         self.prompt_exact = True
@@ -123,14 +98,6 @@ class InferenceCall:
         self._reported_prompt: int | None = None
         self._reserved = 0
         self._reserved_spend = Decimal(0)
-        self.price: PriceQuote | None = None
-        self._admission: Admission | None = None  # its place in the ledger, from admit()
-        self._pinned = False  # X-Model-Version: a fallback never changes the version
-        self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
-        self._ran = False  # an engine accepted the request (answered 2xx): its prompt was processed
-        self.error_code = ""  # set when it fails: what the record says of why
-        self._closing: asyncio.Task[None] | None = None
-        self._lease: Lease | None = None  # the replica answering it, held until it ends
         self._upstream: engine.EngineStream | ReplayStream | None = None
         self._first: Any = None
         self.cache_probe: CacheProbe | None = None
@@ -140,9 +107,6 @@ class InferenceCall:
         self._answer_parts: list[str] = []
         self._finish_reasons: dict[int, str] = {}  # by choice index, as the engine said
         self._final_usage_chunk: dict[str, Any] | None = None
-        self._started = time.perf_counter()
-        self._admitted_at = datetime.now(UTC)
-        self.stage_ms: dict[str, float] = {}
 
     # --- the script ------------------------------------------------------------------------
 
@@ -197,35 +161,24 @@ class InferenceCall:
                 param="model",
                 code="model_not_supported",
             )
-        if pinned_version is not None and not any(v.version == pinned_version for v in model.versions):
-            raise InvalidRequest(
-                f"The model `{model.name}` has no version `{pinned_version}` being served.",
-                param=pin_param,
-                code="model_version_not_found",
-            )
-        self._pinned = pinned_version is not None
         sticky = getattr(body, "user", None) or f"key:{self.grant.key_id}"
-        version = router.choose_version(model, sticky, version=pinned_version)
-        if version is None:
-            which = f"`{model.name}` version `{pinned_version}`" if pinned_version is not None else f"`{model.name}`"
-            raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
+        version = self._choose_version(model, sticky=sticky, version=pinned_version, pin_param=pin_param)
         max_len = version.max_model_len
         # Whatever the prompt, and whether or not it can be counted: no model generates past its
         # context (and a reservation of 16 choices of 2**64 tokens cannot even be written down).
-        _check_completion_limit(body, max_len)
-        counter = await _counter(version)
+        check_completion_limit(body, max_len)
+        counter = await counter_of(version)
         # A large body pays its place in the per-minute request bucket before its prompt is
         # counted (a 4 MB prompt is about a second of CPU), so it cannot be repeated for free.
         large = len(raw_body) > settings.PROMPT_COUNT_INLINE_BYTES
-        if large and not self.batch:
-            await self._take_request()
-        try:
-            _refuse_by_lower_bound(body, data, counter, max_len)
+        await self._pay_before_reading(large=large)
+        async with self._refusals_charged():
+            refuse_by_lower_bound(body, data, counter, max_len)
             if large:  # off the event loop: every other request on this process goes on meanwhile
                 loop = asyncio.get_running_loop()
-                per_prompt = await loop.run_in_executor(_counting_pool.get(), _count, counter, body, data)
+                per_prompt = await loop.run_in_executor(counting_pool.get(), count_prompts, counter, body, data)
             else:
-                per_prompt = _count(counter, body, data)
+                per_prompt = count_prompts(counter, body, data)
             prompts = len(per_prompt)
             # An engine-side truncation makes our count an upper bound, not the truth.
             exact = all(c.exact for c in per_prompt) and getattr(body, "truncate_prompt_tokens", None) is None
@@ -242,17 +195,13 @@ class InferenceCall:
             else:
                 limit = body.completion_limit
                 if exact:
-                    _check_context(body, max(c.tokens for c in per_prompt), limit, max_len)
+                    check_context(body, max(c.tokens for c in per_prompt), limit, max_len)
                 # Reserved against TPM and budgets: every prompt plus the most every choice may
                 # generate. An estimated prompt is capped by the context the engine allows.
                 prompt_bound = prompt_tokens if exact else min(prompt_tokens, max_len * prompts)
                 longest = max(c.tokens for c in per_prompt) if exact else 0
                 per_choice = limit if limit is not None else max(1, max_len - longest)
                 reserved = prompt_bound + prompts * body.n * per_choice
-        except InvalidRequest:
-            if not self._rpm_paid and not self.batch:  # refused after it was counted: it still counts as a request
-                await charge_refused(self.grant)
-            raise
 
         # Charged at the price in effect when the request arrived (its record's created_at),
         # for the whole request, whatever happens later.
@@ -277,10 +226,6 @@ class InferenceCall:
         self._reserved = reserved
         self.price = price
 
-    def _price_of(self, version: VersionRoute) -> PriceQuote | None:
-        price = version.price_at(self._admitted_at.timestamp())
-        return price.for_batch() if price is not None and self.batch else price
-
     @property
     def stream(self) -> bool:
         return bool(getattr(self.body, "stream", False))
@@ -294,25 +239,9 @@ class InferenceCall:
         return self.endpoint.id_prefix + self.request_id.hex
 
     @property
-    def admitted(self) -> bool:
-        """Charged and metered (known for sure once ``close`` has returned)."""
-        return self._admission is not None and self._admission.admitted
-
-    @property
-    def rate_limits(self) -> Headroom | None:
-        """The key's limits once admitted (a cache hit too), for the answer's headers."""
-        return self._admission.rate_limits if self._admission is not None else None
-
-    @property
     def cache_outcome(self) -> str:
         """How it was answered: ``hit``, ``semantic-hit`` or ``miss`` (the x-cache header)."""
         return self.cache_hit.outcome if self.cache_hit is not None else MISS
-
-    async def _take_request(self) -> None:
-        """Pay this request's place in the key's per-minute request buckets now (429 when they
-        are empty); admission then does not charge it again."""
-        await take_request(self.grant)
-        self._rpm_paid = True
 
     # --- the cache ------------------------------------------------------------------------
 
@@ -424,15 +353,7 @@ class InferenceCall:
         """Charge the limits and register the request in flight, in one atomic step
         (``serving.gateway.admission``: a caller cancelled meanwhile leaves it to finish, and ``close``
         settles it). Raises RateLimited (429) when a limit, budget or the model's queue refuses it."""
-        self._admission = Admission(self.grant, self.model, batch=self.batch)
-        return await self._admission.admit(
-            self._event(0, draft=True), tokens=self._reserved, spend=self._reserved_spend, rpm_paid=self._rpm_paid
-        )
-
-    @property
-    def deferred_event(self) -> UsageEvent | None:
-        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
-        return self._admission.deferred if self._admission is not None else None
+        return await self._admit(tokens=self._reserved, spend=self._reserved_spend)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -484,47 +405,20 @@ class InferenceCall:
 
     # --- fallback ---------------------------------------------------------------------------
 
-    async def _fall_back(self, exc: APIError, started: float, attempt: int) -> list[ReplicaRoute] | None:
-        """After an attempt failed before the client got a byte: let go of what it held, and
-        say where the request goes next (once): another routable replica of its version, else,
-        unless the request pins its version, the model's base version. None: nowhere, the
-        failure is the answer.
-
-        The failed attempt is recorded against its version (``ledger.note_failed_attempt``),
-        never billed, so the canaries and circuits see it while the client sees one answer.
-        """
-        failed = set(exc.replicas_tried)
-        if self._lease is not None:
-            failed.add(self._lease.replica.id)
-        await self._let_go()
-        if attempt > 1 or not settings.ENGINE_FALLBACK:
-            return None
-        version: VersionRoute | None = self.version
-        replicas = [r for r in router.replica_order(self.version) if r.id not in failed]
-        if not replicas:
-            version = None if self._pinned else router.fallback_version(self.model, self.version)
-            replicas = [r for r in router.replica_order(version) if r.id not in failed] if version else []
-        if version is None or not replicas:
-            return None
-        await ledger.note_failed_attempt(
-            UsageEvent(
-                request_id=self.request_id, api_key_id=self.grant.key_id, organization_id=self.grant.organization_id,
-                model=self.model.name, model_version=self.version.version, endpoint=self.endpoint.name,
-                prompt_tokens=0, completion_tokens=0, cached_tokens=0,
-                latency_ms=int((time.perf_counter() - started) * 1000), ttft_ms=None, status_code=exc.status,
-                created_at=self._admitted_at, error_code=error_code_of(exc.status, exc),
-            )
+    def _attempt_event(self, exc: APIError, started: float) -> UsageEvent:
+        logger.warning("request %s: %s failed on %s (%s); falling back", self.request_id, self.model.name,
+                       self.version.version, exc.code)  # fmt: skip
+        return UsageEvent(
+            request_id=self.request_id, api_key_id=self.grant.key_id, organization_id=self.grant.organization_id,
+            model=self.model.name, model_version=self.version.version, endpoint=self.endpoint.name,
+            prompt_tokens=0, completion_tokens=0, cached_tokens=0,
+            latency_ms=int((time.perf_counter() - started) * 1000), ttft_ms=None, status_code=exc.status,
+            created_at=self._admitted_at, error_code=error_code_of(exc.status, exc),
         )  # fmt: skip
-        metrics.FALLBACKS.labels(self.model.name, self.version.version, version.version, exc.code or "").inc()
-        logger.warning("request %s: %s failed on %s (%s); retrying on %s", self.request_id, self.model.name,
-                       self.version.version, exc.code, version.version)  # fmt: skip
-        if version is not self.version:
-            # Metered as the version that answers, at its price; its answer is not cached
-            # under the scope (and version) the request was looked up in.
-            self.version = version
-            self.price = self._price_of(version)
-            self._may_store = False
-        return replicas
+
+    def _version_changed(self) -> None:
+        # Its answer is not cached under the scope (and version) the request was looked up in.
+        self._may_store = False
 
     async def _let_go(self) -> None:
         """Close a failed attempt's stream and release its replica: the next attempt starts clean."""
@@ -678,7 +572,7 @@ class InferenceCall:
         usage = self._hit_usage()
         prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
         text = str(self.cache_hit.answer["message"].get("content") or "")
-        pieces = _pieces(text)
+        pieces = text_pieces(text)
         base = {"object": "chat.completion.chunk", "created": int(time.time())}
 
         def chunk(delta: dict[str, Any], finish: str | None, generated: int) -> dict[str, Any]:
@@ -729,13 +623,6 @@ class InferenceCall:
         details = usage.get("prompt_tokens_details")
         self.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
 
-    def _failed(self, exc: BaseException) -> int:
-        """Note why the request failed (the first reason counts); returns its status."""
-        status = status_of(exc)
-        if not self.error_code:
-            self.error_code = error_code_of(status, exc)
-        return status
-
     @property
     def finish_reason(self) -> str:
         """Why generation stopped, as the usage record keeps it (``openai_wire.finish_reason_of``:
@@ -770,42 +657,19 @@ class InferenceCall:
                 cached=self.cached_tokens,
                 cache_hit=self.cache_hit is not None,
             )
-        return UsageEvent(
-            request_id=self.request_id,
-            api_key_id=self.grant.key_id,
-            organization_id=self.grant.organization_id,
-            model=self.model.name,
-            model_version=self.version.version,
-            endpoint=self.endpoint.name,
+        return self._usage_event(
+            status,
             prompt_tokens=prompt,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
-            latency_ms=int((time.perf_counter() - self._started) * 1000),
             ttft_ms=self.ttft_ms,
-            status_code=status,
-            created_at=self._admitted_at,
-            price_id=self.price.price_id if self.price is not None else None,
             cost=cost,
             cache=self.cache_outcome,
             finish_reason="" if draft else self.finish_reason,
             error_code="" if draft else (self.error_code or error_code_of(status)),
-            batch=self.batch,
         )
 
-    async def close(self, status: int) -> None:
-        """Release the replica, close the engine stream and settle the request, once.
-
-        Runs as a task of its own and is shielded: an owner cancelled again while closing
-        cannot interrupt the settlement. Later calls wait for the first and change nothing.
-        """
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._finish(status))
-        await asyncio.shield(self._closing)
-
-    async def _finish(self, status: int) -> None:
-        admission = self._admission
-        if admission is not None:
-            await admission.in_flight_done()
+    async def _release(self) -> None:
         upstream, self._upstream = self._upstream, None
         if upstream is not None:
             try:
@@ -814,15 +678,9 @@ class InferenceCall:
                 logger.debug("closing the engine stream failed", exc_info=True)
         if self._lease is not None:
             self._lease.release()
-        if admission is None or not admission.maybe_admitted:
-            return
-        event = self._event(status)
-        self.status = status
-        if not await admission.settle(event):
-            return  # admission outcome unknown: the ledger settles it if it landed
+
+    def _settled(self, event: UsageEvent, status: int) -> None:
         labels = (event.model, event.model_version)
-        metrics.REQUESTS.labels(*labels, self.endpoint.name, str(status)).inc()
-        metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
         if event.ttft_ms is not None:
             metrics.TTFT.labels(*labels).observe(event.ttft_ms / 1000)
         metrics.TOKENS.labels(*labels, "prompt").inc(event.prompt_tokens)
@@ -837,122 +695,3 @@ class InferenceCall:
                     prompt=event.prompt_tokens, completion=event.completion_tokens, charged=event.cost
                 )
                 metrics.CACHE_MONEY_SAVED.labels(event.model, self.price.currency).inc(float(saved))
-
-
-# The threads that count large prompts (the tokenizer releases the GIL while it works).
-_counting_pool = LazyThreadPool("prompt-count", lambda: int(settings.PROMPT_COUNT_THREADS))
-
-
-def _count(counter: PromptCounter, body: Any, data: dict[str, Any]) -> list[PromptCount]:
-    """Each prompt's tokens (a chat is one prompt): exact where the tokenizer and template allow."""
-    if isinstance(body, ChatCompletionRequest):
-        return [
-            counter.count_chat(
-                data["messages"],
-                tools=data.get("tools"),
-                documents=data.get("documents"),
-                add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message),
-                template_kwargs=body.chat_template_kwargs,
-            )
-        ]
-    if isinstance(body, CompletionRequest) and body.prompt_count > 1:
-        items = cast(list[str] | list[list[int]], body.prompt)
-        return [PromptCount(counter.count_prompt(item), counter.exact) for item in items]
-    prompt = body.prompt if isinstance(body, CompletionRequest) else body.input
-    return [PromptCount(counter.count_prompt(prompt), counter.exact)]
-
-
-def _text_chars(body: Any, data: dict[str, Any]) -> list[int]:
-    """Characters of text in each prompt (what the cheap bound needs; token ids are not text)."""
-    if isinstance(body, ChatCompletionRequest):
-        total = 0
-        for message in data["messages"]:
-            content = message.get("content")
-            if isinstance(content, str):
-                total += len(content)
-            elif isinstance(content, list):
-                total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
-        return [total]
-    prompt = body.prompt if isinstance(body, CompletionRequest) else body.input
-    if isinstance(prompt, str):
-        return [len(prompt)]
-    return [len(item) for item in prompt if isinstance(item, str)]
-
-
-def _refuse_by_lower_bound(body: Any, data: dict[str, Any], counter: PromptCounter, max_len: int) -> None:
-    """Refuse, without tokenising it, a prompt whose text alone needs more tokens than the
-    context holds (``PromptCounter.at_least``): a 4 MB body is refused in microseconds."""
-    if not counter.max_token_chars or getattr(body, "truncate_prompt_tokens", None) is not None:
-        return
-    least = max((counter.at_least(chars) for chars in _text_chars(body, data)), default=0)
-    embeddings = isinstance(body, EmbeddingRequest)
-    if least > max_len or (least >= max_len and not embeddings):
-        where = "input" if embeddings else "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        raise InvalidRequest(
-            f"This model's maximum context length is {max_len} tokens, but the {where} has at least {least} "
-            "tokens. Please reduce the length of the prompt.",
-            param=where,
-            code="context_length_exceeded",
-        )
-
-
-def _check_completion_limit(body: Any, max_len: int) -> None:
-    limit = getattr(body, "completion_limit", None)
-    if limit is not None and limit > max_len:
-        param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
-        raise InvalidRequest(
-            f"'{param}' is too large: {limit}. This model's maximum context length is {max_len} tokens.",
-            param=param,
-            code="context_length_exceeded",
-        )
-
-
-def _check_context(body: Any, prompt_tokens: int, limit: int | None, max_len: int) -> None:
-    """Call after _check_completion_limit: the prompt and the completion together."""
-    requested = prompt_tokens + (limit or 0)
-    if prompt_tokens >= max_len or requested > max_len:
-        where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        raise InvalidRequest(
-            f"This model's maximum context length is {max_len} tokens. However, you requested {requested} "
-            f"tokens ({prompt_tokens} in the {where}, {limit or 0} in the completion). "
-            "Please reduce the length of the prompt or the completion.",
-            param=where,
-            code="context_length_exceeded",
-        )
-
-
-class ReplayStream:
-    """A cached answer standing in for an engine stream (no replica, nothing to close)."""
-
-    replica = None
-    ready = True  # every event is in memory
-
-    def __init__(self, events: list[Any]) -> None:
-        self._events = iter(events)
-
-    def __aiter__(self) -> ReplayStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return next(self._events)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _pieces(text: str, size: int = 16) -> list[str]:
-    """The text in pieces of about ``size`` characters, cut after whitespace, for replay."""
-    pieces: list[str] = []
-    current = ""
-    for word in re.findall(r"\S+\s*|\s+", text):
-        current += word
-        if len(current) >= size:
-            pieces.append(current)
-            current = ""
-    if current or not pieces:
-        pieces.append(current)
-    return pieces

@@ -25,7 +25,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -34,15 +33,14 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from accounts.grants import KeyGrant
-from billing import ledger
 from billing.ledger import Headroom, UsageEvent
-from billing.pricing import PriceQuote
 from core import keys
 from core.lifecycle import Background, LazyThreadPool
 from core.redis import async_redis
 from registry.signatures import Signature
 from serving.gateway import engine, metrics
-from serving.gateway.admission import Admission, charge_refused, error_code_of, status_of, take_request
+from serving.gateway.admission import error_code_of
+from serving.gateway.call import Call
 from serving.gateway.engine import RawBody
 from serving.gateway.errors import (
     APIError,
@@ -62,7 +60,7 @@ from serving.gateway.inference_protocol import (
     read_body,
 )
 from serving.gateway.model_access import find_model_for
-from serving.gateway.routing import Lease, ModelRoute, ReplicaRoute, VersionRoute, router
+from serving.gateway.routing import ModelRoute, VersionRoute, router
 from serving.predict.result_cache import result_key
 from serving.shadow.traffic import predicted_labels, shadows
 
@@ -117,33 +115,19 @@ def is_ready(versions: list[VersionRoute]) -> bool:
     return any(router.routable(v) for v in versions)
 
 
-class PredictCall:
-    """Drive it as ``prepare`` → ``take_inputs`` → ``run``; always ``close(status)`` in a
-    ``finally`` (idempotent; a no-op once settled)."""
+class PredictCall(Call):
+    """A small model's prediction (``serving.gateway.call.Call``). Drive it as ``prepare`` →
+    ``take_inputs`` → ``run``; always ``close(status)`` in a ``finally``."""
 
     def __init__(
         self, grant: KeyGrant, request_id: uuid.UUID, *, endpoint: str = "predict", batch: bool = False
     ) -> None:
-        self.grant = grant
-        self.request_id = request_id
+        super().__init__(grant, request_id, endpoint_name=endpoint, batch=batch)
         self.endpoint = endpoint
-        self.batch = batch  # a batch job's line: as InferenceCall's
         self.cache = MISS
         self.rows = 0
         self.arrays: Arrays = {}
-        self.price: PriceQuote | None = None
-        self.error_code = ""
-        self.status: int | None = None
-        self._pinned = False
-        self._rpm_paid = False  # its request was taken from the per-minute buckets before admission
-        self._admission: Admission | None = None  # its place in the ledger, from admit()
-        self._ran = False
-        self._lease: Lease | None = None
         self._body: RawBody | None = None  # the inputs as sent to a worker (a shadow copy resends them)
-        self._closing: asyncio.Task[None] | None = None
-        self._started = time.perf_counter()
-        self._admitted_at = datetime.now(UTC)
-        self.stage_ms: dict[str, float] = {}
 
     # --- before admission ---------------------------------------------------------------
 
@@ -157,26 +141,12 @@ class PredictCall:
                 param="model",
                 code="model_not_supported",
             )
-        if version is not None and not any(v.version == version for v in model.versions):
-            raise InvalidRequest(
-                f"The model `{model.name}` has no version `{version}` being served.",
-                param=pin_param,
-                code="model_version_not_found",
-            )
-        self._pinned = version is not None
-        chosen = router.choose_version(model, f"key:{self.grant.key_id}", version=version)
-        if chosen is None:
-            which = f"`{model.name}` version `{version}`" if version is not None else f"`{model.name}`"
-            raise EngineUnavailable(f"No replica of {which} is ready. Try again shortly.")
+        chosen = self._choose_version(model, sticky=f"key:{self.grant.key_id}", version=version, pin_param=pin_param)
         if chosen.signature is None:
             raise EngineUnavailable(f"`{model.name}` version `{chosen.version}` has no usable signature.")
         self.model = model
         self.version = chosen
         self.price = self._price_of(chosen)
-
-    def _price_of(self, version: VersionRoute) -> PriceQuote | None:
-        price = version.price_at(self._admitted_at.timestamp())
-        return price.for_batch() if price is not None and self.batch else price
 
     @property
     def signature(self) -> Any:
@@ -202,9 +172,8 @@ class PredictCall:
             return arrays, rows, extra
 
         large = size > settings.PREDICT_DECODE_INLINE_BYTES
-        if large and not self.batch:
-            await self._take_request()
-        try:
+        await self._pay_before_reading(large=large)
+        async with self._refusals_charged():
             try:
                 if large:
                     arrays, rows, extra = await asyncio.get_running_loop().run_in_executor(_decoding_pool.get(), read)
@@ -214,18 +183,8 @@ class PredictCall:
                 raise InvalidRequest(str(exc), param=f"inputs.{exc.tensor}", code="invalid_tensor") from None
             except BadRequest as exc:
                 raise InvalidRequest(str(exc), code="invalid_request") from None
-        except InvalidRequest:
-            if not self._rpm_paid and not self.batch:  # refused after it was read: it still counts as a request
-                await charge_refused(self.grant)
-            raise
         self.arrays, self.rows = arrays, rows
         return extra
-
-    async def _take_request(self) -> None:
-        """Pay this request's place in the key's per-minute request buckets now (429 when they
-        are empty); admission then does not charge it again."""
-        await take_request(self.grant)
-        self._rpm_paid = True
 
     def take_arrays(self, arrays: Arrays, rows: int) -> None:
         """Inputs already decoded (and checked by ``decode_inputs``) by another front end."""
@@ -297,24 +256,10 @@ class PredictCall:
 
     # --- admission ------------------------------------------------------------------------
 
-    @property
-    def rate_limits(self) -> Headroom | None:
-        """The key's limits once admitted, for the answer's headers."""
-        return self._admission.rate_limits if self._admission is not None else None
-
     async def admit(self) -> Headroom:
-        """Charge the limits and register the request in flight (``serving.gateway.admission``: a
-        caller cancelled meanwhile leaves it to finish, and ``close`` settles it)."""
+        """Charge the limits (the inferences it carries) and register the request in flight."""
         spend = self.price.reservation(prompt_tokens=0, output_tokens=0, inferences=self.rows) if self.price else 0
-        self._admission = Admission(self.grant, self.model, batch=self.batch)
-        return await self._admission.admit(
-            self._event(0, draft=True), tokens=0, spend=Decimal(spend), inferences=self.rows, rpm_paid=self._rpm_paid
-        )
-
-    @property
-    def deferred_event(self) -> UsageEvent | None:
-        """A batch line's usage event, once closed (its batch writes it: ``serving.batches``)."""
-        return self._admission.deferred if self._admission is not None else None
+        return await self._admit(tokens=0, spend=Decimal(spend), inferences=self.rows)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -324,6 +269,7 @@ class PredictCall:
         replicas = router.replica_order(self.version)
         deadline = asyncio.get_running_loop().time() + settings.PREDICT_REQUEST_TIMEOUT
         for attempt in (1, 2):
+            started = time.perf_counter()
             try:
                 async with asyncio.timeout_at(deadline + 1.0):
                     self._lease, answer = await engine.dispatch(
@@ -340,7 +286,7 @@ class PredictCall:
                     raise RateLimited(exc.message, code="model_queue_full") from None
                 if not isinstance(exc, EngineFailed | EngineUnavailable):
                     raise
-                fallback = await self._fall_back(exc, attempt)
+                fallback = await self._fall_back(exc, started, attempt)
                 if fallback is None:
                     raise
                 replicas = fallback
@@ -349,32 +295,11 @@ class PredictCall:
     def _path(self) -> str:
         return f"/v2/models/{self.model.name}/versions/{self.version.version}/infer"
 
-    async def _fall_back(self, exc: APIError, attempt: int) -> list[ReplicaRoute] | None:
-        """After an attempt failed before an answer: another replica of the version, else
-        (unless pinned) the model's base version, once. A prediction has no side effect, so
-        it is safe to run again; the failed attempt is recorded against its version."""
-        failed = set(exc.replicas_tried)
-        if self._lease is not None:
-            failed.add(self._lease.replica.id)
-            self._lease.release()
-            self._lease = None
-        if attempt > 1 or not settings.ENGINE_FALLBACK:
-            return None
-        version: VersionRoute | None = self.version
-        replicas = [r for r in router.replica_order(self.version) if r.id not in failed]
-        if not replicas:
-            version = None if self._pinned else router.fallback_version(self.model, self.version)
-            if version is not None and version.signature != self.version.signature:
-                version = None  # a base version that takes other tensors cannot answer these
-            replicas = [r for r in router.replica_order(version) if r.id not in failed] if version else []
-        if version is None or not replicas:
-            return None
-        await ledger.note_failed_attempt(self._event(exc.status, error=exc))
-        metrics.FALLBACKS.labels(self.model.name, self.version.version, version.version, exc.code or "").inc()
-        if version is not self.version:
-            self.version = version
-            self.price = self._price_of(version)
-        return replicas
+    def _may_fall_back_to(self, version: VersionRoute) -> bool:
+        return version.signature == self.version.signature  # another's tensors cannot answer these
+
+    def _attempt_event(self, exc: APIError, started: float) -> UsageEvent:
+        return self._predict_event(exc.status, error=exc)
 
     def _outputs(self, content: bytes, header: str | None) -> Arrays:
         try:
@@ -386,13 +311,10 @@ class PredictCall:
 
     # --- the end ---------------------------------------------------------------------------
 
-    def _failed(self, exc: BaseException) -> int:
-        status = status_of(exc)
-        if not self.error_code:
-            self.error_code = error_code_of(status, exc)
-        return status
+    def _event(self, status: int, *, draft: bool = False) -> UsageEvent:
+        return self._predict_event(status, draft=draft)
 
-    def _event(self, status: int, *, draft: bool = False, error: APIError | None = None) -> UsageEvent:
+    def _predict_event(self, status: int, *, draft: bool = False, error: APIError | None = None) -> UsageEvent:
         # A request no worker ran (refused, failed before an answer) is not charged.
         inferences = self.rows if (draft or self._ran or self.cache == HIT) and error is None else 0
         cost = Decimal(0)
@@ -400,26 +322,12 @@ class PredictCall:
             cost = self.price.charge(
                 prompt=0, completion=0, cached=0, cache_hit=self.cache == HIT, inferences=inferences
             )
-        return UsageEvent(
-            request_id=self.request_id,
-            api_key_id=self.grant.key_id,
-            organization_id=self.grant.organization_id,
-            model=self.model.name,
-            model_version=self.version.version,
-            endpoint=self.endpoint,
-            prompt_tokens=0,
-            completion_tokens=0,
-            cached_tokens=0,
-            latency_ms=int((time.perf_counter() - self._started) * 1000),
-            ttft_ms=None,
-            status_code=status,
-            created_at=self._admitted_at,
-            price_id=self.price.price_id if self.price is not None else None,
+        return self._usage_event(
+            status,
             cost=cost,
             cache=self.cache,
             error_code=self._error_code(status, draft=draft, error=error),
             inferences=inferences,
-            batch=self.batch,
         )
 
     def _error_code(self, status: int, *, draft: bool, error: APIError | None) -> str:
@@ -427,29 +335,8 @@ class PredictCall:
             return error_code_of(status, error)
         return "" if draft else (self.error_code or error_code_of(status))
 
-    async def close(self, status: int) -> None:
-        """Release the replica and settle the request, once (shielded; later calls wait)."""
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._finish(status))
-        await asyncio.shield(self._closing)
-
-    async def _finish(self, status: int) -> None:
-        admission = self._admission
-        if admission is not None:
-            await admission.in_flight_done()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
-        if admission is None or not admission.maybe_admitted:
-            return
-        event = self._event(status)
-        self.status = status
-        if not await admission.settle(event):
-            return
-        labels = (event.model, event.model_version)
-        metrics.REQUESTS.labels(*labels, self.endpoint, str(status)).inc()
-        metrics.LATENCY.labels(*labels).observe(event.latency_ms / 1000)
-        metrics.INFERENCES.labels(*labels, self.cache).inc(event.inferences)
+    def _settled(self, event: UsageEvent, status: int) -> None:
+        metrics.INFERENCES.labels(event.model, event.model_version, self.cache).inc(event.inferences)
 
 
 _writes = Background()

@@ -160,8 +160,6 @@ _PROTOCOL_ERROR = {
 
 
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
 _VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
 
 

@@ -26,11 +26,7 @@ from serving.gateway.engine_kinds import PREDICT, VLLM, EngineKind
 # of its host in /proc without the database: one that crashed between starting an engine
 # and recording its pid leaves nothing the next one cannot find.
 HOST_MARKER = "PLATFORM_WORKER_HOST"
-
-
 DATABASE_MARKER = "PLATFORM_WORKER_DATABASE"
-
-
 REPLICA_MARKER = "PLATFORM_REPLICA_ID"
 
 
