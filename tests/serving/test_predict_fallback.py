@@ -21,6 +21,7 @@ import pytest
 from core import keys
 from core.redis import async_redis
 from registry.signatures import Signature
+from serving.gateway import call as gateway_call
 from serving.gateway import engine, routing
 from serving.gateway.errors import EngineUnavailable
 from serving.gateway.inference_protocol import HEADER_LENGTH, encode_response
@@ -106,8 +107,8 @@ def workers(monkeypatch, settings) -> Workers:
     found = Workers()
     monkeypatch.setattr(routing, "routing_table", routing_table)
     monkeypatch.setattr(engine, "dispatch", found.dispatch)
-    monkeypatch.setattr(predict_call, "Admission", FreeAdmission)
-    monkeypatch.setattr(predict_call.ledger, "note_failed_attempt", noted)
+    monkeypatch.setattr(gateway_call, "Admission", FreeAdmission)
+    monkeypatch.setattr(gateway_call.ledger, "note_failed_attempt", noted)
     return found
 
 

@@ -61,7 +61,7 @@ def routed_model(monkeypatch) -> ModelRoute:
         return ExactCounter()
 
     monkeypatch.setattr(model_access, "find_model", find_model)
-    monkeypatch.setattr(orchestrator, "_counter", counter)
+    monkeypatch.setattr(orchestrator, "counter_of", counter)
     return route
 
 

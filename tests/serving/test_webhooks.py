@@ -608,12 +608,16 @@ class TestDelivery:
     ):
         from celery import current_app
 
+        from serving import tasks
+        from serving.batches import enqueue
+
         queued: list[tuple[str, dict[str, Any]]] = []
         monkeypatch.setattr(current_app, "send_task", lambda name, **kwargs: queued.append((name, kwargs)))
         with django_capture_on_commit_callbacks(execute=True):
             delivery = _enqueue(org, "https://hooks.example.com/batch")
         assert queued == [("serving.tasks.webhooks_deliver", {"retry": False})]
-        assert "serving.tasks.webhooks_deliver" in current_app.tasks  # the name is the task's
+        # The names queued are the tasks' own.
+        assert (tasks.webhooks_deliver.name, tasks.batch_work.name) == (enqueue.WEBHOOKS_DELIVER, enqueue.BATCH_WORK)
         assert delivery.next_attempt_at <= timezone.now()
 
         def refuse(name: str, **kwargs: Any) -> None:
