@@ -143,7 +143,7 @@ class Call:
     def _choose_version(self, model: ModelRoute, *, sticky: str, version: str | None, pin_param: str) -> VersionRoute:
         """The version that answers: ``version`` when the request pins one (a 400 when the
         model does not serve it), else the model's split, sticky by ``sticky``; a 503 when no
-        replica of it is ready. Sets the price in effect when the request arrived."""
+        replica of it is ready."""
         if version is not None and not any(v.version == version for v in model.versions):
             raise InvalidRequest(
                 f"The model `{model.name}` has no version `{version}` being served.",
