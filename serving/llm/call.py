@@ -13,7 +13,6 @@ to a candidate version as they are dispatched (``serving.shadow.traffic``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -420,16 +419,19 @@ class InferenceCall(Call):
         # Its answer is not cached under the scope (and version) the request was looked up in.
         self._may_store = False
 
-    async def _let_go(self) -> None:
-        """Close a failed attempt's stream and release its replica: the next attempt starts clean."""
+    async def _close_upstream(self) -> None:
+        """Close the engine stream, if one is open (closing the connection makes vLLM abort the sequence)."""
         upstream, self._upstream = self._upstream, None
         if upstream is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await upstream.aclose()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
-        self._ran = False
+            except Exception:
+                logger.debug("closing the engine stream failed", exc_info=True)
+
+    async def _let_go(self) -> None:
+        """Close a failed attempt's stream and release its replica: the next attempt starts clean."""
+        await self._close_upstream()
+        await super()._let_go()
         self._first = None
 
     def _mirror(self) -> None:
@@ -670,14 +672,8 @@ class InferenceCall(Call):
         )
 
     async def _release(self) -> None:
-        upstream, self._upstream = self._upstream, None
-        if upstream is not None:
-            try:
-                await upstream.aclose()  # closing the connection makes vLLM abort the sequence
-            except Exception:
-                logger.debug("closing the engine stream failed", exc_info=True)
-        if self._lease is not None:
-            self._lease.release()
+        await self._close_upstream()
+        await super()._release()
 
     def _settled(self, event: UsageEvent, status: int) -> None:
         labels = (event.model, event.model_version)
