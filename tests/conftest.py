@@ -30,7 +30,7 @@ def _stop_leftovers() -> None:
     dropped) or starts its own (they hold their hosts' leases)."""
     from django.conf import settings
 
-    from tests.processes import stop_leftover_supervisors
+    from tests.support.processes import stop_leftover_supervisors
 
     database = settings.DATABASES["default"]["TEST"]["NAME"]
     stopped = stop_leftover_supervisors(session=os.environ.get("TEST_SESSION") or "0", database=database)

@@ -37,7 +37,7 @@ from core.redis import sync_redis
 from registry.models import AuditEntry, Deployment, Model, ModelVersion
 from rollout.canary import canary_create
 from rollout.models import Canary
-from tests.processes import BASE_DIR, child_env
+from tests.support.processes import BASE_DIR, child_env
 
 T = TypeVar("T")
 QUEUES = {queue.name for queue in settings.CELERY_TASK_QUEUES}

@@ -21,10 +21,10 @@ import pytest
 from django.conf import settings
 
 from accounts.services import api_key_create
-from tests.processes import Gateway, start_gateway
 from tests.serving.conftest import fake_model  # noqa: F401 - a fixture of the data-plane tests, used here too
 from tests.support.browser import log_in, screenshot
 from tests.support.gateway import committed, persisted
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 

@@ -3,7 +3,7 @@
 - ``engines``: ``manage.py runworkers`` as a subprocess on the test database, serving
   the bundled SmolLM2 and MiniLM with real vLLM; started once per session (~1 min).
 - ``gateway``: a real daphne process in front of them.
-- ``fake_model``: a fake engine process (tests/fake_engine.py) registered as the only
+- ``fake_model``: a fake engine process (tests/support/fake_engine.py) registered as the only
   ready replica of a model of its own, for fault injection.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.batch_worker import BatchWorker
 from tests.support.gateway import (
     ApiKeyFixture,
@@ -24,6 +23,7 @@ from tests.support.gateway import (
     register_fake_replica,
     start_fake_engine,
 )
+from tests.support.processes import Gateway, start_gateway
 
 
 @pytest.fixture

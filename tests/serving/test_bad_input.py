@@ -19,8 +19,8 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

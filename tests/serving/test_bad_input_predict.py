@@ -29,8 +29,8 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
 from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica
+from tests.support.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
 
 pytestmark = pytest.mark.django_db
 

@@ -3,7 +3,7 @@
 Each test runs real gateways (uvicorn), fake engines (``runworkers`` launching them where a
 replica must be restarted by the supervisor), a metering worker process (the persister and
 the sweeper), real PostgreSQL and a Redis server of the test's own, drives JSON, SSE and
-WebSocket clients while the fault happens (tests/serving/chaos.py), then checks:
+WebSocket clients while the fault happens (tests/support/chaos.py), then checks:
 
 - what every client saw: a complete answer, a stream that ends with a clean error event (or
   WebSocket error and usage frames), or an error status with the OpenAI error body: never a
@@ -35,9 +35,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests import processes
-from tests.processes import BASE_DIR, child_env
-from tests.serving.chaos import (
+from tests.support import processes
+from tests.support.chaos import (
     ERROR_EVENT,
     LOST,
     OK,
@@ -54,7 +53,8 @@ from tests.serving.chaos import (
     wait_for_records,
 )
 from tests.support.gateway import committed, register_fake_replica, start_fake_engine
-from tests.tcp_proxy import TcpProxy
+from tests.support.processes import BASE_DIR, child_env
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +62,7 @@ REFUSAL_SECONDS = float(os.environ.get("CHAOS_REFUSAL_SECONDS", "8"))
 # Longer than the gateway's wait for a database connection (the pool's 10 s): an outage
 # shorter than that only slows the requests that must read the database down.
 PG_OUTAGE_SECONDS = 13.0
-FAKE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
+FAKE_LAUNCHER = f"{sys.executable} -m tests.support.fake_engine"
 # What every gateway here is given: no semantic cache (every request goes to an engine).
 GATEWAY_ENV = {"SEMANTIC_CACHE_ENABLED": "false", "ROUTING_REFRESH_SECONDS": "0.2"}
 

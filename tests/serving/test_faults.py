@@ -133,7 +133,7 @@ class TestRouting:
 
 @pytest.fixture(scope="module")
 def gateway_with_default_staleness(django_db_setup, tmp_path_factory):
-    from tests.processes import start_gateway
+    from tests.support.processes import start_gateway
 
     gw = start_gateway(tmp_path_factory.mktemp("stale-gateway"), ROUTING_REFRESH_SECONDS="0.2")
     yield gw

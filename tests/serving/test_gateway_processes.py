@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from console.servers import server_command
-from tests.processes import start_gateway
+from tests.support.processes import start_gateway
 
 pytestmark = pytest.mark.django_db
 

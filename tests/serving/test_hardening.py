@@ -16,9 +16,9 @@ from websockets.sync.client import connect
 
 from core import keys
 from core.redis import sync_redis
-from tests import processes
+from tests.support import processes
 from tests.support.gateway import HELLO, chat, persisted
-from tests.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
 

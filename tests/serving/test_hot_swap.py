@@ -40,12 +40,12 @@ from rollout.hotswap import (
     swap_step,
 )
 from serving.supervisor.host import Supervisor, marked_engines
-from tests.processes import BASE_DIR, child_env
 from tests.support.gateway import committed, persisted, request_id_of
+from tests.support.processes import BASE_DIR, child_env
 
 pytestmark = pytest.mark.django_db
 
-BUSY_LAUNCHER = f"{sys.executable} -m tests.serving.busy_engine"
+BUSY_LAUNCHER = f"{sys.executable} -m tests.support.busy_engine"
 
 
 def fake_model(name: str, *, versions: tuple[str, ...] = ("1", "2"), replicas: int = 1) -> Deployment:

@@ -19,8 +19,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.processes import BASE_DIR, child_env, free_port
 from tests.support.gateway import committed, persisted, price_model
+from tests.support.processes import BASE_DIR, child_env, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.processes import Gateway, free_port
 from tests.support.gateway import chat as chat_hello
 from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, free_port
 
 pytestmark = pytest.mark.django_db
 

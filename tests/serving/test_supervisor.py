@@ -39,14 +39,14 @@ from serving.supervisor.host import (
     Supervisor,
     marked_engines,
 )
-from tests import processes
-from tests.processes import BASE_DIR, child_env, free_port, stop_leftover_supervisors
+from tests.support import processes
 from tests.support.gateway import committed
-from tests.tcp_proxy import TcpProxy
+from tests.support.processes import BASE_DIR, child_env, free_port, stop_leftover_supervisors
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
 
-FAKE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
+FAKE_LAUNCHER = f"{sys.executable} -m tests.support.fake_engine"
 
 
 @pytest.fixture
@@ -420,7 +420,7 @@ class TestRowsAndStrays:
             env.update({HOST_MARKER: marked_host, DATABASE_MARKER: connection.settings_dict["NAME"],
                         REPLICA_MARKER: "999999"})  # fmt: skip
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=env,
+                [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=env,
                 start_new_session=True,
             )  # fmt: skip
 
@@ -766,7 +766,8 @@ class TestTestRunLeftovers:
         # A stand-in for a pytest run: it starts a program as start_runworkers does, then dies by SIGKILL.
         run = subprocess.Popen(
             [sys.executable, "-c", "import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
-             "'tests.parent_bound', str(os.getpid()), '/bin/sleep', '60']); print(p.pid, flush=True); time.sleep(60)"],
+             "'tests.support.parent_bound', str(os.getpid()), '/bin/sleep', '60']); print(p.pid, flush=True); "
+             "time.sleep(60)"],
             cwd=BASE_DIR, stdout=subprocess.PIPE,
         )  # fmt: skip
         child = int(run.stdout.readline())

@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import orjson
 
-from tests.processes import BASE_DIR, Gateway, child_env
+from tests.support.processes import BASE_DIR, Gateway, child_env
 
 WORKER_ENV = {
     "BATCH_WORK_SECONDS": "3",

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_runworkers
+from tests.support.processes import BASE_DIR, Gateway, child_env, free_port, start_runworkers
 
 ENGINE_READY_TIMEOUT = 600
 
@@ -165,7 +165,7 @@ class FakeModel:
 def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=dict(os.environ)
+        [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=dict(os.environ)
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20

@@ -1,4 +1,4 @@
-"""Run a command that ends with the test run that started it: ``python -m tests.parent_bound PID COMMAND…``.
+"""Run a command that ends with the test run that started it: ``python -m tests.support.parent_bound PID COMMAND…``.
 
 Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``) outlives ``exec``: the command
 gets SIGTERM when PID, its parent, ends, however it ends (a pytest run killed with SIGKILL

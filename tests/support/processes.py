@@ -22,7 +22,7 @@ from django.db import connection
 
 from console.servers import server_command
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -57,8 +57,8 @@ def child_env(**extra: str) -> dict[str, str]:
 def start_runworkers(args: list[str], *, env: dict[str, str], stdout: IO[bytes] | int) -> subprocess.Popen[bytes]:
     """``manage.py runworkers`` with ``args`` (stderr with stdout), bound to this test run: it
     gets SIGTERM (drains, gives its host's lease up) when the run ends, even killed with
-    SIGKILL before its teardown (``tests.parent_bound``). Call from the main thread."""
-    command = [sys.executable, "-m", "tests.parent_bound", str(os.getpid()),
+    SIGKILL before its teardown (``tests.support.parent_bound``). Call from the main thread."""
+    command = [sys.executable, "-m", "tests.support.parent_bound", str(os.getpid()),
                sys.executable, "manage.py", "runworkers", *args]  # fmt: skip
     return subprocess.Popen(command, cwd=BASE_DIR, env=env, stdout=stdout, stderr=subprocess.STDOUT)
 
@@ -89,7 +89,7 @@ def process_ended(pid: int) -> bool:
 
 def stop_leftover_supervisors(*, session: str, database: str, timeout: float = 30.0) -> list[int]:
     """Stop what an earlier test run of this checkout and ``TEST_SESSION`` left running (it was
-    killed before its teardown, and before ``tests.parent_bound`` existed): its ``runworkers``
+    killed before its teardown, and before ``tests.support.parent_bound`` existed): its ``runworkers``
     (SIGTERM, so it drains and gives its host's lease up; SIGKILL after ``timeout``), then any
     engine marked with the test ``database``. Call before this run starts any. Their pids."""
     from serving.supervisor.host import DATABASE_MARKER

@@ -2,7 +2,7 @@
 test's own, a metering worker process, and a steady client load that records what every
 client saw.
 
-``python -m tests.serving.chaos metering`` runs the metering worker: the usage persister,
+``python -m tests.support.chaos metering`` runs the metering worker: the usage persister,
 the failed-attempts persister and the lost-request sweeper in a loop (what Celery's
 metering queue runs every second), as a process of its own, so that it can be cut off from
 PostgreSQL or Redis like any other.
@@ -29,7 +29,7 @@ import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port
+from tests.support.processes import BASE_DIR, Gateway, child_env, free_port
 
 # --- Redis of a test's own -------------------------------------------------------------------
 
@@ -131,7 +131,7 @@ def start_metering(log_dir: Path, **env: str) -> MeteringWorker:
     log_path = log_dir / f"metering-{free_port()}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.serving.chaos", "metering"],
+            [sys.executable, "-m", "tests.support.chaos", "metering"],
             cwd=BASE_DIR,
             env=child_env(**env),
             stdout=log,
@@ -551,4 +551,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["metering"]:
         run_metering()
     else:
-        sys.exit("usage: python -m tests.serving.chaos metering")
+        sys.exit("usage: python -m tests.support.chaos metering")
