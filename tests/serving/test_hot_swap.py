@@ -41,7 +41,7 @@ from rollout.hotswap import (
 )
 from serving.supervisor.host import Supervisor, marked_engines
 from tests.support.gateway import committed, persisted, request_id_of
-from tests.support.processes import BASE_DIR, child_env
+from tests.support.processes import child_env, start_runworkers, stop_process
 
 pytestmark = pytest.mark.django_db
 
@@ -330,20 +330,14 @@ class Load:
 def runworkers(log_dir: Path, host: str, model: str, slots: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """``manage.py runworkers`` for one model's deployments only; its engines are killed afterwards."""
     log = open(log_dir / "runworkers.log", "wb")  # noqa: SIM115  closed below, after the process
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "runworkers", "--models", model],
-        cwd=BASE_DIR, env=child_env(WORKER_HOST=host, WORKER_SLOTS=slots, WORKER_LOG_DIR=str(log_dir), **env),
-        stdout=log, stderr=subprocess.STDOUT,
+    process = start_runworkers(
+        ["--models", model], env=child_env(WORKER_HOST=host, WORKER_SLOTS=slots, WORKER_LOG_DIR=str(log_dir), **env),
+        stdout=log,
     )  # fmt: skip
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, grace=60)
         log.close()
         for pid, _ in marked_engines(host, connection.settings_dict["NAME"]):
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -280,7 +280,7 @@ class TestMaxTokens:
 
 
 class TestHugeStrings:
-    """Within the 4 MiB body limit (a larger body is a 413 before it is read: test_hardening)."""
+    """Within the 4 MiB body limit (a larger body is a 413 before it is read: tests/faults/test_client.py)."""
 
     def test_a_prompt_far_beyond_the_context(self, client):
         content = "lorem ipsum dolor sit amet " * (int(3.5 * MIB) // 27)
