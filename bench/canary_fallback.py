@@ -2,7 +2,7 @@
 
 The scenario the review measured: a canary failing 15 % of its requests at a 10 % share of
 the traffic. Model ``canary-bench`` has v1 (stable) and v2 (the canary), each served by a
-fake vLLM server (``tests/fake_engine.py``; v2's with ``fail_rate``); a canary of v2 starts
+fake vLLM server (``tests/support/fake_engine.py``; v2's with ``fail_rate``); a canary of v2 starts
 at 10 % (steps 10, 50, 100, ``--interval`` seconds each). Client threads send JSON chat
 completions from many callers (so the split is the canary's) at about ``--rps`` requests a
 second, while this process runs the real canary controller (``rollout.canary.canary_tick``

@@ -7,8 +7,8 @@ element by element on the event loop and only then compared with its shape, and 
 before admission: the probe went from p50 4 ms / max 21 ms to p50 330 ms / max 1,080 ms, all 16
 were answered 400 and none counted against the key.
 
-Model ``refused-<tag>``: one BYTES input ``text`` of shape [-1] (``tests/serving/
-test_bad_input_predict.py``'s ``TEXT``), served by that test's fake predict worker (an HTTP
+Model ``refused-<tag>``: one BYTES input ``text`` of shape [-1] (``tests/faults/input/
+test_predict.py``'s ``TEXT``), served by that test's fake predict worker (an HTTP
 server in this process that counts what reaches it), registered with its
 ``register_predict_model``. The two loads (Triton's binary extension, under
 ``API_MAX_BODY_BYTES``):
@@ -138,7 +138,7 @@ def setup(endpoint: str, model: str) -> tuple[int, str]:
     """The model on the fake worker, an organisation (its tier's plan) and a key with the
     default limits; returns the organisation's id and that key's secret."""
     from accounts.services import api_key_create, organization_create
-    from tests.serving.test_bad_input_predict import TEXT, register_predict_model
+    from tests.faults.input.test_predict import TEXT, register_predict_model
 
     register_predict_model(model, endpoint, [TEXT])
     org = organization_create(name=f"Refused predictions {model}")
@@ -191,7 +191,7 @@ def wait_ready(base: str, model: str, secret: str, timeout: float = 60) -> None:
 
 def bodies() -> dict[str, tuple[str, bytes, dict[str, str]]]:
     """Each load's name, description and binary-extension body with its headers."""
-    from tests.serving.test_bad_input_predict import TEXT, binary, bytes_elements
+    from tests.faults.input.test_predict import TEXT, binary, bytes_elements
 
     a = binary([({**TEXT, "shape": [ELEMENTS_A + 1]}, bytes_elements(ELEMENTS_A, b"abcd"))])
     b = binary([({**TEXT, "shape": [1]}, bytes_elements(ELEMENTS_B))])
@@ -348,7 +348,7 @@ def main() -> None:
     isolate()
     database_prepare()
 
-    from tests.serving.test_bad_input_predict import WorkerServer
+    from tests.faults.input.test_predict import WorkerServer
 
     worker = WorkerServer()
     threading.Thread(target=worker.serve_forever, daemon=True).start()

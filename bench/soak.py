@@ -1,7 +1,7 @@
 """The soak of issue 18: N mixed requests against the fake engine; nothing may grow or be lost.
 
 One gateway (uvicorn, as `make run` starts it) serves two models whose replicas are fake
-vLLM servers (``tests/fake_engine.py``): ``soak-chat``, which counts prompts with the
+vLLM servers (``tests/support/fake_engine.py``): ``soak-chat``, which counts prompts with the
 bundled SmolLM2's tokenizer (so the semantic cache may answer it), and ``soak-embed``, the
 cache's embedding model. A persister process moves the usage stream into PostgreSQL once a
 second, as the Celery metering worker does (``billing.usage.persist_usage_stream``). An
@@ -188,7 +188,7 @@ def retire_models() -> None:
 def start_fake_engine(workdir: Path, name: str, tokens: int) -> Server:
     port = free_port()
     log = workdir / f"{name}.log"
-    proc = spawn([sys.executable, "-m", "tests.fake_engine", "--port", str(port)], log)
+    proc = spawn([sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], log)
     base = f"http://127.0.0.1:{port}"
     wait_http(f"{base}/health", proc, f"fake engine ({name})")
     httpx.post(f"{base}/_control", json={"tokens": tokens}, timeout=5).raise_for_status()

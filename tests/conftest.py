@@ -11,6 +11,10 @@ import pytest
 
 from core import embedded
 
+# The fixtures the data-plane and fault tests share (api_key, gateway, fake_model, …), defined
+# once for the whole run: a session fixture in two conftest files would start twice.
+pytest_plugins = ["tests.support.fixtures"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # The same code as `make run` starts the real PostgreSQL and Redis (a no-op when they
@@ -30,7 +34,7 @@ def _stop_leftovers() -> None:
     dropped) or starts its own (they hold their hosts' leases)."""
     from django.conf import settings
 
-    from tests.processes import stop_leftover_supervisors
+    from tests.support.processes import stop_leftover_supervisors
 
     database = settings.DATABASES["default"]["TEST"]["NAME"]
     stopped = stop_leftover_supervisors(session=os.environ.get("TEST_SESSION") or "0", database=database)
@@ -111,7 +115,7 @@ def bundled_models(
 
 @pytest.fixture(scope="session")
 def engines(bundled_models, django_db_blocker, tmp_path_factory):
-    """Real vLLM replicas of both bundled models, once per session (tests/serving/conftest.py).
+    """Real vLLM replicas of both bundled models, once per session (tests/support/gateway.py).
     Defined here, once: never import it into a test module (that would start a second set)."""
     from tests.support.gateway import run_engines
 

@@ -13,7 +13,7 @@ from accounts.models import ApiKey
 from accounts.services import api_key_create
 from billing.models import CacheOutcome, UsageRecord
 from billing.pricing import ChargedTokens, PriceQuote, charged_tokens_sql, saved_sql
-from tests.billing.records import make_record
+from tests.support.usage_records import make_record
 
 QUOTE = PriceQuote(
     price_id=0, version_id=None, input_per_million=Decimal("3"), output_per_million=Decimal("7"),

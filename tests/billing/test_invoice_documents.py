@@ -15,7 +15,7 @@ from accounts.services import api_key_create, organization_create
 from billing.invoice_documents import CSV_COLUMNS, invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
 from billing.services import invoice_draft, invoice_finalize
-from tests.billing.invoice_fixtures import chat_model, price, record
+from tests.support.invoices import chat_model, price, record
 
 pytestmark = pytest.mark.django_db
 

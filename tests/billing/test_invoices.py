@@ -32,8 +32,8 @@ from billing.services import invoices as invoices_module
 from billing.tasks import invoice_email, invoices_draft_due
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
-from tests.billing.invoice_fixtures import at, chat_model, price, record
 from tests.support.api import client_for
+from tests.support.invoices import at, chat_model, price, record
 
 pytestmark = pytest.mark.django_db
 

@@ -319,7 +319,7 @@ def own_redis(tmp_path, settings):
     """A Redis server of this test's own, for the ledger in this process: making it refuse
     writes must not refuse them to everyone sharing the embedded one."""
     from core import redis as core_redis
-    from tests.serving.chaos import RedisServer
+    from tests.support.chaos import RedisServer
 
     def forget_clients() -> None:
         core_redis.sync_redis.cache_clear()

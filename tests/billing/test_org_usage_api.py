@@ -10,8 +10,8 @@ from accounts.models import Role
 from accounts.services import api_key_create, membership_set, organization_create, platform_organization
 from billing.models import RollupProgress
 from billing.rollups import rollups_build
-from tests.billing.records import make_record
 from tests.support.api import client_for
+from tests.support.usage_records import make_record
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from billing.models import Reconciliation, UsageRecord
 from billing.reconciliation import reconcile, reconcile_due_hours
 from billing.rollups import hour_start, rollups_rebuild
 from billing.tasks import usage_reconcile
-from tests.billing.records import count_event, forget_counts, make_record
+from tests.support.usage_records import count_event, forget_counts, make_record
 
 pytestmark = pytest.mark.django_db
 
@@ -166,8 +166,8 @@ class TestWholeMonth:
         from billing.reconciliation import reconcile_month
         from billing.rollups import rollups_rebuild
         from billing.services import invoice_draft
-        from tests.billing.invoice_fixtures import at, chat_model, price, record
-        from tests.billing.records import count_event
+        from tests.support.invoices import at, chat_model, price, record
+        from tests.support.usage_records import count_event
 
         # "Now" is the 2nd of the next month, when the job runs: the ledger's counts still exist.
         october = date(2026, 10, 1)
@@ -199,8 +199,8 @@ class TestWholeMonth:
         from billing.models import UsageRecord
         from billing.reconciliation import reconcile_month
         from billing.services import invoice_draft
-        from tests.billing.invoice_fixtures import at, chat_model, price, record
-        from tests.billing.records import count_event
+        from tests.support.invoices import at, chat_model, price, record
+        from tests.support.usage_records import count_event
 
         november = date(2026, 11, 1)
         monkeypatch.setattr("billing.reconciliation.timezone.now", lambda: at("2026-12-02 06:30:00"))

@@ -27,7 +27,7 @@ from billing.usage_selectors import (
 from billing.usage_series import usage_overview
 from core import sketch
 from registry.models import Model
-from tests.billing.records import make_record
+from tests.support.usage_records import make_record
 
 pytestmark = pytest.mark.django_db
 

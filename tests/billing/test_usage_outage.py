@@ -1,5 +1,5 @@
 """The usage persister after an outage: a batch read while PostgreSQL was down is stored by
-the next run at once, not PERSIST_RETRY_AFTER_SECONDS later (found by tests/serving/test_chaos.py)."""
+the next run at once, not PERSIST_RETRY_AFTER_SECONDS later (found by the chaos tests, tests/faults/test_store.py)."""
 
 from __future__ import annotations
 

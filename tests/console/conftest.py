@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
     PASSWORD,
     outside_the_event_loop,
 )
+from tests.support.processes import Gateway, start_gateway
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import screenshot
+from tests.support.processes import Gateway, start_gateway
 
 # No `db` fixture: playwright's sync API runs an event loop in this thread, where Django
 # refuses ORM calls, so committed data is set up in module fixtures before the browser.

@@ -8,7 +8,7 @@ invoice. Then that customer signs in to the portal, creates a key of their own, 
 answer from the real SmolLM2 in the playground, sees the request and its cost on the usage
 page, and opens the invoice and downloads its PDF.
 
-The story's model is served by fake engines (tests/fake_engine.py) under a supervisor of its
+The story's model is served by fake engines (tests/support/fake_engine.py) under a supervisor of its
 own, stepped in a thread of this process on a host of its own; the canary's verdict comes
 from the controller's own task (``rollout.tasks.canary_tick``) over usage records committed
 as the gateway writes them (as in test_rollout_browser.py). The playground streams from the
@@ -31,7 +31,6 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import (
     PASSWORD,
     fill_canary_wizard,
@@ -41,11 +40,12 @@ from tests.support.browser import (
     tick_until_decided,
 )
 from tests.support.gateway import committed, persisted
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 
 CHAT = "smollm2-135m-instruct"
-FAKE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
+FAKE_LAUNCHER = f"{sys.executable} -m tests.support.fake_engine"
 # The chat model's price while the story runs (per million tokens), so its cost is not 0.
 INPUT_PRICE, OUTPUT_PRICE = "100", "200"
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import PASSWORD, log_in, outside_the_event_loop, screenshot
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.browser
 

@@ -37,7 +37,7 @@ from core.redis import sync_redis
 from registry.models import AuditEntry, Deployment, Model, ModelVersion
 from rollout.canary import canary_create
 from rollout.models import Canary
-from tests.processes import BASE_DIR, child_env
+from tests.support.processes import child_env, start_process
 
 T = TypeVar("T")
 QUEUES = {queue.name for queue in settings.CELERY_TASK_QUEUES}
@@ -159,9 +159,7 @@ class CeleryProcesses:
     def start(self, commands: dict[str, list[str]], env: dict[str, str]) -> None:
         for name, command in commands.items():
             with open(self.log_dir / f"{name}.log", "wb") as log:
-                self.processes[name] = subprocess.Popen(
-                    command, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
+                self.processes[name] = start_process(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def logs(self) -> str:
         return "\n".join(

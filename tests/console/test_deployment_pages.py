@@ -22,8 +22,8 @@ from registry.services import deployment_scale, replica_record_load_time, traffi
 from rollout.canary_stats import percentile
 from rollout.hotswap import deployment_swap_version
 from rollout.served_requests import served_requests, served_summaries
-from tests.billing.records import make_record
 from tests.support.registry import make_version
+from tests.support.usage_records import make_record
 
 pytestmark = pytest.mark.django_db
 

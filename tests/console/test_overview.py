@@ -24,7 +24,7 @@ from billing.rollups import rollups_rebuild
 from console.pages.overview_data import dashboard, gateway_rates, gateway_sample
 from core import sketch
 from serving.gateway import metrics
-from tests.billing.records import make_record
+from tests.support.usage_records import make_record
 
 NOW = datetime(2031, 1, 15, 12, 30, tzinfo=UTC)
 THIS_HOUR = NOW.replace(minute=0)

@@ -21,10 +21,9 @@ import pytest
 from django.conf import settings
 
 from accounts.services import api_key_create
-from tests.processes import Gateway, start_gateway
-from tests.serving.conftest import fake_model  # noqa: F401 - a fixture of the data-plane tests, used here too
 from tests.support.browser import log_in, screenshot
 from tests.support.gateway import committed, persisted
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 
@@ -128,7 +127,7 @@ class TestPlaygroundInChromium:
         playground_gateway,
         chromium,
         committed_users,
-        fake_model,  # noqa: F811
+        fake_model,
     ):
         fake_model.control(mode="normal", tokens=30, delay=0.03)
         page = open_playground(chromium, playground_gateway, committed_users)

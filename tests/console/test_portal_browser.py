@@ -1,7 +1,7 @@
 """The customer portal in real Chromium: an org admin creates a key and sees it once, calls the
 real API with it, sees the usage on the charts once the rollups run, and downloads an invoice.
 
-The API call goes through a real daphne gateway to a fake engine process (tests/fake_engine.py)
+The API call goes through a real daphne gateway to a fake engine process (tests/support/fake_engine.py)
 registered as the only replica of an embedding model of its own: metering, the usage stream,
 the persister and the rollups are the real ones, without starting vLLM on a shared machine.
 """
@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from tests.console.test_layout_walk import OVERFLOW_JS
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import log_in, screenshot
 from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.browser
 

@@ -23,8 +23,8 @@ from billing import invoicing
 from billing.models import Invoice, InvoiceLine, UsageRecord, UsageRollup
 from billing.rollups import rollups_rebuild
 from billing.services import invoice_draft, invoice_finalize
-from tests.billing.invoice_fixtures import chat_model, price, record
-from tests.billing.records import make_record
+from tests.support.invoices import chat_model, price, record
+from tests.support.usage_records import make_record
 
 pytestmark = pytest.mark.django_db
 

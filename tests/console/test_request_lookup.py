@@ -14,9 +14,9 @@ from django.utils import timezone
 from billing.models import FailedAttempt
 from registry.models import Model, ModelVersion
 from rollout.models import Canary
-from tests.billing.records import make_record
 from tests.console import test_portal
 from tests.console.test_portal import World, url
+from tests.support.usage_records import make_record
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.browser import log_in, screenshot
 from tests.support.gateway import committed
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine]
 

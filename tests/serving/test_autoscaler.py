@@ -29,7 +29,7 @@ from rollout.autoscaler import (
 from rollout.observations import engine_load, latency_p99, observe_deployment, peak_in_flight
 from rollout.tasks import autoscale_tick
 from serving.supervisor.host import Supervisor
-from tests.billing.records import make_record
+from tests.support.usage_records import make_record
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)
@@ -264,7 +264,7 @@ class TestScaleService:
 
 @pytest.fixture
 def supervisor(settings, tmp_path) -> Iterator[Supervisor]:
-    settings.WORKER_ENGINE_LAUNCHER = f"{sys.executable} -m tests.serving.busy_engine"
+    settings.WORKER_ENGINE_LAUNCHER = f"{sys.executable} -m tests.support.busy_engine"
     settings.WORKER_HEARTBEAT_SECONDS = 0.2
     settings.WORKER_DRAIN_TIMEOUT = 5
     sup = Supervisor(host=f"as-{uuid.uuid4().hex[:8]}", slots=["0", "1"], log_dir=tmp_path, report=lambda m: None)

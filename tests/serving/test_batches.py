@@ -15,7 +15,6 @@ import openai
 import orjson
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.batch_worker import (
     WORKER_ENV,
     inflight_of,
@@ -25,6 +24,7 @@ from tests.support.batch_worker import (
     wait_for,
 )
 from tests.support.gateway import FakeModel, committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

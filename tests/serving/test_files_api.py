@@ -11,7 +11,7 @@ import openai
 import orjson
 import pytest
 
-from tests.processes import Gateway, start_gateway
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """Usage records say why generation stopped (``finish_reason``), as the engine told the client.
 
-Through a real gateway and the fake engine (tests/fake_engine.py), whose JSON answers always
+Through a real gateway and the fake engine (tests/support/fake_engine.py), whose JSON answers always
 stop by ``length`` and whose streams end without a finishing chunk (no reason: recorded
 empty); ``stop`` from a real engine is in tests/serving/test_metering.py.
 """

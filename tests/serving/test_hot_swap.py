@@ -41,12 +41,12 @@ from rollout.hotswap import (
 )
 from serving.supervisor.engines import marked_engines
 from serving.supervisor.host import Supervisor
-from tests.processes import BASE_DIR, child_env
 from tests.support.gateway import committed, persisted, request_id_of
+from tests.support.processes import child_env, start_runworkers, stop_process
 
 pytestmark = pytest.mark.django_db
 
-BUSY_LAUNCHER = f"{sys.executable} -m tests.serving.busy_engine"
+BUSY_LAUNCHER = f"{sys.executable} -m tests.support.busy_engine"
 
 
 def fake_model(name: str, *, versions: tuple[str, ...] = ("1", "2"), replicas: int = 1) -> Deployment:
@@ -331,20 +331,14 @@ class Load:
 def runworkers(log_dir: Path, host: str, model: str, slots: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """``manage.py runworkers`` for one model's deployments only; its engines are killed afterwards."""
     log = open(log_dir / "runworkers.log", "wb")  # noqa: SIM115  closed below, after the process
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "runworkers", "--models", model],
-        cwd=BASE_DIR, env=child_env(WORKER_HOST=host, WORKER_SLOTS=slots, WORKER_LOG_DIR=str(log_dir), **env),
-        stdout=log, stderr=subprocess.STDOUT,
+    process = start_runworkers(
+        ["--models", model], env=child_env(WORKER_HOST=host, WORKER_SLOTS=slots, WORKER_LOG_DIR=str(log_dir), **env),
+        stdout=log,
     )  # fmt: skip
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, grace=60)
         log.close()
         for pid, _ in marked_engines(host, connection.settings_dict["NAME"]):
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -14,8 +14,8 @@ import sys
 import httpx
 import pytest
 
-from tests.processes import BASE_DIR
 from tests.support.gateway import persisted
+from tests.support.processes import BASE_DIR
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 

@@ -19,8 +19,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.processes import BASE_DIR, child_env, free_port
 from tests.support.gateway import committed, persisted, price_model
+from tests.support.processes import child_env, free_port, start_process, stop_process
 
 pytestmark = [pytest.mark.engine, pytest.mark.django_db]
 
@@ -176,9 +176,9 @@ def grpc_address(engines, tmp_path_factory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("grpc") / "rungrpc.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
+        process = start_process(
             [sys.executable, "manage.py", "rungrpc", "--port", str(port)],
-            cwd=BASE_DIR, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+            env=child_env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -193,11 +193,7 @@ def grpc_address(engines, tmp_path_factory) -> Iterator[str]:
             pytest.fail(f"rungrpc did not start:\n{log_path.read_text()}")
         time.sleep(0.3)
     yield address
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop_process(process)
 
 
 class TestOpenInferenceProtocolOverGrpc:

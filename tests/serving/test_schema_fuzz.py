@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

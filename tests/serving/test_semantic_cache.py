@@ -1,6 +1,6 @@
 """The semantic cache through real gateways, PostgreSQL + pgvector and Redis.
 
-Fake engines answer chat and embed text (tests/fake_engine.py: its embeddings are hashed
+Fake engines answer chat and embed text (tests/support/fake_engine.py: its embeddings are hashed
 bags of words, so texts sharing most words are very similar); the chat model uses the
 bundled SmolLM2's tokenizer, so prompts are counted exactly as the cache requires.
 """
@@ -20,8 +20,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import committed, persisted, price_model, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,6 @@ import httpx
 import orjson
 import pytest
 
-from tests.processes import Gateway
 from tests.support.gateway import (
     HELLO,
     FakeModel,
@@ -31,6 +30,7 @@ from tests.support.gateway import (
     register_fake_replica,
     start_fake_engine,
 )
+from tests.support.processes import Gateway
 
 pytestmark = pytest.mark.django_db
 

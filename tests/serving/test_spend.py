@@ -14,8 +14,8 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from tests.processes import start_gateway
 from tests.support.gateway import chat, committed, persisted, price_model
+from tests.support.processes import start_gateway
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,14 +33,14 @@ from registry.services import deployment_create, deployment_transition, host_lea
 from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines
 from serving.supervisor.host import Supervisor
 from serving.supervisor.lease import HostLeaseHeld
-from tests import processes
-from tests.processes import BASE_DIR, child_env, free_port, stop_leftover_supervisors
+from tests.support import processes
 from tests.support.gateway import committed
-from tests.tcp_proxy import TcpProxy
+from tests.support.processes import child_env, free_port
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
 
-FAKE_LAUNCHER = f"{sys.executable} -m tests.fake_engine"
+FAKE_LAUNCHER = f"{sys.executable} -m tests.support.fake_engine"
 
 
 @pytest.fixture
@@ -332,10 +331,7 @@ class TestDatabaseOutages:
         process: subprocess.Popen[bytes] | None = None
         try:
             with open(log_path, "wb") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "manage.py", "runworkers"], cwd=BASE_DIR, env=env, stdout=log,
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                process = processes.start_runworkers([], env=env, stdout=log)
             before = wait_for(replica, 60, "a ready replica")
             pid = before.pid
             proxy.cut()
@@ -366,13 +362,8 @@ class TestDatabaseOutages:
             assert text.count("database reachable again") == 1, text
         finally:
             proxy.restore()
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(5)
+            if process is not None:
+                processes.stop_process(process, grace=30)
             for pid, _ in marked_engines(host, database["NAME"]):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -414,10 +405,9 @@ class TestRowsAndStrays:
             env = dict(os.environ)
             env.update({HOST_MARKER: marked_host, DATABASE_MARKER: connection.settings_dict["NAME"],
                         REPLICA_MARKER: "999999"})  # fmt: skip
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=env,
-                start_new_session=True,
-            )  # fmt: skip
+            process = processes.start_process(
+                [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], env=env
+            )
 
             def up() -> bool:
                 try:
@@ -754,54 +744,3 @@ class TestOnePlatform:
             with pytest.raises(AlreadyRunning, match="is taken by another program"):
                 claim_platform(lock_path=tmp_path / "3.lock", host="127.0.0.1", port=taken.getsockname()[1],
                                worker_host=unique_host())  # fmt: skip
-
-
-class TestTestRunLeftovers:
-    def test_a_supervisor_started_by_a_test_run_ends_when_the_run_is_killed(self):
-        # A stand-in for a pytest run: it starts a program as start_runworkers does, then dies by SIGKILL.
-        run = subprocess.Popen(
-            [sys.executable, "-c", "import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
-             "'tests.parent_bound', str(os.getpid()), '/bin/sleep', '60']); print(p.pid, flush=True); time.sleep(60)"],
-            cwd=BASE_DIR, stdout=subprocess.PIPE,
-        )  # fmt: skip
-        child = int(run.stdout.readline())
-        try:
-            wait_for(lambda: Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"/bin/sleep"), 10, "the exec")
-            run.kill()
-            run.wait(5)
-            wait_for(lambda: processes.process_ended(child), 10, "the child ended with its test run")
-        finally:
-            run.kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-
-    def test_the_next_run_stops_what_an_earlier_killed_run_left(self):
-        session, other, database = (
-            f"s{uuid.uuid4().hex[:6]}",
-            f"o{uuid.uuid4().hex[:6]}",
-            f"test_{uuid.uuid4().hex[:8]}",
-        )
-
-        def start(test_session: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-            environment = {
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": "tests.settings",
-                "TEST_SESSION": test_session,
-                **env,
-            }
-            return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args], cwd=BASE_DIR,
-                                    env=environment, start_new_session=True)  # fmt: skip
-
-        supervisor = start(session, "runworkers")
-        engine = start(session, **{DATABASE_MARKER: database})
-        another_runs = start(other, "runworkers")
-        try:
-            stopped = stop_leftover_supervisors(session=session, database=database, timeout=5)
-            assert sorted(stopped) == sorted([supervisor.pid, engine.pid])
-            assert supervisor.wait(5) == -signal.SIGTERM  # asked to drain and give its host's lease up
-            assert engine.wait(5) == -signal.SIGKILL
-            assert another_runs.poll() is None
-        finally:
-            for process in (supervisor, engine, another_runs):
-                process.kill()
-                process.wait(5)

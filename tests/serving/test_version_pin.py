@@ -21,8 +21,8 @@ from serving.llm import call as orchestrator
 from serving.llm.call import CHAT, InferenceCall
 from serving.llm.tokens import PromptCount
 from serving.semcache.policy import scope_of
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 HELLO = [{"role": "user", "content": "hello"}]
 

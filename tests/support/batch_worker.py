@@ -3,7 +3,6 @@ openai SDK calls the batch tests make: wait for a batch, read its files, count i
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import openai
 import orjson
 
-from tests.processes import BASE_DIR, Gateway, child_env
+from tests.support.processes import Gateway, child_env, start_process, stop_process
 
 WORKER_ENV = {
     "BATCH_WORK_SECONDS": "3",
@@ -37,8 +36,8 @@ class BatchWorker:
                    "1", "--pool", "solo", "--loglevel", "WARNING", "--without-mingle", "--without-gossip",
                    "--hostname", f"batch-{uuid.uuid4().hex[:6]}@%h"]  # fmt: skip
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=BASE_DIR, env=child_env(**{**WORKER_ENV, **env}), stdout=log,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
+            self.process = start_process(command, env=child_env(**{**WORKER_ENV, **env}), stdout=log,
+                                         stderr=subprocess.STDOUT)  # fmt: skip
 
     def poke(self) -> None:
         from console.celery import app
@@ -46,9 +45,7 @@ class BatchWorker:
         app.send_task("serving.tasks.batch_work", expires=2)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
+        stop_process(self.process, grace=0)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -5,6 +5,7 @@ behind (its usage record, an engine's counters), and ``chat``, the request most 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,9 @@ import httpx
 import openai
 import pytest
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_runworkers
+from core import keys
+from core.redis import sync_redis
+from tests.support.processes import Gateway, child_env, free_port, start_process, start_runworkers, stop_process
 
 ENGINE_READY_TIMEOUT = 600
 
@@ -127,15 +130,11 @@ def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator
     try:
         ready = wait_for_ready_replicas(django_db_blocker, list(deployment_ids.values()), ENGINE_READY_TIMEOUT)
     except TimeoutError:
-        process.terminate()
+        stop_process(process, grace=60)
         logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
         pytest.fail(f"engines did not start:\n{logs}")
     yield Engines(process, log_dir, {name: ready[dep] for name, dep in deployment_ids.items()})
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(90)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop_process(process, grace=90)
     # Never leave an engine behind, even if runworkers died without draining.
     from registry.models import Replica
 
@@ -164,8 +163,8 @@ class FakeModel:
 
 def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_engine", "--port", str(port)], cwd=BASE_DIR, env=dict(os.environ)
+    process = start_process(
+        [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], env=dict(os.environ)
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -175,7 +174,7 @@ def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
                 return process, endpoint
         except httpx.HTTPError:
             time.sleep(0.1)
-    process.kill()
+    stop_process(process, grace=0)
     raise RuntimeError("fake engine did not start")
 
 
@@ -262,3 +261,42 @@ def chat(gateway: Gateway, key: Any, model: str, *, stream: bool = False, timeou
         json={"model": model, "messages": HELLO, "stream": stream, **body},
         headers={"Authorization": f"Bearer {secret}"},
     )  # fmt: skip
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition not reached") -> Any:
+    """``condition()``'s first true value, polled every 50 ms; an AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
+def in_flight_of(key_id: int) -> list[dict[str, str]]:
+    entries = [json.loads(raw) for raw in sync_redis().hvals(keys.inflight_requests())]
+    return [e for e in entries if e.get("api_key_id") == str(key_id)]
+
+
+def replica_in_flight(gateway, replica_id: int) -> float:
+    text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
+    prefix = f'inference_replica_in_flight{{replica="{replica_id}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@dataclass
+class CountedModel:
+    """A fake engine behind a model whose prompts the gateway counts exactly (SmolLM2's tokenizer)."""
+
+    name: str
+    endpoint: str
+
+    def control(self, **state: Any) -> None:
+        httpx.post(f"{self.endpoint}/_control", json=state, timeout=5).raise_for_status()
+
+    def requests(self) -> int:
+        return int(httpx.get(f"{self.endpoint}/_stats", timeout=5).json()["requests"])

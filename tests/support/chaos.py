@@ -1,8 +1,8 @@
-"""What the chaos tests (tests/serving/test_chaos.py) drive and watch: a Redis server of a
-test's own, a metering worker process, and a steady client load that records what every
-client saw.
+"""What the chaos tests (in tests/faults/: test_engine, test_store, test_process) drive and
+watch: a Redis server of a test's own, a metering worker process, a steady client load that
+records what every client saw, and the checks that every admitted request was metered once.
 
-``python -m tests.serving.chaos metering`` runs the metering worker: the usage persister,
+``python -m tests.support.chaos metering`` runs the metering worker: the usage persister,
 the failed-attempts persister and the lost-request sweeper in a loop (what Celery's
 metering queue runs every second), as a process of its own, so that it can be cut off from
 PostgreSQL or Redis like any other.
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,10 +28,13 @@ from typing import Any
 
 import httpx
 import redis
+from django.db import connection
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port
+from tests.support.gateway import committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, child_env, free_port, start_process, start_runworkers, stop_process
 
 # --- Redis of a test's own -------------------------------------------------------------------
 
@@ -56,7 +61,7 @@ class RedisServer:
         from core.embedded import _redis_bin
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
+        self.process = start_process(
             [
                 _redis_bin("redis-server"), "--bind", "127.0.0.1", "--port", str(self.port),
                 "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
@@ -79,11 +84,10 @@ class RedisServer:
         fsync every second matters only if the machine itself goes down)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process, grace=0)
 
     def refuse_writes(self) -> None:
         """Redis's own way of refusing every write for a while: NOREPLICAS (not enough replicas)."""
@@ -122,17 +126,14 @@ class MeteringWorker:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(5)
+        stop_process(self.process, grace=0)
 
 
 def start_metering(log_dir: Path, **env: str) -> MeteringWorker:
     log_path = log_dir / f"metering-{free_port()}.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.serving.chaos", "metering"],
-            cwd=BASE_DIR,
+        process = start_process(
+            [sys.executable, "-m", "tests.support.chaos", "metering"],
             env=child_env(**env),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -547,8 +548,142 @@ def summary(outcomes: list[Outcome]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# --- What the chaos tests share (tests/faults/) -----------------------------------------------
+
+REFUSAL_SECONDS = float(os.environ.get("CHAOS_REFUSAL_SECONDS", "8"))
+# Longer than the gateway's wait for a database connection (the pool's 10 s): an outage
+# shorter than that only slows the requests that must read the database down.
+PG_OUTAGE_SECONDS = 13.0
+FAKE_LAUNCHER = f"{sys.executable} -m tests.support.fake_engine"
+# What every gateway here is given: no semantic cache (every request goes to an engine).
+GATEWAY_ENV = {"SEMANTIC_CACHE_ENABLED": "false", "ROUTING_REFRESH_SECONDS": "0.2"}
+
+
+def control(endpoint: str, **state: Any) -> None:
+    httpx.post(f"{endpoint}/_control", json=state, timeout=5).raise_for_status()
+
+
+def engine_stats(endpoint: str) -> dict[str, Any]:
+    try:
+        return dict(httpx.get(f"{endpoint}/_stats", timeout=2).json())
+    except httpx.HTTPError:
+        return {}
+
+
+def fake_engines(django_db_blocker, count: int, **state: Any) -> tuple[str, list[str], list[subprocess.Popen[bytes]]]:
+    """``count`` fake engines as the ready replicas of one new model: (name, endpoints, processes)."""
+    from registry.models import Replica
+
+    started = [start_fake_engine() for _ in range(count)]
+    endpoints = [endpoint for _, endpoint in started]
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+
+    def register() -> None:
+        first = Replica.objects.get(pk=register_fake_replica(name, endpoints[0]))
+        for endpoint in endpoints[1:]:
+            Replica.objects.create(deployment=first.deployment, host="fake", endpoint=endpoint, state="ready",
+                                   last_heartbeat=timezone.now())  # fmt: skip
+
+    committed(django_db_blocker, register)
+    for endpoint in endpoints:
+        control(endpoint, **state)
+    return name, endpoints, [process for process, _ in started]
+
+
+def assert_clients_saw_only(outcomes: list[Outcome], allowed: dict[str, set[Any]]) -> None:
+    """Every outcome's verdict is allowed, and for refusals (and streams' errors) its status or code too."""
+    wrong = []
+    for o in outcomes:
+        refusal_allowed = o.status in allowed.get(REFUSED, ()) or o.code in allowed.get(REFUSED, ())
+        if o.verdict not in allowed or (o.verdict == REFUSED and not refusal_allowed):
+            wrong.append(o)
+    assert not wrong, f"{len(wrong)} unexpected answers, e.g. {wrong[:3]}; all: {summary(outcomes)}"
+
+
+def assert_metered_exactly_once(key_ids: list[int], outcomes: list[Outcome], since: Any, *, unseen: int = 0) -> Any:
+    """Every admitted request has one record that agrees with its client, and at most
+    ``unseen`` records are of requests whose client never learnt their id (its connection
+    was lost); the ledger, the records and the rollups agree; nothing is left in flight or parked."""
+    from core import keys
+    from core.redis import sync_redis
+
+    metering = wait_for_records(key_ids, outcomes)
+    assert not metering.missing, f"{len(metering.missing)} admitted requests have no record: {metering.missing[:3]}"
+    assert not metering.wrong, metering.wrong[:5]
+    assert len(metering.unexplained) <= unseen, [(str(r.request_id), r.status_code) for r in metering.unexplained]
+    for key_id in key_ids:
+        assert not left_in_flight(key_id), "requests left in flight"
+        assert sync_redis().zcard(keys.limit_scope("key", key_id) + ":conc") == 0, "concurrency places left taken"
+    assert sync_redis().xlen(keys.usage_dead_letters()) == 0, "usage events parked"
+    result = reconciled(key_ids, since)
+    assert result.ok, (result.stream_events, result.records, result.rollup_requests, result.details)
+    assert result.stream_events == result.records == result.rollup_requests == len(metering.records)
+    return metering
+
+
+def report(name: str, **figures: Any) -> None:
+    """One line per scenario in the test log: the figures docs/reliability.md quotes."""
+    print(f"\nCHAOS {name}: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in figures.items()))  # fmt: skip
+
+
+# --- An engine replica killed mid-answer ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def supervised_model(django_db_blocker, tmp_path, redis_url: str, replicas: int) -> Iterator[tuple[str, int, str]]:
+    """A model whose ``replicas`` fake engines ``manage.py runworkers`` runs (and restarts):
+    (name, deployment id, host). Everything is stopped and deleted afterwards."""
+    from registry.models import Deployment, Model, ModelVersion
+    from registry.services import deployment_create
+    from serving.supervisor.engines import marked_engines
+
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+    host = f"chaos-host-{uuid.uuid4().hex[:8]}"
+
+    def create() -> int:
+        model = Model.objects.create(name=name, task="chat")
+        version = ModelVersion.objects.create(
+            model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
+            artifact_size=1, config={"max_seq_len": 1024},
+        )  # fmt: skip
+        return deployment_create(version=version, replicas=replicas, max_replicas=replicas).pk
+
+    deployment_id = committed(django_db_blocker, create)
+    env = child_env(
+        TEST_REDIS_URL=redis_url, WORKER_HOST=host, WORKER_SLOTS=",".join(str(i) for i in range(replicas)),
+        WORKER_LOG_DIR=str(tmp_path), WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER, WORKER_HEARTBEAT_SECONDS="0.5",
+        WORKER_DRAIN_TIMEOUT="5", WORKER_MAX_BACKOFF="1",
+    )  # fmt: skip
+    with open(tmp_path / "runworkers.log", "wb") as log:
+        process = start_runworkers(["--models", name], env=env, stdout=log)
+    try:
+        yield name, deployment_id, host
+        assert process.poll() is None, "runworkers died"
+    finally:
+        stop_process(process, grace=30)
+        for pid, _ in marked_engines(host, connection.settings_dict["NAME"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+        def drop() -> None:
+            Deployment.objects.filter(pk=deployment_id).delete()
+            ModelVersion.objects.filter(model__name=name).delete()
+            Model.objects.filter(name=name).delete()
+
+        committed(django_db_blocker, drop)
+
+
+def ready_replicas(django_db_blocker, deployment_id: int) -> list[Any]:
+    from registry.models import Replica
+
+    return committed(
+        django_db_blocker, lambda: list(Replica.objects.filter(deployment_id=deployment_id, state="ready"))
+    )
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["metering"]:
         run_metering()
     else:
-        sys.exit("usage: python -m tests.serving.chaos metering")
+        sys.exit("usage: python -m tests.support.chaos metering")

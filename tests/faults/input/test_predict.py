@@ -6,7 +6,7 @@ worker never hears of it, nothing is metered for it and nothing lands in the res
 
 Each test ends with ``assert_nothing_ran``: a good prediction sent last reaches the worker,
 is metered and fills the cache, so the check can see a request that ran; the refused ones
-must show in none of them. (The LLM surfaces' cases are tests/serving/test_bad_input.py.)
+must show in none of them. (The LLM surfaces' cases are tests/faults/input/test_openai.py.)
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.processes import BASE_DIR, Gateway, child_env, free_port, start_gateway
 from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica
+from tests.support.processes import Gateway, child_env, free_port, start_gateway, start_process
 
 pytestmark = pytest.mark.django_db
 
@@ -145,9 +145,9 @@ def servers(models, tmp_path_factory) -> Iterator[Servers]:
     port = free_port()
     log_path = folder / "rungrpc.log"
     with open(log_path, "wb") as log:
-        rungrpc = subprocess.Popen(
+        rungrpc = start_process(
             [sys.executable, "manage.py", "rungrpc", "--port", str(port)],
-            cwd=BASE_DIR, env=child_env(**SETTINGS), stdout=log, stderr=subprocess.STDOUT,
+            env=child_env(**SETTINGS), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         gateway = start_gateway(folder, **SETTINGS)

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica, start_fake_engine
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 
@@ -280,7 +280,7 @@ class TestMaxTokens:
 
 
 class TestHugeStrings:
-    """Within the 4 MiB body limit (a larger body is a 413 before it is read: test_hardening)."""
+    """Within the 4 MiB body limit (a larger body is a 413 before it is read: tests/faults/test_client.py)."""
 
     def test_a_prompt_far_beyond_the_context(self, client):
         content = "lorem ipsum dolor sit amet " * (int(3.5 * MIB) // 27)

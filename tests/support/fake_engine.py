@@ -21,7 +21,7 @@ Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1
 needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
 endpoints stay open. ``GET /_env`` lists the names (never the values) of its environment.
 
-Run it as ``python -m tests.fake_engine --port N``; it counts requests at /_stats, with the
+Run it as ``python -m tests.support.fake_engine --port N``; it counts requests at /_stats, with the
 requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
 stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer.
 """

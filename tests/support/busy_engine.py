@@ -1,11 +1,11 @@
-"""The fake engine (tests/fake_engine.py) with vLLM's load gauges on /metrics.
+"""The fake engine (tests/support/fake_engine.py) with vLLM's load gauges on /metrics.
 
 ``vllm:num_requests_running`` is the number of /v1 requests it is answering (a stream
 counts until its last chunk), so a supervisor's drain waits for in-flight streams as it
 does with vLLM; ``vllm:num_requests_waiting`` is whatever ``POST /_control {"waiting": N}``
 set (0 at first), so the autoscaler sees a queue.
 
-Run as ``python -m tests.serving.busy_engine --port N`` (a supervisor's
+Run as ``python -m tests.support.busy_engine --port N`` (a supervisor's
 WORKER_ENGINE_LAUNCHER); ``--fake-tokens`` and ``--fake-delay`` set how long streams are
 from the start (through ENGINE_EXTRA_ARGS: a supervisor's engines all start the same way).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import threading
 
-from tests import fake_engine
+from tests.support import fake_engine
 
 _lock = threading.Lock()
 _answering = 0

@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import ApiKeyFixture
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

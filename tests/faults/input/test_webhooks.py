@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.gateway import ApiKeyFixture, committed, register_fake_replica
+from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 

@@ -1,10 +1,13 @@
-"""Real engines and gateways for the data-plane tests.
+"""The fixtures the data-plane and fault tests share, a pytest plugin (``pytest_plugins`` in
+tests/conftest.py), so that each session fixture starts once whichever folders run:
 
-- ``engines``: ``manage.py runworkers`` as a subprocess on the test database, serving
-  the bundled SmolLM2 and MiniLM with real vLLM; started once per session (~1 min).
-- ``gateway``: a real daphne process in front of them.
-- ``fake_model``: a fake engine process (tests/fake_engine.py) registered as the only
+- ``api_key``, ``make_api_key``: keys of new organisations, committed for gateways to see.
+- ``gateway``: a real gateway process in front of the session's real engines (``engines``).
+- ``spawn_gateway``: extra gateways for one test; ``fault_gateway``: one with short time
+  limits, for the fake engines.
+- ``fake_model``: a fake engine process (tests/support/fake_engine.py) registered as the only
   ready replica of a model of its own, for fault injection.
+- ``worker_factory``: real batch workers (``celery worker -Q batch``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from tests.processes import Gateway, start_gateway
 from tests.support.batch_worker import BatchWorker
 from tests.support.gateway import (
     ApiKeyFixture,
@@ -24,6 +26,7 @@ from tests.support.gateway import (
     register_fake_replica,
     start_fake_engine,
 )
+from tests.support.processes import Gateway, start_gateway, stop_process
 
 
 @pytest.fixture
@@ -83,8 +86,7 @@ def fake_model(django_db_setup, django_db_blocker) -> Iterator[FakeModel]:
     name = f"fake-{uuid.uuid4().hex[:8]}"
     replica_id = committed(django_db_blocker, lambda: register_fake_replica(name, endpoint))
     yield FakeModel(name, endpoint, process, replica_id)
-    process.kill()
-    process.wait(5)
+    stop_process(process, grace=0)
 
 
 @pytest.fixture(scope="session")
