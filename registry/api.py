@@ -16,7 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.exceptions import APIException, NotFound, ValidationError
@@ -37,7 +37,9 @@ from registry.services import (
     model_version_create,
     replica_restart_request,
     traffic_set,
+    upstream_version_create,
 )
+from registry.upstreams import UPSTREAM_FRAMEWORK, is_upstream_framework
 
 
 class Conflict(APIException):
@@ -71,18 +73,43 @@ class DeploymentSummarySerializer(serializers.ModelSerializer[Deployment]):
         read_only_fields = fields
 
 
+class UpstreamSerializer(serializers.Serializer[Any]):
+    """An external upstream, as registered (``registry.upstreams``); its key is never shown."""
+
+    url = serializers.CharField(
+        max_length=1024, help_text="the OpenAI-compatible server's base URL, e.g. http://h:8000"
+    )
+    model = serializers.CharField(
+        source="served_model", max_length=255, help_text="the name the upstream serves the model under"
+    )
+    api_key = serializers.CharField(
+        max_length=4096, write_only=True, required=False, default="", allow_blank=True, trim_whitespace=False,
+        help_text="the upstream's API key, stored encrypted; never returned",
+    )  # fmt: skip
+    has_api_key = serializers.SerializerMethodField(help_text="whether a key is stored")
+
+    def get_has_api_key(self, upstream: Any) -> bool:
+        return bool(getattr(upstream, "api_key_sealed", ""))
+
+
 class ModelVersionSerializer(serializers.ModelSerializer[ModelVersion]):
     name = serializers.CharField(source="model.name", read_only=True, help_text="the public model name")
     gpu_requirements = GpuRequirementsSerializer(source="*", read_only=True)
     deployments = DeploymentSummarySerializer(many=True, read_only=True)
+    upstream = serializers.SerializerMethodField(help_text="where an external version is served; null otherwise")
 
     class Meta:
         model = ModelVersion
         fields = [
             "id", "name", "version", "framework", "artifact_uri", "artifact_sha256", "artifact_size",
-            "gpu_requirements", "config", "status", "created_at", "deployments",
+            "gpu_requirements", "config", "status", "created_at", "deployments", "upstream",
         ]  # fmt: skip
         read_only_fields = fields
+
+    @extend_schema_field(UpstreamSerializer(allow_null=True))
+    def get_upstream(self, version: ModelVersion) -> dict[str, Any] | None:
+        upstream = getattr(version, "upstream", None)
+        return UpstreamSerializer(upstream).data if upstream is not None else None
 
 
 class RegistryModelSerializer(serializers.ModelSerializer[Model]):
@@ -97,13 +124,42 @@ class RegistryModelSerializer(serializers.ModelSerializer[Model]):
 class ModelVersionRegisterSerializer(serializers.Serializer[Any]):
     name = serializers.SlugField(max_length=255, help_text="the public model name (created if new)")
     version = serializers.CharField(max_length=50)
-    framework = serializers.CharField(max_length=50, help_text="e.g. transformers, pytorch")
-    artifact_uri = serializers.CharField(max_length=1024, help_text="an artifact already in the store")
+    framework = serializers.CharField(
+        max_length=50, help_text="e.g. transformers, pytorch; openai-upstream for a server the platform does not run"
+    )
+    artifact_uri = serializers.CharField(
+        max_length=1024, required=False, help_text="an artifact already in the store (not for openai-upstream)"
+    )
+    upstream = UpstreamSerializer(required=False, help_text="for openai-upstream only: where it is served")
     gpu_requirements = GpuRequirementsSerializer(required=False)
     config = serializers.DictField(required=False, default=dict, help_text="e.g. max_seq_len, vocab_size")
     task = serializers.ChoiceField(
         choices=Task.choices, required=False, help_text="a new model's task (default chat); must match an existing one"
     )
+
+    def to_internal_value(self, data: Any) -> Any:
+        """The fields' own checks, and which of artifact_uri and upstream the framework takes,
+        all named in one 400."""
+        errors: dict[str, Any] = {}
+        value = None
+        try:
+            value = super().to_internal_value(data)
+        except ValidationError as exc:
+            errors = dict(exc.detail) if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        if isinstance(data, Mapping):
+            framework = data.get("framework")
+            external = isinstance(framework, str) and is_upstream_framework(framework)
+            if external and data.get("upstream") is None:
+                errors.setdefault("upstream", [f"An {UPSTREAM_FRAMEWORK} version says where it is served."])
+            if external and "artifact_uri" in data:
+                errors.setdefault("artifact_uri", [f"An {UPSTREAM_FRAMEWORK} version has no artifact."])
+            if not external and "upstream" in data:
+                errors.setdefault("upstream", [f"Only an {UPSTREAM_FRAMEWORK} version has an upstream."])
+            if not external and "artifact_uri" not in data:
+                errors.setdefault("artifact_uri", ["This field is required."])
+        if errors:
+            raise ValidationError(errors)
+        return value
 
 
 class ReplicaSerializer(serializers.ModelSerializer[Replica]):
@@ -205,16 +261,24 @@ def model_collection(request: Request) -> Response:
     body.is_valid(raise_exception=True)
     data = body.validated_data
     try:
-        version, created = model_version_create(
-            actor=request.user,
-            name=data["name"],
-            version=data["version"],
-            framework=data["framework"],
-            artifact_uri=data["artifact_uri"],
-            config=data["config"],
-            task=data.get("task"),
-            **data.get("gpu_requirements", {}),
-        )
+        if is_upstream_framework(data["framework"]):
+            upstream = data["upstream"]
+            version, created = upstream_version_create(
+                actor=request.user, name=data["name"], version=data["version"], url=upstream["url"],
+                served_model=upstream["served_model"], api_key=upstream["api_key"], config=data["config"],
+                task=data.get("task"),
+            )  # fmt: skip
+        else:
+            version, created = model_version_create(
+                actor=request.user,
+                name=data["name"],
+                version=data["version"],
+                framework=data["framework"],
+                artifact_uri=data["artifact_uri"],
+                config=data["config"],
+                task=data.get("task"),
+                **data.get("gpu_requirements", {}),
+            )
     except InvalidInput as exc:
         raise refused(exc) from exc
     except VersionConflict as exc:

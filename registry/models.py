@@ -143,6 +143,26 @@ class Replica(models.Model):
         return f"{self.deployment.version} @ {self.host} ({self.state})"
 
 
+class Upstream(models.Model):
+    """Where a version of the external engine kind is served: an OpenAI-compatible server the
+    platform does not run (a vLLM or SGLang server, a router or gateway in front of several).
+
+    Its replicas have no process: the supervisor that claims one probes ``url`` and marks it
+    ready (``serving.gateway.engine_kinds.EXTERNAL``); gateways send it this key instead of a
+    replica key, and ``served_model`` as the request's ``model``. The key is kept encrypted
+    (``registry.upstreams``): the table alone never gives it away.
+    """
+
+    version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE, related_name="upstream")
+    url = models.URLField(max_length=512, help_text="the server's base URL, without /v1")
+    served_model = models.CharField(max_length=255, help_text="the name the upstream serves the model under")
+    api_key_sealed = models.TextField(blank=True, help_text="the upstream's API key, encrypted (empty: none)")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.version} -> {self.url} ({self.served_model})"
+
+
 class HostLease(models.Model):
     """A host's engine supervisor holds this while it runs: one supervisor per host name.
 

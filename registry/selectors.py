@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.db.models import Prefetch, QuerySet
 from django.db.models.functions import Now
 
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
+from registry.upstreams import SealBroken, UpstreamTarget, unseal
+
+logger = logging.getLogger(__name__)
 
 
 def model_list_with_versions() -> QuerySet[Model]:
@@ -21,6 +26,26 @@ def serving_deployments() -> QuerySet[Deployment]:
         .select_related("version__model")
         .order_by("id")
     )
+
+
+def upstream_targets(*, version_ids: list[int]) -> dict[int, UpstreamTarget]:
+    """The upstream of each external version among ``version_ids``, by version id, keys unsealed.
+    A version whose key this SECRET_KEY cannot open is left out (and logged): never called
+    with a wrong key."""
+    targets = {}
+    for upstream in Upstream.objects.filter(version_id__in=version_ids):
+        try:
+            api_key = unseal(upstream.api_key_sealed)
+        except SealBroken as exc:
+            logger.error("upstream of version %s: %s", upstream.version_id, exc)
+            continue
+        targets[upstream.version_id] = UpstreamTarget(upstream.url, upstream.served_model, api_key)
+    return targets
+
+
+def upstream_of(*, version: ModelVersion) -> Upstream | None:
+    """An external version's upstream row (its key still sealed); None for any other version."""
+    return Upstream.objects.filter(version=version).first()
 
 
 def ready_replicas(*, deployment_ids: list[int]) -> QuerySet[Replica]:
@@ -60,8 +85,10 @@ def host_lease_held(*, host: str) -> HostLease | None:
 
 def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:
     """Models (or the one named) with their versions, newest first, and each version's deployments."""
-    versions = ModelVersion.objects.order_by("-created_at", "-id").prefetch_related(
-        Prefetch("deployments", queryset=Deployment.objects.order_by("id"))
+    versions = (
+        ModelVersion.objects.select_related("upstream")
+        .order_by("-created_at", "-id")
+        .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.order_by("id")))
     )
     models = Model.objects.prefetch_related(Prefetch("versions", queryset=versions)).order_by("name")
     return models.filter(name=name) if name is not None else models

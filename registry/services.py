@@ -19,8 +19,17 @@ from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
 from registry.artifacts import get_artifact_store
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Task
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Task, Upstream
 from registry.signatures import is_predict_framework, predict_config
+from registry.upstreams import (
+    UPSTREAM_FRAMEWORK,
+    SealBroken,
+    clean_api_key,
+    clean_served_model,
+    clean_url,
+    seal,
+    unseal,
+)
 
 
 @dataclass(frozen=True)
@@ -176,18 +185,7 @@ def model_version_create(
     }
     try:
         with transaction.atomic():
-            model, model_created = Model.objects.get_or_create(name=name, defaults={"task": task or Task.CHAT})
-            if model_created:
-                audit_record(
-                    actor=actor,
-                    action="model.create",
-                    target_type="model",
-                    target=model.name,
-                    before=None,
-                    after={"name": model.name, "task": model.task},
-                )
-            elif task is not None and task != model.task:
-                raise InvalidInput("task", f"{name} is a {model.task} model.")
+            model = _model_for_version(actor=actor, name=name, task=task)
             existing = ModelVersion.objects.filter(model=model, version=version).first()
             if existing is None:
                 created = ModelVersion.objects.create(model=model, version=version, **values)
@@ -207,6 +205,18 @@ def model_version_create(
     if differing:
         raise VersionConflict(existing, differing)
     return existing, False
+
+
+def _model_for_version(*, actor: Actor, name: str, task: str | None) -> Model:
+    """The model a version is registered under: created (and audited) if new, with ``task``
+    (default chat); an existing one of another ``task`` is refused."""
+    model, created = Model.objects.get_or_create(name=name, defaults={"task": task or Task.CHAT})
+    if created:
+        audit_record(actor=actor, action="model.create", target_type="model", target=model.name,
+                     before=None, after={"name": model.name, "task": model.task})  # fmt: skip
+    elif task is not None and task != model.task:
+        raise InvalidInput("task", f"{name} is a {model.task} model.")
+    return model
 
 
 def model_version_create_from_upload(
@@ -245,6 +255,91 @@ def model_version_create_from_upload(
         actor=actor, name=name, version=version, framework=framework, artifact_uri=stored.uri, config=config, task=task
     )
     return created
+
+
+def upstream_version_create(
+    *,
+    actor: Actor,
+    name: str,
+    version: str,
+    url: str,
+    served_model: str,
+    api_key: str = "",
+    config: dict[str, Any],
+    task: str | None = None,
+) -> tuple[ModelVersion, bool]:
+    """Register ``name``:``version`` as served by an external OpenAI-compatible server
+    (``registry.upstreams``): no artifact, but the server's base URL, the name it serves the
+    model under and its API key (stored sealed). True when created.
+
+    A new model gets ``task`` (default chat); a classification model is never external (small
+    models run in the platform's own workers). Registering again with the same URL, name and
+    key returns the existing version (False); with others it raises ``VersionConflict``:
+    an upstream that moves is a new version, as a changed artifact is (a rotated key is not:
+    ``upstream_key_set``).
+    """
+    url, served_model, api_key = clean_url(url), clean_served_model(served_model), clean_api_key(api_key)
+    if task is not None and task not in Task.values:
+        raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    if task == Task.CLASSIFICATION:
+        raise InvalidInput("task", "A classification model runs in the platform's own workers, never upstream.")
+    try:
+        with transaction.atomic():
+            model = _model_for_version(actor=actor, name=name, task=task)
+            if model.task == Task.CLASSIFICATION:
+                raise InvalidInput("name", f"{name} is a classification model: it runs in the platform's own workers.")
+            existing = ModelVersion.objects.filter(model=model, version=version).select_related("model").first()
+            if existing is None:
+                created = ModelVersion.objects.create(
+                    model=model, version=version, framework=UPSTREAM_FRAMEWORK, artifact_uri="", artifact_sha256="",
+                    artifact_size=0, config=config,
+                )  # fmt: skip
+                Upstream.objects.create(
+                    version=created, url=url, served_model=served_model, api_key_sealed=seal(api_key)
+                )
+                audit_record(
+                    actor=actor, action="model_version.register", target_type="model_version", target=str(created),
+                    before=None,
+                    after={**_version_snapshot(created), "upstream": _upstream_snapshot(url, served_model, api_key)},
+                )  # fmt: skip
+                return created, True
+    except IntegrityError:  # a concurrent registration of the same version committed first
+        existing = ModelVersion.objects.select_related("model").get(model__name=name, version=version)
+    upstream = Upstream.objects.filter(version=existing).first()
+    differing = [] if upstream is not None else ["framework"]
+    if upstream is not None:
+        differing += [f for f, a, b in (("upstream.url", upstream.url, url),
+                                         ("upstream.model", upstream.served_model, served_model),
+                                         ("config", existing.config, config)) if a != b]  # fmt: skip
+        try:
+            if unseal(upstream.api_key_sealed) != api_key:
+                differing.append("upstream.api_key")
+        except SealBroken:
+            differing.append("upstream.api_key")
+    if differing:
+        raise VersionConflict(existing, differing)
+    return existing, False
+
+
+def upstream_key_set(*, actor: Actor, version: ModelVersion, api_key: str) -> Upstream:
+    """Replace an external version's API key (a rotation: the same upstream, so the same version).
+    Gateways and supervisors use the new key from their next routing snapshot, announced now."""
+    api_key = clean_api_key(api_key)
+    with transaction.atomic():
+        upstream = Upstream.objects.select_for_update().filter(version=version).first()
+        if upstream is None:
+            raise InvalidInput("version", f"{version} is not served by an external upstream.")
+        upstream.api_key_sealed = seal(api_key)
+        upstream.save(update_fields=["api_key_sealed"])
+        audit_record(actor=actor, action="upstream.key_set", target_type="model_version", target=str(version),
+                     before=None, after={"api_key": "set" if api_key else "none"})  # fmt: skip
+        publish_routing_change("upstream")
+    return upstream
+
+
+def _upstream_snapshot(url: str, served_model: str, api_key: str) -> dict[str, str]:
+    """What the audit log keeps of an upstream: never the key, only whether there is one."""
+    return {"url": url, "model": served_model, "api_key": "set" if api_key else "none"}
 
 
 def replica_heartbeats(*, replica_ids: list[int]) -> int:
@@ -342,8 +437,9 @@ def replica_surplus(*, deployment: Deployment) -> int:
     return max(0, holding - desired_replicas(deployment))
 
 
-def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int) -> Replica:
-    """The engine answers /health: route to it, and mark its version and deployment live."""
+def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int | None) -> Replica:
+    """The engine answers /health: route to it, and mark its version and deployment live.
+    ``pid`` is None for a replica with no process of ours (an external upstream)."""
     with transaction.atomic():
         replica_transition(
             replica=replica, state=Replica.State.READY, endpoint=endpoint, pid=pid, last_heartbeat=timezone.now()

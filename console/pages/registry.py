@@ -42,6 +42,7 @@ from registry.selectors import (
     model_version_with_replicas,
     model_versions_listed,
     replica_load_seconds,
+    upstream_of,
 )
 from registry.services import (
     SYSTEM_ACTOR_NAMES,
@@ -134,6 +135,7 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
     context = {
         **_small_model_context(found, [row.replica for rows in replicas.values() for row in rows]),
         "version": found,
+        "upstream": upstream_of(version=found),
         "now": now,
         "try_url": _try_url(found, now),
         "config": _pretty_json(found.config),

@@ -1,9 +1,11 @@
 """The engine client: pooled async HTTP to vLLM replicas, retries before the first byte,
 timeouts, and engine errors mapped to OpenAI errors.
 
-Each replica requires its own key (``registry.replica_keys``); a replica that breaks a
-request (5xx, a dropped or garbled connection) counts a failure on its circuit, one that
-answers (2xx, 4xx) a success, and a replica whose circuit does not ``allow`` it is skipped.
+Each replica requires its own key (``registry.replica_keys``); an external upstream's replica
+gets the upstream's key instead, and the upstream's name for the model
+(``ReplicaRoute.upstream``). A replica that breaks a request (5xx, a dropped or garbled
+connection) counts a failure on its circuit, one that answers (2xx, 4xx) a success, and a
+replica whose circuit does not ``allow`` it is skipped.
 """
 
 from __future__ import annotations
@@ -177,11 +179,17 @@ class EngineStream:
 
 
 async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any] | RawBody) -> aiohttp.ClientResponse:
-    authorization = f"Bearer {replica_api_key(replica.id)}"
+    upstream = replica.upstream
+    if upstream is None:
+        authorization: dict[str, str] = {"authorization": f"Bearer {replica_api_key(replica.id)}"}
+    else:  # an external upstream: its own key, its own name for the model, no vLLM scheduling hint
+        authorization = upstream.headers()
+        if isinstance(payload, dict):
+            payload = {**{k: v for k, v in payload.items() if k != "priority"}, "model": upstream.served_model}
     if isinstance(payload, RawBody):
-        data, headers = payload.content, {**payload.headers, "authorization": authorization}
+        data, headers = payload.content, {**payload.headers, **authorization}
     else:
-        data, headers = orjson.dumps(payload), {"content-type": "application/json", "authorization": authorization}
+        data, headers = orjson.dumps(payload), {"content-type": "application/json", **authorization}
     return await engine_session().post(
         replica.endpoint.rstrip("/") + path, data=data, headers=headers, allow_redirects=False
     )

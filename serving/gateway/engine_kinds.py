@@ -5,7 +5,10 @@ how that replica is watched: the path of its health probe and the metrics whose 
 is busy (a draining replica stops once they are zero). The supervisor starts and watches
 replicas through their kind (``serving.supervisor``); the first kind in ``KINDS`` that serves
 a version's framework is its kind. Today: the platform's own predict workers (small models:
-ONNX, TorchScript) and vLLM's OpenAI server (every other framework).
+ONNX, TorchScript), external upstreams (``openai-upstream``: an OpenAI-compatible server the
+platform does not run, ``registry.upstreams``) and vLLM's OpenAI server (every other framework).
+
+Adding a kind: docs/architecture.md, "Adding an engine kind".
 """
 
 from __future__ import annotations
@@ -21,20 +24,45 @@ from django.conf import settings
 from registry.artifacts import get_artifact_store
 from registry.models import Deployment
 from registry.signatures import is_predict_framework
-from serving.gateway.routing import served_context_length
+from registry.upstreams import is_upstream_framework
 
 
 @dataclass(frozen=True)
 class EngineKind:
     name: str
     serves: Callable[[str], bool]  # a version's framework -> whether this kind serves it
-    command: Callable[[Deployment, int], list[str]]  # (deployment, port) -> argv of one replica
+    # (deployment, port) -> argv of one replica; None: no process of ours (an external upstream)
+    command: Callable[[Deployment, int], list[str]] | None
     busy_metrics: tuple[str, ...]  # Prometheus series whose sum is the requests in flight
     # In its command line: a pid an earlier supervisor recorded is one of ours to kill only
-    # when its command line has it (a reused pid is a stranger's).
+    # when its command line has it (a reused pid is a stranger's). Empty: no process.
     process_mark: bytes
     health_path: str = "/health"  # 200 when the replica serves
     metrics_path: str = "/metrics"
+    # What a replica takes of its host's slots: "own" (a slot no other such replica holds),
+    # "shared" (a slot shared with up to WORKER_PREDICT_PER_SLOT - 1 others), "none".
+    slot_use: str = "own"
+    # Its context is the version's max_seq_len at most ENGINE_MAX_MODEL_LEN (the platform
+    # starts it so); False: the declared one (another's server).
+    capped_context: bool = True
+
+    @property
+    def runs_process(self) -> bool:
+        return self.command is not None
+
+    def context_length(self, config: dict[str, object]) -> int:
+        return served_context_length(config, capped=self.capped_context)
+
+
+def served_context_length(config: dict[str, object], *, capped: bool = True) -> int:
+    """The context a replica of this version is started with (``_vllm_command``), and routed by:
+    its ``max_seq_len``, at most ENGINE_MAX_MODEL_LEN. An external upstream's (``capped``
+    False) is its declared one: the platform does not start it."""
+    declared = config.get("max_seq_len")
+    limit = settings.ENGINE_MAX_MODEL_LEN
+    if not (isinstance(declared, int | str) and str(declared).isdigit()):
+        return limit
+    return min(int(declared), limit) if capped else int(declared)
 
 
 def _predict_command(deployment: Deployment, port: int) -> list[str]:
@@ -92,15 +120,28 @@ PREDICT = EngineKind(
     command=_predict_command,
     busy_metrics=("predict:num_requests_running", "predict:num_requests_waiting"),
     process_mark=b"serving.predict.worker",
+    slot_use="shared",
+)
+EXTERNAL = EngineKind(
+    name="external",
+    serves=is_upstream_framework,
+    command=None,
+    busy_metrics=(),  # another's server: its load is not only ours, and drains nothing of ours
+    process_mark=b"",
+    # The OpenAI API's own listing (an upstream need not have /health): 200 with the model in it.
+    health_path="/v1/models",
+    metrics_path="",
+    slot_use="none",
+    capped_context=False,
 )
 VLLM = EngineKind(
     name="vllm",
-    serves=lambda framework: not is_predict_framework(framework),
+    serves=lambda framework: not is_predict_framework(framework) and not is_upstream_framework(framework),
     command=_vllm_command,
     busy_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
     process_mark=b"--served-model-name",
 )
-KINDS: tuple[EngineKind, ...] = (PREDICT, VLLM)
+KINDS: tuple[EngineKind, ...] = (PREDICT, EXTERNAL, VLLM)
 
 
 def kind_of(framework: str) -> EngineKind:

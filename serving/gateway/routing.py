@@ -39,9 +39,11 @@ from core.errors import InvalidInput
 from core.lifecycle import Worker, unobserved
 from core.redis import async_redis
 from registry.artifacts import get_artifact_store
-from registry.selectors import ready_replicas, serving_deployments
-from registry.signatures import Signature, is_predict_framework
+from registry.selectors import ready_replicas, serving_deployments, upstream_targets
+from registry.signatures import Signature
+from registry.upstreams import UpstreamTarget
 from serving.gateway import metrics
+from serving.gateway.engine_kinds import EXTERNAL, PREDICT, kind_of
 from serving.gateway.errors import EngineUnavailable, ModelNotFound
 from serving.gateway.models import CachePolicy, ShadowPolicy
 
@@ -102,6 +104,9 @@ class ReplicaRoute:
     id: int
     endpoint: str
     heartbeat_at: float  # unix time
+    # An external upstream's replica: the key it takes instead of a replica key, and the name
+    # it serves the model under (serving.gateway.engine sends both). None: the platform's own.
+    upstream: UpstreamTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -160,10 +165,17 @@ def _epoch(value: datetime | None) -> float:
 def load_routing_table() -> RoutingTable:
     """Read the registry into a snapshot (sync: runs in a thread)."""
     deployments = list(serving_deployments())
+    external = {d.id: d.version_id for d in deployments if kind_of(d.version.framework) is EXTERNAL}
+    targets = upstream_targets(version_ids=list(external.values())) if external else {}
     replicas_by_deployment: dict[int, list[ReplicaRoute]] = defaultdict(list)
     for replica in ready_replicas(deployment_ids=[d.id for d in deployments]):
+        upstream = targets.get(external[replica.deployment_id]) if replica.deployment_id in external else None
+        if replica.deployment_id in external and upstream is None:
+            continue  # its key cannot be read (logged): never called with another key
         replicas_by_deployment[replica.deployment_id].append(
-            ReplicaRoute(id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat))
+            ReplicaRoute(
+                id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat), upstream=upstream
+            )
         )
     model_ids = {d.version.model_id for d in deployments}
     policies = {p.model_id: p for p in CachePolicy.objects.filter(model_id__in=model_ids)}
@@ -189,7 +201,7 @@ def load_routing_table() -> RoutingTable:
                 version=version.version,
                 deployment_id=deployment.id,
                 weight=deployment.traffic_weight,
-                max_model_len=served_context_length(version.config),
+                max_model_len=kind_of(version.framework).context_length(version.config),
                 artifact_uri=version.artifact_uri,
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
                 tokenizer_dir=_tokenizer_dir(version.artifact_uri),
@@ -215,7 +227,7 @@ def load_routing_table() -> RoutingTable:
 
 
 def _predict_fields(framework: str, config: dict[str, Any]) -> dict[str, Any]:
-    if not is_predict_framework(framework):
+    if kind_of(framework) is not PREDICT:
         return {}
     try:
         signature = Signature.from_json(config.get("signature"))
@@ -245,13 +257,6 @@ def _tokenizer_dir(artifact_uri: str) -> str | None:
         return str(store.local_path(artifact_uri)) if store.exists(artifact_uri) else None
     except ValueError:
         return None
-
-
-def served_context_length(config: dict[str, object]) -> int:
-    """The context a replica of this version is started with (see serving.supervisor.host)."""
-    declared = config.get("max_seq_len")
-    limit = settings.ENGINE_MAX_MODEL_LEN
-    return min(int(declared), limit) if isinstance(declared, int | str) and str(declared).isdigit() else limit
 
 
 # A circuit whose probes keep failing rests at most this many times CIRCUIT_OPEN_SECONDS.

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from django.db import connections
 
 from registry.models import Replica
 from registry.replica_keys import replica_api_key
-from serving.gateway.engine_kinds import PREDICT, VLLM, EngineKind
+from registry.upstreams import UpstreamTarget
+from serving.gateway.engine_kinds import VLLM, EngineKind
 
 # Every engine process carries these in its environment, so a supervisor finds the engines
 # of its host in /proc without the database: one that crashed between starting an engine
@@ -94,14 +96,15 @@ class EngineProcess:
     probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
     # Draining for a restart asked for: once the process has exited it is started again.
     restart_requested: bool = False
-
-    @property
-    def predict(self) -> bool:
-        """A predict worker (``serving.predict.worker``): it shares its slot with others."""
-        return self.kind is PREDICT
+    # A kind with no process (an external upstream): where it is, and whether this supervisor
+    # holds it now (from its start until it is stopped or failed: what "alive" means for it).
+    upstream: UpstreamTarget | None = None
+    attached: bool = False
 
     @property
     def endpoint(self) -> str:
+        if self.upstream is not None:
+            return self.upstream.url
         return f"http://{settings.WORKER_ENGINE_HOST}:{self.port}"
 
     @property
@@ -109,7 +112,25 @@ class EngineProcess:
         return self.popen.pid if self.popen is not None else None
 
     def alive(self) -> bool:
+        if not self.kind.runs_process:
+            return self.attached
         return self.popen is not None and self.popen.poll() is None
+
+    def starting(self) -> None:
+        """Started now (a process spawned, or an upstream attached): health-checked from here."""
+        self.phase = "starting"
+        self.started_at = time.monotonic()
+        self.failed_checks = 0
+        self.restart_requested = False
+        self.kill_sent = False
+        self.probe = None
+        self.want, self.recorded = Replica.State.STARTING, False
+
+    def end(self, sig: int) -> None:
+        """Signal the engine's process group (``signal_group``); a replica with no process is
+        let go at once, whatever the signal."""
+        self.attached = False
+        signal_group(self.pid, sig)
 
 
 def database_name() -> str:
@@ -169,17 +190,31 @@ def signal_group(pid: int | None, sig: int) -> None:
             os.killpg(pid, sig)
 
 
-def healthy(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:
+def healthy(http: httpx.Client, endpoint: str, kind: EngineKind, upstream: UpstreamTarget | None = None) -> bool:
     """The replica answers its health probe. Runs in a probe thread: touches neither the
-    engine's state nor the database."""
+    engine's state nor the database. An external upstream is asked with its key, and is
+    healthy only when its model list has the model it serves for us (a wrong key, URL or
+    name never looks ready)."""
     try:
-        return http.get(f"{endpoint}{kind.health_path}").status_code == 200
+        response = http.get(f"{endpoint}{kind.health_path}", headers=upstream.headers() if upstream else None)
     except httpx.HTTPError:
+        return False
+    if response.status_code != 200:
+        return False
+    if upstream is None:
+        return True
+    try:
+        listed = response.json().get("data")
+        return any(isinstance(m, dict) and m.get("id") == upstream.served_model for m in listed)
+    except (ValueError, AttributeError, TypeError):
         return False
 
 
 def idle(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:
-    """No request running or waiting in the replica (from its own metrics). Runs in a probe thread."""
+    """No request running or waiting in the replica (from its own metrics). Runs in a probe thread.
+    A kind without busy metrics (an external upstream) is idle at once: stopping it stops nothing."""
+    if not kind.busy_metrics:
+        return True
     try:
         text = http.get(f"{endpoint}{kind.metrics_path}").text
     except httpx.HTTPError:
@@ -190,3 +225,21 @@ def idle(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:
             with contextlib.suppress(ValueError):
                 busy += float(line.rsplit(" ", 1)[-1])
     return busy == 0
+
+
+def row_route(current: str, target: str) -> list[str] | None:
+    """The states a row passes through from ``current`` to ``target`` (legal moves only).
+
+    Through ``failed`` where no direct move exists (ready → stopped, ready → starting), or
+    through ``starting`` (failed → ready, when an engine restarted and became ready while
+    the database was away). None: no such route.
+    """
+    if current == target:
+        return []
+    moves = Replica.TRANSITIONS
+    if target in moves.get(current, frozenset()):
+        return [target]
+    for via in (Replica.State.FAILED, Replica.State.STARTING):
+        if via in moves.get(current, frozenset()) and target in moves.get(via, frozenset()):
+            return [via, target]
+    return None

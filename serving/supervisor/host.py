@@ -2,7 +2,9 @@
 
 It keeps this host's share of every serving deployment running as engine processes (by the
 version's engine kind: vLLM's OpenAI server, the predict worker), one per replica, each pinned
-to a slot (a CPU core, or a GPU):
+to a slot (a CPU core, or a GPU). A replica of a kind with no process (an external upstream)
+takes no slot: it is attached to its upstream's URL and probed, heart-beaten, failed and
+stopped like the others, with nothing to start or kill.
 
 - claims a replica when a deployment wants more and a slot is free, starts the engine,
   waits for /health, then marks the replica ready with its endpoint;
@@ -65,6 +67,7 @@ from registry.selectors import (
     replica_states,
     replicas_restart_requested,
     serving_deployments,
+    upstream_targets,
 )
 from registry.services import (
     host_lease_release,
@@ -78,7 +81,7 @@ from registry.services import (
     replica_transition,
 )
 from rollout.hotswap import swap_step
-from serving.gateway.engine_kinds import KINDS, PREDICT, kind_of
+from serving.gateway.engine_kinds import KINDS, EngineKind, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
 from serving.supervisor.engines import (
     EngineProcess,
@@ -88,6 +91,7 @@ from serving.supervisor.engines import (
     healthy,
     idle,
     marked_engines,
+    row_route,
     signal_group,
 )
 from serving.supervisor.lease import (
@@ -219,7 +223,9 @@ class Supervisor(LeaseKeeping):
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue  # gone already
-            if any(kind.process_mark in cmdline for kind in KINDS):  # ours: never a reused pid's stranger
+            if any(
+                kind.process_mark and kind.process_mark in cmdline for kind in KINDS
+            ):  # ours: never a reused pid's stranger
                 signal_group(pid, signal.SIGKILL)
                 self.report(f"killed engine pid {pid} left by an earlier supervisor")
 
@@ -358,7 +364,7 @@ class Supervisor(LeaseKeeping):
             self._lose_row(engine, "its replica row was deleted")
             return
         target = engine.want
-        route = _route(replica.state, target)
+        route = row_route(replica.state, target)
         if route is None:
             logger.warning("replica %s: no move from %s to %s; left as is", replica.pk, replica.state, target)
             route = []
@@ -371,7 +377,7 @@ class Supervisor(LeaseKeeping):
                 # Set before the write: one move may commit and the next fail.
                 self._routing_changed = self._routing_changed or state != Replica.State.STARTING
                 if state == Replica.State.READY:
-                    assert engine.pid is not None
+                    assert engine.pid is not None or not engine.kind.runs_process
                     with transaction.atomic():
                         replica_mark_ready(replica=replica, endpoint=engine.endpoint, pid=engine.pid)
                         replica_record_load_time(replica=replica, seconds=engine.load_seconds, host=self.host)
@@ -447,17 +453,20 @@ class Supervisor(LeaseKeeping):
             if not serving or replica_surplus(deployment=deployment) > 0:
                 self._set_stopped(engine)
                 continue
-            self._spawn(engine, deployment)
+            self._start(engine, deployment)
 
-    def _free_slots(self, *, predict: bool = False) -> list[str]:
-        """Slots a new engine may take: a vLLM engine needs one no other vLLM engine holds;
-        a predict worker shares a slot with up to WORKER_PREDICT_PER_SLOT - 1 others (and
-        with a vLLM engine), least shared first."""
-        engines = list(self.engines.values())
-        if not predict:
-            used = {e.slot for e in engines if not e.predict}
+    def _free_slots(self, kind: EngineKind) -> list[str]:
+        """Slots a new replica of ``kind`` may take (``EngineKind.slot_use``): a vLLM engine needs
+        one no other vLLM engine holds; a predict worker shares a slot with up to
+        WORKER_PREDICT_PER_SLOT - 1 others (and with a vLLM engine), least shared first; an
+        external upstream takes none (its one "slot" is the empty name)."""
+        if kind.slot_use == "none":
+            return [""]
+        engines = [e for e in self.engines.values() if e.kind.slot_use == kind.slot_use]
+        if kind.slot_use == "own":
+            used = {e.slot for e in engines}
             return [slot for slot in self.slots if slot not in used]
-        sharing = {slot: sum(1 for e in engines if e.predict and e.slot == slot) for slot in self.slots}
+        sharing = {slot: sum(1 for e in engines if e.slot == slot) for slot in self.slots}
         open_slots = [slot for slot in self.slots if sharing[slot] < settings.WORKER_PREDICT_PER_SLOT]
         return sorted(open_slots, key=lambda slot: sharing[slot])
 
@@ -478,7 +487,7 @@ class Supervisor(LeaseKeeping):
                     self._begin_drain(max(mine, key=lambda e: e.replica_id))
                     continue
                 kind = kind_of(deployment.version.framework)
-                free = self._free_slots(predict=kind is PREDICT)
+                free = self._free_slots(kind)
                 if not free:
                     continue
                 replica = replica_claim(deployment=deployment, host=self.host)
@@ -494,14 +503,28 @@ class Supervisor(LeaseKeeping):
                     kind=kind,
                 )
                 self.engines[replica.id] = engine
-                self._spawn(engine, deployment)
+                self._start(engine, deployment)
+
+    def _start(self, engine: EngineProcess, deployment: Deployment) -> None:
+        """Start the replica: its engine's process, or for a kind with none (an external
+        upstream) attach it to its upstream, read here (URL, served name, key)."""
+        if engine.kind.runs_process:
+            self._spawn(engine, deployment)
+            return
+        engine.upstream = upstream_targets(version_ids=[deployment.version_id]).get(deployment.version_id)
+        if engine.upstream is None:
+            self._fail(engine, "its version has no upstream, or the upstream's API key cannot be decrypted")
+            return
+        engine.attached = True
+        engine.starting()
+        self.report(f"replica {engine.replica_id} ({deployment.version}) attached to its upstream at {engine.endpoint}")
 
     # --- one engine's process (no database below this line) ---------------------------
 
     def _spawn(self, engine: EngineProcess, deployment: Deployment) -> None:
         engine.port = free_port(settings.WORKER_ENGINE_HOST)
         engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
-        command = engine.kind.command(deployment, engine.port)
+        command = engine.kind.command(deployment, engine.port)  # type: ignore[misc]  # _start: it has one
         env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
         try:
             with open(engine.log_path, "ab") as log:
@@ -514,13 +537,7 @@ class Supervisor(LeaseKeeping):
             engine.popen = None
             self._fail(engine, f"could not start: {exc}")
             return
-        engine.phase = "starting"
-        engine.started_at = time.monotonic()
-        engine.failed_checks = 0
-        engine.restart_requested = False
-        engine.kill_sent = False
-        engine.probe = None
-        engine.want, engine.recorded = Replica.State.STARTING, False
+        engine.starting()
         self.report(
             f"replica {engine.replica_id} ({deployment.version}) starting on slot {engine.slot}, "
             f"port {engine.port}, pid {engine.pid}"
@@ -591,8 +608,11 @@ class Supervisor(LeaseKeeping):
                 self._start_probe(engine, "idle")
 
     def _start_probe(self, engine: EngineProcess, kind: str) -> None:
-        check = healthy if kind == "health" else idle
-        engine.probe = (kind, self._probes.submit(check, self._http, engine.endpoint, engine.kind))
+        if kind == "health":
+            probe = self._probes.submit(healthy, self._http, engine.endpoint, engine.kind, engine.upstream)
+        else:
+            probe = self._probes.submit(idle, self._http, engine.endpoint, engine.kind)
+        engine.probe = (kind, probe)
 
     def _probe_result(self, engine: EngineProcess, kind: str) -> bool | None:
         """The answer of the engine's finished probe of this kind; None while none has finished."""
@@ -627,18 +647,18 @@ class Supervisor(LeaseKeeping):
         engine.phase = "stopping"
         engine.probe = None
         if engine.alive():
-            signal_group(engine.pid, signal.SIGTERM)
+            engine.end(signal.SIGTERM)
             engine.term_deadline = time.monotonic() + self.stop_grace
 
     def _kill(self, engine: EngineProcess) -> None:
         """SIGKILL, without waiting: a later pass sees the exit."""
         if engine.alive():
-            signal_group(engine.pid, signal.SIGKILL)
+            engine.end(signal.SIGKILL)
             engine.kill_sent = True
 
     def _set_stopped(self, engine: EngineProcess) -> None:
         """The engine's process is gone for good; its row is recorded stopped next."""
-        signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.end(signal.SIGKILL)  # whatever of its group outlived the leader
         engine.phase = "stopped"
         engine.probe = None
         if engine.row_gone:
@@ -650,7 +670,7 @@ class Supervisor(LeaseKeeping):
     def _restart_when_stopped(self, engine: EngineProcess) -> None:
         """A restart asked for: the engine has exited (drained, or not); ``_restart_due`` starts
         it again at once, as it restarts a failed one, without the backoff."""
-        signal_group(engine.pid, signal.SIGKILL)  # whatever of its group outlived the leader
+        engine.end(signal.SIGKILL)  # whatever of its group outlived the leader
         engine.phase = "backoff"
         engine.probe = None
         engine.restart_at = time.monotonic()
@@ -667,7 +687,7 @@ class Supervisor(LeaseKeeping):
             self._set_stopped(engine)
 
     def _fail(self, engine: EngineProcess, reason: str) -> None:
-        signal_group(engine.pid, signal.SIGKILL)
+        engine.end(signal.SIGKILL)
         engine.probe = None
         engine.want, engine.recorded = Replica.State.FAILED, False
         delay = min(settings.WORKER_MAX_BACKOFF, 2.0**engine.restarts)
@@ -675,23 +695,6 @@ class Supervisor(LeaseKeeping):
         engine.phase = "backoff"
         engine.restart_at = time.monotonic() + delay
         self.report(
-            f"replica {engine.replica_id} failed ({reason}); restarting in {delay:.0f} s (log: {engine.log_path})"
+            f"replica {engine.replica_id} failed ({reason}); restarting in {delay:.0f} s"
+            + (f" (log: {engine.log_path})" if engine.log_path else "")
         )
-
-
-def _route(current: str, target: str) -> list[str] | None:
-    """The states a row passes through from ``current`` to ``target`` (legal moves only).
-
-    Through ``failed`` where no direct move exists (ready → stopped, ready → starting), or
-    through ``starting`` (failed → ready, when an engine restarted and became ready while
-    the database was away). None: no such route.
-    """
-    if current == target:
-        return []
-    moves = Replica.TRANSITIONS
-    if target in moves.get(current, frozenset()):
-        return [target]
-    for via in (Replica.State.FAILED, Replica.State.STARTING):
-        if via in moves.get(current, frozenset()) and target in moves.get(via, frozenset()):
-            return [via, target]
-    return None

@@ -25,7 +25,13 @@ from registry import artifacts
 from registry.artifacts import directory_digest
 from registry.bundled import BUNDLED_MODELS
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
-from registry.services import audit_record, deployment_create, model_version_create, replica_record_load_time
+from registry.services import (
+    audit_record,
+    deployment_create,
+    model_version_create,
+    replica_record_load_time,
+    upstream_version_create,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -159,6 +165,17 @@ class TestVersionDetail:
         assert "12.3 s" in row
         stale_row = html.split(f'data-replica="{stale.pk}"', 1)[1].split("</tr>", 1)[0]
         assert "heartbeat 300 s ago" in stale_row or "heartbeat 30" in stale_row
+
+    def test_an_external_version_shows_its_upstream_and_never_its_key(self, admin_browser, admin):
+        upstream_version_create(actor=admin, name="ext", version="1", url="http://10.0.0.9:8000",
+                                served_model="org/big-model", api_key="sk-never-shown", config={})  # fmt: skip
+        html = admin_browser.get("/console/models/ext/1/").content.decode()
+        facts = html.split("data-upstream", 1)[1].split("</dl>", 1)[0]
+        assert "http://10.0.0.9:8000" in facts
+        assert "org/big-model" in facts
+        assert "stored, encrypted" in facts
+        assert "sk-never-shown" not in html
+        assert "data-checksum" not in html  # no artifact to show
 
     def test_an_unknown_version_is_404(self, admin_browser):
         assert admin_browser.get("/console/models/nope/1/").status_code == 404

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from serving.gateway.engine_kinds import EXTERNAL, VLLM, served_context_length
 from serving.gateway.routing import (
     CircuitBreaker,
     ModelRoute,
     ReplicaRoute,
     Router,
     VersionRoute,
-    served_context_length,
 )
 
 
@@ -293,3 +293,12 @@ class TestStaleness:
 def test_served_context_length(settings, config, limit, expected):
     settings.ENGINE_MAX_MODEL_LEN = limit
     assert served_context_length(config) == expected
+
+
+def test_an_external_upstream_keeps_its_declared_context(settings):
+    """The platform starts its own engines at most ENGINE_MAX_MODEL_LEN long; another's server
+    serves what it was started with, declared at registration."""
+    settings.ENGINE_MAX_MODEL_LEN = 2048
+    assert VLLM.context_length({"max_seq_len": 131072}) == 2048
+    assert EXTERNAL.context_length({"max_seq_len": 131072}) == 131072
+    assert EXTERNAL.context_length({}) == 2048

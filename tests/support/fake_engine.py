@@ -21,6 +21,9 @@ Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1
 needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
 endpoints stay open. ``GET /_env`` lists the names (never the values) of its environment.
 
+``GET /v1/models`` lists the one model it serves (``--served-model-name``, default ``fake``),
+and /_stats the ``model`` each /v1 request asked for, in order.
+
 Run it as ``python -m tests.support.fake_engine --port N``; it counts requests at /_stats, with the
 requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
 stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer.
@@ -44,13 +47,15 @@ from typing import Any
 
 STATE: dict[str, Any] = {
     "mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": [], "health": "ok",
-    "ignore_sigterm": False, "fail_rate": 0.0, "latency": 0.0,
+    "ignore_sigterm": False, "fail_rate": 0.0, "latency": 0.0, "models": [],
 }  # fmt: skip
 LOCK = threading.Lock()
 # Draws for fail_rate; ``seed`` in /_control reseeds it.
 RNG = random.Random()
 # Kept out of STATE, which /_control echoes to anyone.
 API_KEYS: list[str] = []
+# The name it serves its model under (``--served-model-name``), listed at /v1/models.
+SERVED: list[str] = ["fake"]
 # Requests being answered now, by "<stream|json>:<user>" (see /_stats).
 ACTIVE: dict[str, int] = {}
 
@@ -95,12 +100,18 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        elif self.path == "/v1/models":
+            # Like vLLM: the served model name (``--served-model-name``), the model path otherwise.
+            # Unhealthy (``health`` error) it answers 503 here too; ``hang`` hangs only /health.
+            listed = {"object": "list", "data": [{"id": SERVED[0], "object": "model", "owned_by": "fake"}]}
+            self._json(503 if STATE["health"] == "error" else 200, listed)
         elif self.path == "/_env":
             self._json(200, {"names": sorted(os.environ)})
         elif self.path == "/_stats":
             with LOCK:
                 active = {tag: n for tag, n in ACTIVE.items() if n}
-                self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "active": active})
+                self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "models": STATE["models"],
+                                 "active": active})  # fmt: skip
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -119,6 +130,7 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             STATE["requests"] += 1
             STATE["paths"].append(self.path)
+            STATE["models"].append(body.get("model"))
             mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
             fail = RNG.random() < float(STATE["fail_rate"])
             latency = float(STATE["latency"])
@@ -255,6 +267,7 @@ def main() -> None:
     args, _unknown = parser.parse_known_args()
     # vLLM's precedence: --api-key wins over VLLM_API_KEY.
     API_KEYS.extend(key for key in args.api_key or [os.environ.get("VLLM_API_KEY", "")] if key)
+    SERVED[0] = args.served_model_name or args.model or SERVED[0]
     signal.signal(signal.SIGTERM, _on_sigterm)
     serve(args.port, args.host).serve_forever()
 

@@ -161,10 +161,11 @@ class FakeModel:
         return int(httpx.get(f"{self.endpoint}/_stats", timeout=5).json()["requests"])
 
 
-def start_fake_engine() -> tuple[subprocess.Popen[bytes], str]:
+def start_fake_engine(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A fake engine process and its URL; ``args``: more of its command line (``--api-key K``)."""
     port = free_port()
     process = start_process(
-        [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port)], env=dict(os.environ)
+        [sys.executable, "-m", "tests.support.fake_engine", "--port", str(port), *args], env=dict(os.environ)
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
