@@ -26,8 +26,8 @@ urlpatterns = [
     # Management paths under /api/v1/ that the data plane does not claim (serving.gateway.asgi.DATA_PLANE_PREFIXES).
     path("api/v1/", include("registry.urls")),
     path("api/v1/", include("rollout.urls")),
-    path("api/v1/", include("serving.shadow.management_api")),
-    path("api/cache/", include("serving.semcache.management_api")),
+    path("api/v1/", include("serving.shadow.api")),
+    path("api/cache/", include("serving.semcache.api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
