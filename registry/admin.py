@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
 
 
 class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
@@ -45,6 +45,23 @@ class ReplicaAdmin(admin.ModelAdmin[Replica]):
     list_display = ("deployment", "host", "endpoint", "pid", "state", "last_heartbeat")
     list_filter = ("state", "host")
     readonly_fields = ("state", "pid", "last_heartbeat", "created_at")
+
+
+@admin.register(Upstream)
+class UpstreamAdmin(admin.ModelAdmin[Upstream]):
+    """Read-only, and never the key: an upstream is registered through the management API
+    (``registry.services.upstream_version_create``), its key rotated by ``upstream_key_set``."""
+
+    list_display = ("version", "url", "served_model", "created_at")
+    search_fields = ("version__model__name", "url", "served_model")
+    fields = ("version", "url", "served_model", "created_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Upstream | None = None) -> bool:
+        return False
 
 
 @admin.register(AuditEntry)

@@ -170,6 +170,14 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+def caught(pid: int) -> str:
+    """The process's caught-signals mask (``SigCgt`` in /proc/PID/status), hex."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return line.split()[1]
+    return "0"
+
+
 class TestTestRunLeftovers:
     def test_a_supervisor_started_by_a_test_run_ends_when_the_run_is_killed(self):
         # A stand-in for a pytest run: it starts a program as start_runworkers does, then dies by SIGKILL.
@@ -220,6 +228,34 @@ class TestTestRunLeftovers:
             for pid in group:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def test_the_reaper_ends_a_group_whose_line_came_just_before_the_runs_end(self):
+        """The run's death signal can reach its reaper before the reaper has read the run's last
+        lines (a busy machine): those groups are still in the pipe and are ended all the same.
+        Made certain here: the reaper is stopped, the line written, the signal sent, then it goes on."""
+        from tests.support.parent_bound import start_time
+
+        victim = subprocess.Popen(["/bin/sleep", "60"], start_new_session=True)
+        reaper = subprocess.Popen(
+            [sys.executable, processes.PARENT_BOUND, "--reaper", str(os.getpid())], stdin=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            # SIGTERM (bit 14 of SigCgt) caught: the reaper is in its loop.
+            wait_for(lambda: int(caught(reaper.pid), 16) & (1 << (signal.SIGTERM - 1)), 20, "the reaper's handler")
+            os.kill(reaper.pid, signal.SIGSTOP)
+            assert reaper.stdin is not None
+            reaper.stdin.write(f"+{victim.pid} 0.5 {start_time(victim.pid)}\n")
+            reaper.stdin.flush()
+            os.kill(reaper.pid, signal.SIGTERM)
+            os.kill(reaper.pid, signal.SIGCONT)
+            assert victim.wait(15) == -signal.SIGTERM
+            assert reaper.wait(15) == 0
+        finally:
+            victim.kill()
+            reaper.kill()
+            victim.wait(5)
+            reaper.wait(5)
 
     def test_the_next_run_stops_what_an_earlier_killed_run_left(self):
         session, other, database = (

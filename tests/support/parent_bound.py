@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
 import time
@@ -92,21 +93,42 @@ def reap(parent: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, ended)
     groups: dict[int, tuple[float, str]] = {}
+    pending = b""
+
+    def read(until: float | None) -> None:
+        """Take the lines on stdin until its end (the run's write end closed), or ``until``
+        (monotonic time; None: no limit). Raw reads: nothing is left in a buffer unseen."""
+        nonlocal pending
+        fd = sys.stdin.fileno()
+        while True:
+            wait = None if until is None else max(0.0, until - time.monotonic())
+            if not select.select([fd], [], [], wait)[0]:
+                return
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.startswith(b"+"):
+                    pgid, grace, started = line[1:].decode().split()
+                    groups[int(pgid)] = (float(grace), started)
+                elif line.startswith(b"-"):
+                    groups.pop(int(line[1:]), None)
+
     try:
         # A run that ended before this reaper got going (a slow start on a busy machine) has
         # still written its lines: they wait in the pipe, whose end is then the end of them.
         with contextlib.suppress(SystemExit):
             bind_to_parent(parent)
-        for line in sys.stdin:
-            if line.startswith("+"):
-                pgid, grace, started = line[1:].split()
-                groups[int(pgid)] = (float(grace), started)
-            elif line.startswith("-"):
-                groups.pop(int(line[1:]), None)
+        read(until=None)
     except RunEnded:
         pass
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    # The run's death signal can come before its last lines were read: they are still in the
+    # pipe. Read them too (a second at most, should a child of the run still hold its end).
+    with contextlib.suppress(OSError, ValueError):
+        read(until=time.monotonic() + 1.0)
     end_groups(groups)
 
 
