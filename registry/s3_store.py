@@ -236,8 +236,12 @@ class S3ArtifactStore(ArtifactStore):
 
     def exists(self, uri: str) -> bool:
         """A stored file, or a directory artifact (with or without a manifest: ``digest`` says
-        why one without cannot be used)."""
+        why one without cannot be used). One in this host's cache is there without asking: the
+        gateway asks for every version on each routing refresh, and keeps serving while the
+        store is down."""
         bucket, key = self._parse(uri)
+        if (self.cache_root / _entry_name(bucket, key) / RECORD).exists():
+            return True
         with self._talking(uri):
             if self._head(bucket, f"{key}/{MANIFEST}") is not None or self._head(bucket, key) is not None:
                 return True
@@ -289,28 +293,33 @@ class S3ArtifactStore(ArtifactStore):
     def local_path(self, uri: str) -> Path:
         """The artifact's folder in this host's cache, downloaded and checked on first use.
 
-        One process downloads while the others asking for the same artifact wait on the
-        entry's lock file (exclusive ``flock``), then find it there. The caller's process keeps
-        a shared lock on the entry until ``release(uri)``, so it is never evicted under it.
+        Each entry has two lock files. Its use lock is held shared by every process using it,
+        from here until ``release(uri)`` (or the process's end), and taken exclusive, without
+        waiting, only to evict it: an entry in use is never evicted. Its fetch lock is held
+        exclusive by the one process downloading it; the others asking for it wait there,
+        then find it in place.
         """
         bucket, key = self._parse(uri)
         name = _entry_name(bucket, key)
         entry = self.cache_root / name
         with self._entry_lock(name):  # this process's threads, one at a time per entry
-            while True:
-                handle = self._held.get(name) or self._open_lock(name)
-                fcntl.flock(handle, fcntl.LOCK_SH)
+            if name not in self._held:
+                handle = self._open_lock(name, "use")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_SH)  # waits only for an eviction under way
+                except BaseException:
+                    handle.close()
+                    raise
                 self._held[name] = handle
-                if (entry / RECORD).exists():
-                    break
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                if not (entry / RECORD).exists():
-                    try:
-                        self._fetch(uri, bucket, key, name)
-                    except BaseException:
-                        self._let_go(name)
-                        raise
-                # Back to shared, which is no atomic change: an eviction may slip in, so look again.
+            if not (entry / RECORD).exists():
+                try:
+                    with self._open_lock(name, "fetch") as fetching:
+                        fcntl.flock(fetching, fcntl.LOCK_EX)
+                        if not (entry / RECORD).exists():
+                            self._fetch(uri, bucket, key, name)
+                except BaseException:
+                    self._let_go(name)
+                    raise
             now = time.time_ns()
             (entry / USED).touch()
             os.utime(entry / USED, ns=(now, now))
@@ -330,14 +339,15 @@ class S3ArtifactStore(ArtifactStore):
         with self._entry_locks_guard:
             return self._entry_locks.setdefault(name, threading.Lock())
 
-    def _open_lock(self, name: str) -> IO[bytes]:
+    def _open_lock(self, name: str, kind: str) -> IO[bytes]:
         # Lock files stay when entries go: a lock on a deleted file would guard nothing.
         locks = self.cache_root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
-        return open(locks / f"{name}.lock", "ab")
+        return open(locks / f"{name}.{kind}", "ab")
 
     def _fetch(self, uri: str, bucket: str, key: str, name: str) -> None:
-        """Download, check and rename into place. Call with the entry's lock held exclusive."""
+        """Download, check and rename into place. Call holding the entry's use lock (shared) and
+        its fetch lock (exclusive)."""
         with self._talking(uri):
             manifest = self._manifest(bucket, key)
         if manifest is None:
@@ -416,7 +426,7 @@ class S3ArtifactStore(ArtifactStore):
 
     def _evict(self, name: str) -> bool:
         """Remove the entry unless some process holds its lock; True when removed."""
-        with self._open_lock(name) as handle:
+        with self._open_lock(name, "use") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -330,6 +330,15 @@ print(json.dumps({{"path": str(store.local_path({stored.uri!r})), "gets": len(ge
                 call(uri)
         assert cache_entries(tmp_path / "cache") == []
 
+    def test_a_cached_artifact_is_served_while_the_store_is_down(self, make_store, bucket, tmp_path):
+        stored = make_store().put_directory(source=make_artifact(tmp_path, "gpt-tiny"), key="gpt-tiny/v1")
+        path = make_store().local_path(stored.uri)
+        down = S3ArtifactStore(**options(f"http://127.0.0.1:{free_port()}", bucket, tmp_path / "cache", max_attempts=1))
+        assert down.exists(stored.uri)
+        assert down.local_path(stored.uri) == path
+        with pytest.raises(ArtifactUnavailable, match="cannot be reached"):  # one not cached is asked for
+            down.exists(f"s3://{bucket}/gpt-tiny/v2")
+
     def test_the_least_recently_used_is_evicted_to_make_room(self, make_store, tmp_path):
         store = make_store(cache_max_bytes=2500)  # room for two ~1 kB artifacts
         uris = {
