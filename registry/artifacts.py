@@ -22,6 +22,17 @@ from django.utils.module_loading import import_string
 _CHUNK = 1 << 20
 
 
+class ArtifactUnavailable(ValueError):
+    """The artifact cannot be had: its store is unreachable or refuses us, or what came back
+    differs from what was recorded. A ValueError, so callers that refuse an unusable artifact
+    (``registry.services._artifact_digest``: a 400 naming ``artifact_uri``) refuse this too; the
+    message says what failed and what to check."""
+
+
+class ArtifactChecksumMismatch(ArtifactUnavailable):
+    """A downloaded artifact's files differ from the digest recorded when it was stored."""
+
+
 @dataclass(frozen=True)
 class StoredArtifact:
     uri: str
@@ -64,6 +75,13 @@ def _make_readable(root: Path) -> None:
 
 class ArtifactStore(ABC):
     scheme: str
+
+    def uri_for(self, key: str) -> str:
+        """The URI that ``put_directory``/``put_file`` give the artifact stored as ``key``."""
+        return f"{self.scheme}://{key}"
+
+    def release(self, uri: str) -> None:  # noqa: B027 (optional: only a caching store has work to do)
+        """This process no longer uses ``local_path(uri)``: a cache may evict it (no-op here)."""
 
     @abstractmethod
     def put_directory(self, *, source: Path, key: str) -> StoredArtifact:

@@ -245,8 +245,8 @@ def model_version_create_from_upload(
         raise InvalidInput("task", f"{name} is a {existing_model.task} model.")
     store = get_artifact_store()
     key = f"{name}/{version}"
-    if ModelVersion.objects.filter(artifact_uri=f"{store.scheme}://{key}").exists():
-        raise InvalidInput("version", f"{store.scheme}://{key} belongs to another version already.")
+    if ModelVersion.objects.filter(artifact_uri=store.uri_for(key)).exists():
+        raise InvalidInput("version", f"{store.uri_for(key)} belongs to another version already.")
     try:
         stored = store.put_directory(source=source, key=key)
     except ValueError as exc:  # an empty folder, or a key the store refuses
