@@ -5,6 +5,7 @@ checked before use, least recently used evicted unless in use) and the errors.""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,18 @@ from registry.services import model_version_create_from_upload
 from tests.support.processes import BASE_DIR, free_port, start_process, stop_process
 
 CREDENTIALS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
+
+
+_closed: list[socket.socket] = []
+
+
+def closed_endpoint() -> str:
+    """An address nothing answers at, for the whole run: a port bound and never listened on
+    (a free port found and let go could be taken by another test's server meanwhile)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _closed.append(sock)  # kept open (bound) until the run ends
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +242,7 @@ class TestRegistration:
     def test_an_unreachable_store_is_a_400_saying_so(self, ml, settings, bucket, tmp_path):
         settings.ARTIFACT_STORE = {
             "BACKEND": "registry.s3_store.S3ArtifactStore",
-            "OPTIONS": options(f"http://127.0.0.1:{free_port()}", bucket, tmp_path / "cache", max_attempts=1),
+            "OPTIONS": options(closed_endpoint(), bucket, tmp_path / "cache", max_attempts=1),
         }
         artifacts.get_artifact_store.cache_clear()
         try:
@@ -238,7 +251,7 @@ class TestRegistration:
             artifacts.get_artifact_store.cache_clear()
         assert response.status_code == 400
         assert "cannot be reached" in response.json()["artifact_uri"][0]
-        assert not ModelVersion.objects.exists()
+        assert not ModelVersion.objects.filter(model__name="gpt-tiny").exists()
 
 
 class TestCache:
@@ -321,9 +334,7 @@ print(json.dumps({{"path": str(store.local_path({stored.uri!r})), "gets": len(ge
         assert cache_entries(tmp_path / "cache") == []
 
     def test_an_unreachable_store_is_a_clear_error(self, tmp_path, bucket):
-        store = S3ArtifactStore(
-            **options(f"http://127.0.0.1:{free_port()}", bucket, tmp_path / "cache", max_attempts=1)
-        )
+        store = S3ArtifactStore(**options(closed_endpoint(), bucket, tmp_path / "cache", max_attempts=1))
         uri = f"s3://{bucket}/gpt-tiny/v1"
         for call in (store.local_path, store.exists, store.digest, store.open_file):
             with pytest.raises(ArtifactUnavailable, match=r"cannot be reached .* check ARTIFACT_S3_ENDPOINT_URL"):
@@ -333,7 +344,7 @@ print(json.dumps({{"path": str(store.local_path({stored.uri!r})), "gets": len(ge
     def test_a_cached_artifact_is_served_while_the_store_is_down(self, make_store, bucket, tmp_path):
         stored = make_store().put_directory(source=make_artifact(tmp_path, "gpt-tiny"), key="gpt-tiny/v1")
         path = make_store().local_path(stored.uri)
-        down = S3ArtifactStore(**options(f"http://127.0.0.1:{free_port()}", bucket, tmp_path / "cache", max_attempts=1))
+        down = S3ArtifactStore(**options(closed_endpoint(), bucket, tmp_path / "cache", max_attempts=1))
         assert down.exists(stored.uri)
         assert down.local_path(stored.uri) == path
         with pytest.raises(ArtifactUnavailable, match="cannot be reached"):  # one not cached is asked for
