@@ -27,6 +27,7 @@ from registry.upstreams import (
     clean_api_key,
     clean_served_model,
     clean_url,
+    is_upstream_framework,
     seal,
     unseal,
 )
@@ -169,6 +170,7 @@ def model_version_create(
     """
     if task is not None and task not in Task.values:
         raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    _refuse_upstream_framework(framework)
     sha256, size = _artifact_digest(artifact_uri)
     if is_predict_framework(framework):
         # Loaded once here: a version whose signature does not load is never registered.
@@ -207,6 +209,15 @@ def model_version_create(
     return existing, False
 
 
+def _refuse_upstream_framework(framework: str) -> None:
+    """An artifact's version is never of the external kind: that one has an upstream instead
+    (``upstream_version_create``), and without it no replica could ever serve."""
+    if is_upstream_framework(framework):
+        raise InvalidInput(
+            "framework", f"An {UPSTREAM_FRAMEWORK} version has no artifact: register it with its upstream (URL, model)."
+        )
+
+
 def _model_for_version(*, actor: Actor, name: str, task: str | None) -> Model:
     """The model a version is registered under: created (and audited) if new, with ``task``
     (default chat); an existing one of another ``task`` is refused."""
@@ -238,6 +249,7 @@ def model_version_create_from_upload(
     """
     if ModelVersion.objects.filter(model__name=name, version=version).exists():
         raise InvalidInput("version", f"{name}:{version} is registered already; upload it as a new version.")
+    _refuse_upstream_framework(framework)
     if task is not None and task not in Task.values:
         raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
     existing_model = Model.objects.filter(name=name).first()
@@ -306,16 +318,13 @@ def upstream_version_create(
     except IntegrityError:  # a concurrent registration of the same version committed first
         existing = ModelVersion.objects.select_related("model").get(model__name=name, version=version)
     upstream = Upstream.objects.filter(version=existing).first()
-    differing = [] if upstream is not None else ["framework"]
-    if upstream is not None:
-        differing += [f for f, a, b in (("upstream.url", upstream.url, url),
-                                         ("upstream.model", upstream.served_model, served_model),
-                                         ("config", existing.config, config)) if a != b]  # fmt: skip
-        try:
-            if unseal(upstream.api_key_sealed) != api_key:
-                differing.append("upstream.api_key")
-        except SealBroken:
-            differing.append("upstream.api_key")
+    if upstream is None:
+        raise VersionConflict(existing, ["framework"])
+    differing = [f for f, a, b in (("upstream.url", upstream.url, url),
+                                   ("upstream.model", upstream.served_model, served_model),
+                                   ("config", existing.config, config)) if a != b]  # fmt: skip
+    if not _seals(upstream.api_key_sealed, api_key):
+        differing.append("upstream.api_key")
     if differing:
         raise VersionConflict(existing, differing)
     return existing, False
@@ -335,6 +344,14 @@ def upstream_key_set(*, actor: Actor, version: ModelVersion, api_key: str) -> Up
                      before=None, after={"api_key": "set" if api_key else "none"})  # fmt: skip
         publish_routing_change("upstream")
     return upstream
+
+
+def _seals(sealed: str, api_key: str) -> bool:
+    """Whether ``sealed`` holds ``api_key`` (a seal this SECRET_KEY cannot open holds none)."""
+    try:
+        return unseal(sealed) == api_key
+    except SealBroken:
+        return False
 
 
 def _upstream_snapshot(url: str, served_model: str, api_key: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -36,9 +36,11 @@ class UpstreamTarget:
     url: str
     served_model: str
     api_key: str  # empty: the upstream takes no key
+    # What every call to it carries: built once, read by each engine call and probe.
+    auth_headers: dict[str, str] = field(init=False, repr=False, compare=False)
 
-    def headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "auth_headers", {"authorization": f"Bearer {self.api_key}"} if self.api_key else {})
 
 
 class SealBroken(Exception):

@@ -183,7 +183,7 @@ async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any] | RawB
     if upstream is None:
         authorization: dict[str, str] = {"authorization": f"Bearer {replica_api_key(replica.id)}"}
     else:  # an external upstream: its own key, its own name for the model, no vLLM scheduling hint
-        authorization = upstream.headers()
+        authorization = upstream.auth_headers
         if isinstance(payload, dict):
             payload = {**{k: v for k, v in payload.items() if k != "priority"}, "model": upstream.served_model}
     if isinstance(payload, RawBody):

@@ -142,6 +142,8 @@ VLLM = EngineKind(
     process_mark=b"--served-model-name",
 )
 KINDS: tuple[EngineKind, ...] = (PREDICT, EXTERNAL, VLLM)
+# The marks of the kinds that run a process (an external upstream has none).
+PROCESS_MARKS: tuple[bytes, ...] = tuple(kind.process_mark for kind in KINDS if kind.process_mark)
 
 
 def kind_of(framework: str) -> EngineKind:

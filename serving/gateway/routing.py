@@ -169,9 +169,11 @@ def load_routing_table() -> RoutingTable:
     targets = upstream_targets(version_ids=list(external.values())) if external else {}
     replicas_by_deployment: dict[int, list[ReplicaRoute]] = defaultdict(list)
     for replica in ready_replicas(deployment_ids=[d.id for d in deployments]):
-        upstream = targets.get(external[replica.deployment_id]) if replica.deployment_id in external else None
-        if replica.deployment_id in external and upstream is None:
-            continue  # its key cannot be read (logged): never called with another key
+        upstream = None
+        if replica.deployment_id in external:
+            upstream = targets.get(external[replica.deployment_id])
+            if upstream is None:
+                continue  # its key cannot be read (logged): never called with another key
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(
                 id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat), upstream=upstream

@@ -196,7 +196,7 @@ def healthy(http: httpx.Client, endpoint: str, kind: EngineKind, upstream: Upstr
     healthy only when its model list has the model it serves for us (a wrong key, URL or
     name never looks ready)."""
     try:
-        response = http.get(f"{endpoint}{kind.health_path}", headers=upstream.headers() if upstream else None)
+        response = http.get(f"{endpoint}{kind.health_path}", headers=upstream.auth_headers if upstream else None)
     except httpx.HTTPError:
         return False
     if response.status_code != 200:

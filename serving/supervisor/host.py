@@ -81,7 +81,7 @@ from registry.services import (
     replica_transition,
 )
 from rollout.hotswap import swap_step
-from serving.gateway.engine_kinds import KINDS, EngineKind, kind_of
+from serving.gateway.engine_kinds import PROCESS_MARKS, EngineKind, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
 from serving.supervisor.engines import (
     EngineProcess,
@@ -223,9 +223,7 @@ class Supervisor(LeaseKeeping):
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue  # gone already
-            if any(
-                kind.process_mark and kind.process_mark in cmdline for kind in KINDS
-            ):  # ours: never a reused pid's stranger
+            if any(mark in cmdline for mark in PROCESS_MARKS):  # ours: never a reused pid's stranger
                 signal_group(pid, signal.SIGKILL)
                 self.report(f"killed engine pid {pid} left by an earlier supervisor")
 
@@ -524,7 +522,9 @@ class Supervisor(LeaseKeeping):
     def _spawn(self, engine: EngineProcess, deployment: Deployment) -> None:
         engine.port = free_port(settings.WORKER_ENGINE_HOST)
         engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
-        command = engine.kind.command(deployment, engine.port)  # type: ignore[misc]  # _start: it has one
+        build = engine.kind.command
+        assert build is not None  # _start attaches a kind with none instead
+        command = build(deployment, engine.port)
         env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
         try:
             with open(engine.log_path, "ab") as log:

@@ -45,7 +45,7 @@ class TestSealedKey:
         assert row.api_key_sealed
         target = upstream_targets(version_ids=[version.pk])[version.pk]
         assert (target.url, target.served_model, target.api_key) == ("https://llm.internal", "m", KEY)
-        assert target.headers() == {"authorization": f"Bearer {KEY}"}
+        assert target.auth_headers == {"authorization": f"Bearer {KEY}"}
         audit = AuditEntry.objects.get(action="model_version.register", target=str(version))
         assert KEY not in json.dumps(audit.after)
         assert audit.after["upstream"]["api_key"] == "set"
@@ -64,7 +64,7 @@ class TestSealedKey:
             actor=None, name="ext-chat", version="v1", url="http://h:1", served_model="m", config={}
         )
         assert Upstream.objects.get(version=version).api_key_sealed == ""
-        assert upstream_targets(version_ids=[version.pk])[version.pk].headers() == {}
+        assert upstream_targets(version_ids=[version.pk])[version.pk].auth_headers == {}
 
 
 class TestRefused:
@@ -89,6 +89,16 @@ class TestRefused:
         with pytest.raises(InvalidInput) as refused:
             upstream_version_create(actor=None, name="ext-chat", version="v1", **values)
         assert refused.value.field == field
+        assert not ModelVersion.objects.filter(model__name="ext-chat").exists()
+
+    def test_an_artifact_version_of_the_upstream_framework_is_refused(self, tmp_path):
+        """Without its upstream no replica could ever serve it: registered by artifact, it is refused."""
+        from registry.services import model_version_create
+
+        with pytest.raises(InvalidInput) as refused:
+            model_version_create(actor=None, name="ext-chat", version="v1", framework="openai-upstream",
+                                 artifact_uri="local://ext-chat/v1", config={})  # fmt: skip
+        assert refused.value.field == "framework"
         assert not ModelVersion.objects.filter(model__name="ext-chat").exists()
 
 
