@@ -543,6 +543,44 @@ def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
     return released
 
 
+def replica_release_lost_hosts(*, exclude: str, by: str) -> dict[str, int]:
+    """Release the live replicas of every host, but ``exclude``, whose supervisor's lease has
+    expired: a host that died, or was cut off from the database, for longer than the lease.
+    Its replicas stop holding their places in their deployments, so supervisors of hosts with
+    free slots claim replacements. ``{host: replicas released}``; audited ``host.lost`` (by
+    ``by``, the supervisor that noticed), one entry per host.
+
+    Each host is handled with its lease row locked and re-checked as expired (on the
+    database's clock), so a supervisor renewing its lease at that moment either renews first
+    (and nothing is released) or finds its rows stopped, stops its engines, and claims again
+    only what its deployments still want: a host that rejoins never doubles a deployment.
+    The lease row stays (a stopped row is all it leaves behind); its holder, back, renews it.
+    """
+    expired = HostLease.objects.filter(expires_at__lte=Now()).exclude(host=exclude).values_list("host", flat=True)
+    live = Replica.objects.filter(host__in=list(expired)).exclude(state=Replica.State.STOPPED)
+    hosts = set(live.values_list("host", flat=True))
+    released: dict[str, int] = {}
+    for host in sorted(hosts):
+        with transaction.atomic():
+            lease = (
+                HostLease.objects.select_for_update(skip_locked=True).filter(host=host, expires_at__lte=Now()).first()
+            )
+            if lease is None:  # renewed meanwhile, or being handled by another supervisor
+                continue
+            replicas = list(
+                Replica.objects.filter(host=host).exclude(state=Replica.State.STOPPED).values_list("pk", flat=True)
+            )
+            count = replica_release_host(host=host)
+            if count:
+                audit_record(
+                    actor=SUPERVISOR, action="host.lost", target_type="host", target=host, before=None,
+                    after={"replicas": replicas, "lease_expired_at": lease.expires_at.isoformat(),
+                           "holder": lease.holder, "noticed_by": by},
+                )  # fmt: skip
+                released[host] = count
+    return released
+
+
 def host_lease_take(*, host: str, holder: str, seconds: float) -> bool:
     """Take ``host``'s lease for ``holder`` for ``seconds``; True when ``holder`` holds it now.
 

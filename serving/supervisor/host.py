@@ -278,6 +278,8 @@ class Supervisor(LeaseKeeping):
         try:
             if not self._hold_lease():
                 return
+            if self._db_reachable_since is None:
+                self._db_reachable_since = now
             if not self._started:
                 self._kill_orphans()
                 self._started = True
@@ -288,10 +290,12 @@ class Supervisor(LeaseKeeping):
                 self._step_swaps(now)
                 self._take_restart_requests()
                 self._restart_due(now)
+                self._release_lost_hosts(now)
                 self._claim_wanted()
                 self._record_pending()
             self._announce_routing_change()
         except DATABASE_ERRORS as exc:
+            self._db_reachable_since = None
             self._announce_routing_change()  # what was written before the error stands
             if self._db_down_since is None:  # once per outage, not once per loop
                 self._db_down_since = now

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from registry.models import HostLease
 from registry.selectors import host_lease_held
-from registry.services import host_lease_renew, host_lease_take
+from registry.services import host_lease_renew, host_lease_take, replica_release_lost_hosts
 
 if TYPE_CHECKING:
     from serving.supervisor.engines import EngineProcess
@@ -33,6 +33,9 @@ DATABASE_ERRORS = (DatabaseError, InterfaceError)
 # so a restored database is noticed within seconds.
 DATABASE_RETRY_FIRST = 0.5
 DATABASE_RETRY_MAX = 5.0
+
+# How often a supervisor looks for hosts whose lease expired (one query when there are none).
+LOST_HOSTS_CHECK_SECONDS = 1.0
 
 
 class HostLeaseHeld(Exception):
@@ -65,6 +68,13 @@ class LeaseKeeping:
     engines: dict[int, EngineProcess]
     report: Callable[[str], None]
     _lease_held: bool
+    _routing_changed: bool
+    # Since when (monotonic) this supervisor has reached the database without a break; None
+    # while it does not. Another host is judged lost only by one that has been connected for
+    # a whole lease: after an outage every host's lease has expired, and each needs a pass to
+    # renew its own before anyone may take it as dead.
+    _db_reachable_since: float | None = None
+    _lost_hosts_checked_at: float = float("-inf")
 
     def _begin_drain(self, engine: EngineProcess) -> None:
         raise NotImplementedError
@@ -98,6 +108,20 @@ class LeaseKeeping:
                 return False
             time.sleep(delay)
             delay = min(DATABASE_RETRY_MAX, delay * 2)
+
+    def _release_lost_hosts(self, now: float) -> None:
+        """Release the replicas of hosts whose supervisor's lease expired (the host died, or
+        lost the database for longer than the lease): their deployments' places free up, and
+        this pass's claims (and other hosts') place replacements on free slots. Gateways had
+        already stopped routing to them once their heartbeats went stale."""
+        if now - self._lost_hosts_checked_at < LOST_HOSTS_CHECK_SECONDS:
+            return
+        self._lost_hosts_checked_at = now
+        if self._db_reachable_since is None or now - self._db_reachable_since < self.lease_seconds:
+            return
+        for host, count in replica_release_lost_hosts(exclude=self.host, by=self.holder).items():
+            self._routing_changed = True
+            self.report(f"host {host} lost (its supervisor's lease expired): released its {count} replica(s)")
 
     def _hold_lease(self) -> bool:
         """At the start of every database pass: take the lease (the first pass of a supervisor

@@ -27,7 +27,7 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from console.management.commands.runplatform import AlreadyRunning, ChildProcesses, claim_platform
-from registry.models import Deployment, HostLease, Model, ModelVersion, Replica
+from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
 from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines
@@ -699,6 +699,62 @@ class TestOneSupervisorPerHost:
                 assert sorted(won) == [False, True], won
         finally:
             committed(django_db_blocker, lambda: HostLease.objects.filter(host=host).delete())
+
+
+class TestLostHosts:
+    def test_a_host_whose_lease_expired_is_released_replaced_elsewhere_and_not_doubled_when_it_rejoins(
+        self, make_supervisor, settings
+    ):
+        settings.WORKER_HOST_LEASE_SECONDS = 1.0
+        deployment = create_deployment("lost-host-chat", replicas=2)
+        lost = make_supervisor(slots=["0"])
+        step_until(lost, lambda: len(ready_replicas(deployment)) == 1)
+        (gone,) = ready_replicas(deployment)
+        engine = lost.engines[gone.pk].popen
+        survivor = make_supervisor(slots=["0", "1"])
+        step_until(survivor, lambda: len(ready_replicas(deployment)) == 2)
+        assert {r.host for r in ready_replicas(deployment)} == {lost.host, survivor.host}
+
+        # The lost host's supervisor makes no pass from now on (dead, or cut off from the database).
+        time.sleep(1.2)
+        survivor._db_reachable_since = time.monotonic()  # as if just back from an outage itself
+        survivor._lost_hosts_checked_at = float("-inf")
+        survivor.step()
+        assert Replica.objects.get(pk=gone.pk).state == "ready", "judged before a lease's length of its own"
+
+        step_until(survivor, lambda: Replica.objects.get(pk=gone.pk).state == "stopped", timeout=10)
+        entry = AuditEntry.objects.get(action="host.lost", target=lost.host)
+        assert entry.after["replicas"] == [gone.pk]
+        assert entry.actor_name == "engine supervisor"
+        step_until(survivor, lambda: len(ready_replicas(deployment)) == 2)
+        assert {r.host for r in ready_replicas(deployment)} == {survivor.host}
+
+        # It rejoins: it renews its own lease, finds its replica released, stops its engine, and
+        # claims nothing (the deployment holds what it wants).
+        step_until(lost, lambda: engine.poll() is not None)
+        for _ in range(5):
+            lost.step()
+            survivor.step()
+        live = Replica.objects.filter(deployment=deployment).exclude(state="stopped")
+        assert live.count() == 2
+        assert {r.host for r in live} == {survivor.host}
+        assert lost.engines == {}
+        assert not lost.lease_lost
+        assert HostLease.objects.get(host=lost.host).holder == lost.holder
+
+    def test_a_host_renewing_its_lease_is_never_taken_as_lost(self, make_supervisor, settings):
+        settings.WORKER_HOST_LEASE_SECONDS = 1.0
+        deployment = create_deployment("kept-host-chat", replicas=2)
+        first, second = make_supervisor(slots=["0"]), make_supervisor(slots=["0"])
+        step_until(first, lambda: len(ready_replicas(deployment)) == 1)
+        step_until(second, lambda: len(ready_replicas(deployment)) == 2)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            first.step()
+            second.step()
+            time.sleep(0.1)
+        assert len(ready_replicas(deployment)) == 2
+        assert not AuditEntry.objects.filter(action="host.lost", target__in=[first.host, second.host]).exists()
 
 
 class TestOnePlatform:
