@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
 
@@ -30,28 +31,53 @@ EARLY_END_SECONDS = 5.0
 EARLY_ENDS = 3
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(host: str, port: int, *, shared: bool = True) -> socket.socket:
+    """The process's socket; ``shared``: one of several on the port (a lone gateway's bind
+    fails on a port taken, as uvicorn's does)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
 
 
-def serve_one(host: str, port: int) -> None:
-    """One gateway process: uvicorn on its own socket of the shared port."""
+def serve_one(host: str, port: int, *, shared: bool = True) -> None:
+    """One gateway process: uvicorn on its own socket of the shared port. Asked to stop, it
+    first drains for ``GATEWAY_DRAIN_SECONDS``: /readyz answers 503 while it still serves, so
+    a balancer's health checks take it out before its socket closes."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import uvicorn
+    from django.conf import settings
 
     from console.servers import uvicorn_options
 
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            from console import health  # the app is loaded (and Django set up) by now
+
+            drain = float(settings.GATEWAY_DRAIN_SECONDS)
+            if drain <= 0 or health.draining():  # nothing to wait for, or a second signal: stop now
+                super().handle_exit(sig, frame)
+                return
+            health.start_draining()
+            logger.info("draining: /readyz fails for %.1f s, then the gateway stops", drain)
+
+            def stop() -> None:
+                if not self.should_exit:  # a second signal stopped it meanwhile
+                    super(DrainingServer, self).handle_exit(sig, frame)
+
+            timer = threading.Timer(drain, stop)
+            timer.daemon = True
+            timer.start()
+
     config = uvicorn.Config("console.asgi:application", **uvicorn_options())  # type: ignore[arg-type]
-    uvicorn.Server(config).run(sockets=[listening_socket(host, port)])
+    DrainingServer(config).run(sockets=[listening_socket(host, port, shared=shared)])
 
 
 def supervise(host: str, port: int, processes: int) -> int:
-    command = [sys.executable, "-m", "console.gateway", "--host", host, "--port", str(port), "--one"]
+    command = [sys.executable, "-m", "console.gateway", "--host", host, "--port", str(port), "--one", "--shared"]
     children: list[subprocess.Popen[bytes]] = [subprocess.Popen(command) for _ in range(processes)]
     started = [time.monotonic()] * processes
     early = [0] * processes
@@ -93,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--one", action="store_true", help="be one of the processes (the parent starts them)")
+    parser.add_argument("--one", action="store_true", help="be one process, serving the port alone")
+    parser.add_argument("--shared", action="store_true", help="with --one: one of several (the parent starts them)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.one:
-        serve_one(args.host, args.port)
+        serve_one(args.host, args.port, shared=args.shared)
         return 0
     return supervise(args.host, args.port, max(1, args.processes))
 

@@ -21,6 +21,20 @@ def _database_ok() -> bool:
         return bool(cursor.fetchone() == (1,))
 
 
+# Set once the gateway was asked to stop and drains (console.gateway, GATEWAY_DRAIN_SECONDS):
+# /readyz fails, so a balancer takes this gateway out while it still serves.
+_draining = False
+
+
+def start_draining() -> None:
+    global _draining
+    _draining = True
+
+
+def draining() -> bool:
+    return _draining
+
+
 async def _check(name: str, check: Awaitable[Any]) -> tuple[str, str]:
     try:
         ok = bool(await asyncio.wait_for(check, timeout=3))
@@ -48,7 +62,10 @@ async def _replicas_ok() -> bool:
 
 
 async def readyz(request: HttpRequest) -> JsonResponse:
-    """The process can do useful work: PostgreSQL and Redis answer, the default models are up."""
+    """The process can do useful work: PostgreSQL and Redis answer, the default models are up,
+    and it is not draining to stop."""
+    if _draining:
+        return JsonResponse({"status": "draining", "checks": {}}, status=503)
     checks = [
         _check("database", run_db(_database_ok)),
         _check("redis", async_redis().ping()),

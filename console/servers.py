@@ -8,7 +8,8 @@ WebSockets (Channels) run on its ``websockets`` implementation, pinged every 20 
 
 Proxy headers are never taken from the server: the platform decides whether to trust
 them (``TRUST_PROXY_HEADERS``). Graceful shutdown waits for requests in flight up to
-``ASGI_GRACEFUL_SHUTDOWN_SECONDS``. ``GATEWAY_PROCESSES`` (uvicorn only) runs that many
+``ASGI_GRACEFUL_SHUTDOWN_SECONDS``, after ``GATEWAY_DRAIN_SECONDS`` of failing /readyz
+(``console.gateway``) when a balancer is in front. ``GATEWAY_PROCESSES`` (uvicorn only) runs that many
 processes on the one port, each a gateway of its own (its own router state and ledger
 identity, as gateways on several hosts are): one Python process tops out near one core.
 They are started by ``console.gateway``, each with its own listening socket, so that the
@@ -37,6 +38,8 @@ def server_command(
     processes = processes or settings.GATEWAY_PROCESSES
     if processes > 1:
         return [python, "-m", "console.gateway", "--host", host, "--port", str(port), "--processes", str(processes)]
+    if settings.GATEWAY_DRAIN_SECONDS > 0:  # uvicorn's command line has no drain: one process of ours
+        return [python, "-m", "console.gateway", "--host", host, "--port", str(port), "--one"]
     flags: list[str] = []
     for name, value in uvicorn_options().items():
         flag = "--" + name.replace("_", "-")

@@ -28,6 +28,12 @@ API_MAX_BODY_BYTES = envint("API_MAX_BODY_BYTES", 4 * 1024 * 1024)
 # Each a gateway of its own (console.servers).
 #: uvicorn processes serving the one port (a count, at least 1).
 GATEWAY_PROCESSES = max(1, envint("GATEWAY_PROCESSES", 1))
+# Behind a load balancer: on SIGTERM the gateway first answers /readyz with 503 ("draining")
+# for this long while it keeps serving, so the balancer's health checks take it out before it
+# closes its socket; then it stops as usual (requests in flight finish). Set it to the
+# balancer's check interval times its fall count, plus a margin. 0: stop at once.
+#: How long a stopping gateway stays up, failing /readyz, before it stops (seconds).
+GATEWAY_DRAIN_SECONDS = envfloat("GATEWAY_DRAIN_SECONDS", 0.0)
 # The data plane reads bodies itself.
 #: Django's own body limit for the console and admin (bytes; = API_MAX_BODY_BYTES).
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES

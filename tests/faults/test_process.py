@@ -51,6 +51,26 @@ def test_the_command_asks_for_its_processes(settings):
     assert "--processes" not in server_command("python", host="127.0.0.1", port=1, server="daphne")
 
 
+def test_a_stopping_gateway_fails_readyz_while_it_still_serves_then_stops(tmp_path, settings):
+    settings.GATEWAY_DRAIN_SECONDS = 3.0
+    assert server_command("python", host="127.0.0.1", port=1)[:4] == ["python", "-m", "console.gateway", "--host"]
+    gateway = start_gateway(tmp_path, GATEWAY_DRAIN_SECONDS="3")
+    try:
+        assert httpx.get(f"{gateway.base_url}/readyz", timeout=10).json()["status"] != "draining"
+        gateway.process.send_signal(signal.SIGTERM)
+        asked = time.monotonic()
+        ready = wait_for(lambda: httpx.get(f"{gateway.base_url}/readyz", timeout=5), 5, "an answer")
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "draining"
+        assert httpx.get(f"{gateway.base_url}/healthz", timeout=5).status_code == 200  # still serving
+        gateway.process.wait(20)
+        assert time.monotonic() - asked >= 2.5  # it stayed for the drain, then stopped by itself
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{gateway.base_url}/healthz", timeout=5)
+    finally:
+        gateway.stop()
+
+
 def _serving(root: psutil.Process) -> list[psutil.Process]:
     """The gateway's serving processes (a dead one, not yet reaped, is not one)."""
     found = []
