@@ -55,13 +55,13 @@ def serve_one(host: str, port: int, *, shared: bool = True) -> None:
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            from console import health  # the app is loaded (and Django set up) by now
+            from core.lifecycle import draining, start_draining
 
             drain = float(settings.GATEWAY_DRAIN_SECONDS)
-            if drain <= 0 or health.draining():  # nothing to wait for, or a second signal: stop now
+            if drain <= 0 or draining():  # nothing to wait for, or a second signal: stop now
                 super().handle_exit(sig, frame)
                 return
-            health.start_draining()
+            start_draining()
             logger.info("draining: /readyz fails for %.1f s, then the gateway stops", drain)
 
             def stop() -> None:

@@ -11,6 +11,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from core.db import run_db
+from core.lifecycle import draining
 from core.redis import async_redis
 from serving.gateway.routing import router
 
@@ -19,20 +20,6 @@ def _database_ok() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         return bool(cursor.fetchone() == (1,))
-
-
-# Set once the gateway was asked to stop and drains (console.gateway, GATEWAY_DRAIN_SECONDS):
-# /readyz fails, so a balancer takes this gateway out while it still serves.
-_draining = False
-
-
-def start_draining() -> None:
-    global _draining
-    _draining = True
-
-
-def draining() -> bool:
-    return _draining
 
 
 async def _check(name: str, check: Awaitable[Any]) -> tuple[str, str]:
@@ -64,7 +51,7 @@ async def _replicas_ok() -> bool:
 async def readyz(request: HttpRequest) -> JsonResponse:
     """The process can do useful work: PostgreSQL and Redis answer, the default models are up,
     and it is not draining to stop."""
-    if _draining:
+    if draining():  # asked to stop: the balancer takes it out while it still serves
         return JsonResponse({"status": "draining", "checks": {}}, status=503)
     checks = [
         _check("database", run_db(_database_ok)),

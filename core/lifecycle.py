@@ -139,3 +139,18 @@ class LazyThreadPool:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=self._size(), thread_name_prefix=self._name)
         return self._pool
+
+
+# --- A process asked to stop while a balancer still sends it requests -----------------------
+
+_draining = threading.Event()
+
+
+def start_draining() -> None:
+    """This process was asked to stop and drains (console.gateway, GATEWAY_DRAIN_SECONDS):
+    /readyz fails, so the balancer takes it out, and WebSockets close once idle."""
+    _draining.set()
+
+
+def draining() -> bool:
+    return _draining.is_set()

@@ -20,6 +20,9 @@ Protocol (JSON text frames):
 - a frame larger than ``API_MAX_BODY_BYTES`` is refused with an error frame
   (``request_body_too_large``) and never parsed; the server closes the socket (1009) on a
   frame more than a MiB over it (uvicorn's ``--ws-max-size``).
+- a gateway that is stopping behind a balancer (``GATEWAY_DRAIN_SECONDS``) closes each socket
+  with 1012 ("service restart") as soon as it carries no request: a request that got no
+  frame back on a socket closed so never started; send it again on a new connection.
 
 Each request runs the same ``InferenceCall`` as the REST API (serving.llm.call).
 """
@@ -37,6 +40,7 @@ from django.conf import settings
 
 from accounts.grants import KeyGrant
 from billing.outcomes import CLIENT_CLOSED
+from core.lifecycle import draining
 from serving.gateway.auth import authenticate
 from serving.gateway.errors import APIError, AuthenticationFailed, InvalidRequest, PayloadTooLarge
 from serving.gateway.session_auth import session_grant
@@ -62,6 +66,7 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.closing = False  # closed for a draining gateway: nothing more is started
         self.grant = None
         self.authorization = None
         self.session_organization = None
@@ -160,6 +165,8 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
         return await authenticate(self.authorization)
 
     async def _start(self, client_id: Any, body: Any, model_version: Any = None) -> None:
+        if self.closing:  # sent as the socket closed (1012): never started, so safe to send again
+            return
         if not isinstance(client_id, str) or not client_id:
             await self._error(client_id, InvalidRequest("Each request needs a string 'id'.", param="id"))
             return
@@ -260,6 +267,13 @@ class ChatCompletionsConsumer(AsyncWebsocketConsumer):
                 await self._send(frame)
         except Exception:  # noqa: BLE001 - the socket may be gone; the usage is metered regardless
             logger.debug("could not send the final frame for %s", client_id)
+        if draining() and not self.closing and all(other == client_id for other in self.tasks):
+            # The gateway is stopping behind a balancer: leave at the first moment this socket
+            # carries no request, with "service restart" (1012); the client sends its next
+            # request on a new connection, which the balancer gives another gateway. A
+            # request that got no frame back on a socket closed so was never started.
+            self.closing = True
+            await self.close(code=1012)
 
 
 class ClientStalled(Exception):

@@ -395,8 +395,10 @@ class ClientLoad:
         return Outcome("sse", url, started, ended, BAD, 200, None, request_id, content,
                        detail=f"stream cut without an error event after {len(events)} events")  # fmt: skip
 
-    def _ws(self, sockets: dict[str, ClientConnection], gateway: Gateway, client_id: str) -> Outcome:
+    def _ws(self, sockets: dict[str, ClientConnection], gateway: Gateway, client_id: str, *,
+            retried: bool = False) -> Outcome:  # fmt: skip
         started = time.monotonic()
+        frames: list[dict[str, Any]] = []
         url = gateway.base_url
         try:
             socket_ = sockets.get(url)
@@ -407,7 +409,6 @@ class ClientLoad:
                 )  # fmt: skip
                 sockets[url] = socket_
             socket_.send(json.dumps({"type": "chat.completion", "id": client_id, "body": self._body("ws")}))
-            frames: list[dict[str, Any]] = []
             deadline = started + self.timeout
             while True:
                 frame = json.loads(socket_.recv(timeout=max(0.1, deadline - time.monotonic())))
@@ -430,8 +431,18 @@ class ClientLoad:
             return Outcome("ws", url, started, time.monotonic(), BAD, detail="hang: no final frame")
         except (ConnectionClosed, OSError) as exc:
             sockets.pop(url, None)
+            if _restarting(exc) and not frames and not retried:
+                # A gateway leaving behind a balancer (1012): the request never started there;
+                # as the protocol says, send it again on a new connection.
+                return self._ws(sockets, gateway, client_id, retried=True)
             return Outcome("ws", url, started, time.monotonic(), LOST, detail=repr(exc))
         return _ws_outcome(url, started, frames)
+
+
+def _restarting(exc: BaseException) -> bool:
+    """The socket was closed with 1012 (service restart): a draining gateway's goodbye."""
+    received = getattr(exc, "rcvd", None)
+    return isinstance(exc, ConnectionClosed) and received is not None and received.code == 1012
 
 
 def _ws_outcome(url: str, started: float, frames: list[dict[str, Any]]) -> Outcome:
