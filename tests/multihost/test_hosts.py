@@ -12,6 +12,7 @@ them); elsewhere the module is skipped, saying why.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -67,20 +68,30 @@ def cluster(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[tu
 
     name = f"multihost-{uuid.uuid4().hex[:6]}"
 
-    def create() -> int:
-        model = Model.objects.create(name=name, task="chat")
-        version = ModelVersion.objects.create(
-            model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
-            artifact_size=1, config={"max_seq_len": 1024},
-        )  # fmt: skip
-        return deployment_create(version=version, replicas=WANTED, max_replicas=3).pk
-
-    deployment_id = committed(django_db_blocker, create)
+    directory = tmp_path_factory.mktemp("multihost")
     session = int(os.environ.get("TEST_SESSION", "0"))
     with netns.Network(session) as network:
-        built = Cluster(network, tmp_path_factory.mktemp("multihost"), models=[name])
+        built = Cluster(network, directory, models=[name], s3=True)
+        deployment_id = 0
         try:
             built.start(HOSTS)
+            # The version's files are registered here (the data host) into the object store;
+            # every engine host loads them from there into its own cache.
+            files = directory / "artifact"
+            files.mkdir()
+            (files / "config.json").write_text(json.dumps({"model_type": "fake", "name": name}))
+            (files / "weights.bin").write_bytes(os.urandom(256 * 1024))
+            stored = built.register_artifact(files, f"{name}/1")
+
+            def create() -> int:
+                model = Model.objects.create(name=name, task="chat")
+                version = ModelVersion.objects.create(
+                    model=model, version="1", framework="fake", artifact_uri=stored.uri,
+                    artifact_sha256=stored.sha256, artifact_size=stored.size, config={"max_seq_len": 1024},
+                )  # fmt: skip
+                return deployment_create(version=version, replicas=WANTED, max_replicas=3).pk
+
+            deployment_id = committed(django_db_blocker, create)
             with redis_at(built.redis.url):
                 wait_for(lambda: len(ready_replicas(django_db_blocker, deployment_id)) == WANTED, 60,
                          "two replicas ready")  # fmt: skip
@@ -131,6 +142,10 @@ class TestSeveralHosts:
         assert len(hosts) == WANTED  # one slot a host: the replicas are on two hosts
         assert not any("127.0.0.1" in r.endpoint or "localhost" in r.endpoint for r in replicas)
         assert {r.host for r in replicas} == {built.hosts[h].name for h in hosts}
+        for host in hosts:  # each loaded the version's files from the object store, checked
+            fetched = [p for p in built.cache_of(host).rglob("weights.bin")]
+            assert len(fetched) == 1, list(built.cache_of(host).rglob("*"))
+            assert fetched[0].stat().st_size == 256 * 1024
 
         since = timezone.now()
         key = make_api_key(rate_limit_rpm=100_000, rate_limit_tpm=100_000_000, max_concurrent=64)

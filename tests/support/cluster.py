@@ -7,7 +7,11 @@ tests (tests/multihost/) and the scale-out benchmark (bench/scale_out.py).
 - each **engine host** (``h1``, ``h2`` …) runs ``manage.py runworkers`` with its own host
   name and slots, its engines (the fake engine) listening on the host's address, and a
   gateway on ``<address>:8000``; both reach PostgreSQL and Redis only across the bridge;
-- **haproxy** in front of the gateways, on loopback, where the clients are.
+- **haproxy** in front of the gateways, on loopback, where the clients are;
+- with ``s3=True``, an S3-compatible server (moto's) on the data host: the hosts' artifact
+  store is ``registry.s3_store.S3ArtifactStore``, each with a cache folder of its own, and
+  ``register_artifact`` stores a version's files from this process (the host that registered
+  it), so every engine host loads the weights from the store.
 """
 
 from __future__ import annotations
@@ -69,11 +73,17 @@ class Cluster:
     balancer: Balancer = field(init=False)
     hosts: dict[str, EngineHost] = field(default_factory=dict)
     metering: MeteringWorker | None = None
+    s3: bool = False
+    s3_port: int = 0
+    s3_bucket: str = ""
+    s3_server: subprocess.Popen[bytes] | None = None
 
     def start(self, names: list[str], *, gateways: list[str] | None = None) -> Cluster:
         self.redis = RedisServer(self.directory / "redis").start()
         self.network.publish(self.redis.port)
         self.network.publish(int(connection.settings_dict["PORT"]))
+        if self.s3:
+            self._start_s3()
         tag = uuid.uuid4().hex[:4]
         for name in names:
             host = self.network.add_host(name)
@@ -99,6 +109,45 @@ class Cluster:
             self.metering.stop()
         with contextlib.suppress(AttributeError):
             self.redis.stop()
+        if self.s3_server is not None:
+            stop_process(self.s3_server, grace=2)
+
+    # --- the object store ----------------------------------------------------------------------
+
+    def _start_s3(self) -> None:
+        self.s3_port = free_port()
+        self.s3_server = start_process(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.network.publish(self.s3_port)
+        self.s3_bucket = f"models-{uuid.uuid4().hex[:8]}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.store(self.directory / "registrar-cache").client.create_bucket(Bucket=self.s3_bucket)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def store(self, cache_root: Path) -> Any:
+        """The cluster's S3 store as this process (the data host) reaches it."""
+        from registry.s3_store import S3ArtifactStore
+
+        return S3ArtifactStore(
+            bucket=self.s3_bucket, cache_root=cache_root, endpoint_url=f"http://127.0.0.1:{self.s3_port}",
+            region="us-east-1", access_key_id="testing", secret_access_key="testing",
+        )  # fmt: skip
+
+    def register_artifact(self, source: Path, key: str) -> Any:
+        """Store a version's files in the object store from this process: the registering host."""
+        return self.store(self.directory / "registrar-cache").put_directory(source=source, key=key)
+
+    def cache_of(self, name: str) -> Path:
+        """A host's artifact cache folder (ARTIFACT_CACHE_ROOT)."""
+        return self.hosts[name].log_dir / "artifact-cache"
 
     # --- what runs on a host ---------------------------------------------------------------------
 
@@ -115,10 +164,22 @@ class Cluster:
             WORKER_SLOTS=",".join(str(i) for i in range(self.slots)),
             WORKER_LOG_DIR=str(engine_host.log_dir / "engines"),
             WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER,
+            **(self._s3_env(engine_host) if self.s3 else {}),
             **GATEWAY_ENV,
             **TIMINGS,
             **self.env,
         )
+
+    def _s3_env(self, engine_host: EngineHost) -> dict[str, str]:
+        return {
+            "ARTIFACT_STORE_BACKEND": "registry.s3_store.S3ArtifactStore",
+            "ARTIFACT_S3_BUCKET": self.s3_bucket,
+            "ARTIFACT_S3_ENDPOINT_URL": f"http://{self.network.data_address}:{self.s3_port}",
+            "ARTIFACT_S3_REGION": "us-east-1",
+            "ARTIFACT_S3_ACCESS_KEY_ID": "testing",
+            "ARTIFACT_S3_SECRET_ACCESS_KEY": "testing",
+            "ARTIFACT_CACHE_ROOT": str(self.cache_of(engine_host.host.name)),
+        }
 
     def start_supervisor(self, name: str) -> None:
         engine_host = self.hosts[name]

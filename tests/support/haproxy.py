@@ -1,5 +1,5 @@
 """haproxy (Debian's) in front of gateways, as a platform team runs it: HTTP and WebSocket,
-health checks on ``/readyz``, a server taken out at its first refused connection, and its
+health checks on ``/readyz``, a server taken out after three failed connections in a row, and its
 runtime API on a Unix socket (``state``: each server's UP/DOWN, sessions and checks).
 
 The configuration is ``config()``: docs/scale-out.md shows the same file."""
@@ -43,28 +43,32 @@ def config(*, bind: str, servers: dict[str, str], stats_socket: Path) -> str:
         "    maxconn 4096",
         "defaults",
         "    mode http",
-        "    option http-server-close",
+        # Connections to the gateways are kept alive and reused (haproxy's default): one per
+        # request would run out of source ports under load (TIME_WAIT).
+        "    http-reuse safe",
         "    timeout connect 2s",
         "    timeout client 120s",
         "    timeout server 120s",
         # A WebSocket (an upgraded connection) is a tunnel: the same idle limit as a request.
         "    timeout tunnel 120s",
         # A request whose connection to a gateway was refused goes to another: it never reached
-        # a gateway, so nothing was admitted or metered. Nothing else is retried (a request
-        # that reached a gateway may have been admitted).
+        # a gateway, so nothing was admitted or metered. A GET (a WebSocket's handshake, a
+        # read) whose gateway closed without an answer is sent again too; any other request
+        # that reached a gateway is never retried: it may have been admitted.
         "    retries 2",
         "    option redispatch 1",
-        "    retry-on conn-failure",
+        "    retry-on conn-failure empty-response",
         "frontend api",
         f"    bind {bind}",
         "    default_backend gateways",
         "backend gateways",
+        "    http-request disable-l7-retry unless METH_GET",
         "    balance roundrobin",
         "    option httpchk",
         "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host localhost",
         "    http-check expect status 200",
         f"    default-server inter {every} fastinter {every} downinter {every} fall {FALL} rise {RISE}"
-        " observe layer4 error-limit 1 on-error mark-down",
+        " observe layer4 error-limit 3 on-error mark-down",
     ]
     lines += [f"    server {name} {address} check" for name, address in servers.items()]
     return "\n".join(lines) + "\n"
