@@ -1,4 +1,4 @@
-"""Scale-out benchmark (docs/scale-out.md): requests per second per gateway core, and gateway CPU
+"""Scale-out benchmarks (docs/scale-out.md): requests per second per gateway core, and gateway CPU
 per request, with 1, 2 and 3 gateways on their own hosts behind haproxy.
 
 Not collected by the suite (its name is not ``test_*``); run it on purpose, as root:
@@ -11,6 +11,11 @@ measured). For each count of gateways, haproxy's other servers are put in mainte
 wrk (Debian) sends non-streamed chat completions through haproxy for ``SECONDS``. A gateway's
 CPU is read from /proc (user + system time of its process) before and after. The table is
 printed and written to bench/results/scale_out-<date>.md.
+
+``test_real_engines_on_two_hosts`` is the slower run with real vLLM engines: the bundled
+SmolLM2, registered here into the cluster's object store, served by one replica on each of two
+hosts (core 0 and core 1), each host loading the weights from the store; chat completions
+through haproxy; its figures go to bench/results/scale_out_real-<date>.md.
 """
 
 from __future__ import annotations
@@ -133,3 +138,92 @@ def test_scale_out(django_db_setup, django_db_blocker, make_api_key, tmp_path_fa
     out.write_text(text)
     print("\n" + text)
     assert all(r["errors"] == 0 for r in rows), rows
+
+
+def test_real_engines_on_two_hosts(django_db_setup, django_db_blocker, bundled_models, make_api_key, tmp_path_factory):
+    import statistics
+
+    from registry import artifacts
+    from registry.models import Deployment, Model, ModelVersion
+    from registry.services import deployment_create
+
+    bundled = bundled_models["versions"]["smollm2-135m-instruct"]
+    files = artifacts.get_artifact_store().local_path(bundled.artifact_uri)
+    name = f"smol-hosts-{uuid.uuid4().hex[:6]}"
+    key = make_api_key(rate_limit_rpm=100_000, rate_limit_tpm=100_000_000, max_concurrent=64)
+    directory = tmp_path_factory.mktemp("real-hosts")
+    lines: list[str] = []
+    with netns.Network(int(os.environ.get("TEST_SESSION", "0"))) as network:
+        built = Cluster(network, directory, models=[name], s3=True, slots_of={"h1": "0", "h2": "1"},
+                        env={"WORKER_ENGINE_LAUNCHER": "", "REPLICA_STALE_AFTER": "9", "WORKER_HEARTBEAT_SECONDS": "3",
+                             "WORKER_HOST_LEASE_SECONDS": "15"})  # fmt: skip
+        deployment_id = 0
+        try:
+            built.start(["h1", "h2"])
+            started = time.monotonic()
+            stored = built.register_artifact(files, f"{name}/1")
+            upload_s = time.monotonic() - started
+
+            def create() -> int:
+                model = Model.objects.create(name=name, task="chat")
+                version = ModelVersion.objects.create(
+                    model=model, version="1", framework=bundled.framework, artifact_uri=stored.uri,
+                    artifact_sha256=stored.sha256, artifact_size=stored.size, config=bundled.config,
+                )  # fmt: skip
+                return deployment_create(version=version, replicas=2, max_replicas=2).pk
+
+            deployment_id = committed(django_db_blocker, create)
+            started = time.monotonic()
+            with redis_at(built.redis.url):
+                wait_for(lambda: len(ready_replicas(django_db_blocker, deployment_id)) == 2, 600, "two real replicas")
+                ready_s = time.monotonic() - started
+                replicas = ready_replicas(django_db_blocker, deployment_id)
+                hosts = sorted(built.host_of(r.endpoint) for r in replicas)
+                assert hosts == ["h1", "h2"], hosts
+                cached = {h: sum(p.stat().st_size for p in built.cache_of(h).rglob("*") if p.is_file()) for h in hosts}
+                built.wait_up(["h1", "h2"])
+                latencies, statuses = [], []
+                with httpx.Client(base_url=built.balancer.base_url, timeout=120,
+                                  headers={"Authorization": f"Bearer {key.secret}"}) as client:  # fmt: skip
+                    for i in range(20):
+                        asked = time.monotonic()
+                        answer = client.post("/v1/chat/completions", json={
+                            "model": name, "max_tokens": 16,
+                            "messages": [{"role": "user", "content": f"Name a colour ({i})."}]})  # fmt: skip
+                        latencies.append(time.monotonic() - asked)
+                        statuses.append(answer.status_code)
+                served = {}
+                for replica in replicas:
+                    metrics = httpx.get(f"{replica.endpoint}/metrics", timeout=10).text
+                    served[built.host_of(replica.endpoint)] = sum(
+                        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                        if line.startswith("vllm:request_success_total")
+                    )  # fmt: skip
+            lines = [
+                f"# Real engines on two hosts, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+                "",
+                "`pytest tests/multihost/bench_scale_out.py -k real`: the bundled SmolLM2 (vLLM CPU), registered",
+                "into the object store (moto) on the data host, one replica on each of two hosts (cores 0 and 1),",
+                "each host loading the weights from the store into its own cache; haproxy in front of their gateways.",
+                "",
+                f"- upload to the store: {upload_s:.1f} s ({stored.size / 1e6:.0f} MB)",
+                f"- both replicas ready (download + vLLM start, in parallel): {ready_s:.0f} s",
+                f"- bytes in each host's cache: {cached}",
+                f"- 20 chat completions (16 tokens) through haproxy: statuses {sorted(set(statuses))}, "
+                f"median {statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms",
+                f"- requests each host's engine served (vllm:request_success_total): {served}",
+            ]
+        finally:
+            built.stop()
+
+            def drop() -> None:
+                Deployment.objects.filter(pk=deployment_id).delete()
+                ModelVersion.objects.filter(model__name=name).delete()
+                Model.objects.filter(name=name).delete()
+
+            committed(django_db_blocker, drop)
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    (ROOT / "bench" / "results" / f"scale_out_real-{datetime.now(UTC):%Y-%m-%d}.md").write_text(text)
+    assert set(statuses) == {200}
+    assert all(count > 0 for count in served.values()), served

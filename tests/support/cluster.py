@@ -68,6 +68,7 @@ class Cluster:
     directory: Path
     models: list[str]
     slots: int = 1
+    slots_of: dict[str, str] = field(default_factory=dict)  # a host's WORKER_SLOTS, when not range(slots)
     env: dict[str, str] = field(default_factory=dict)
     redis: RedisServer = field(init=False)
     balancer: Balancer = field(init=False)
@@ -161,7 +162,7 @@ class Cluster:
             ALLOWED_HOSTS=addresses,
             WORKER_HOST=engine_host.name,
             WORKER_ENGINE_HOST=engine_host.host.address,
-            WORKER_SLOTS=",".join(str(i) for i in range(self.slots)),
+            WORKER_SLOTS=self.slots_of.get(engine_host.host.name) or ",".join(str(i) for i in range(self.slots)),
             WORKER_LOG_DIR=str(engine_host.log_dir / "engines"),
             WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER,
             **(self._s3_env(engine_host) if self.s3 else {}),
