@@ -390,3 +390,77 @@ print(json.dumps({"cache": cache.get("sentinel-probe"), "channels": asyncio.run(
     assert found["url"].startswith("sentinel://")
     master = redis.Redis(host="127.0.0.1", port=cluster.master_port(), db=2, socket_timeout=5)
     assert master.dbsize() > 0  # they wrote to the master's database 2, as REDIS_URL says
+
+
+@pytest.mark.django_db
+def test_a_gateway_serves_across_a_failover(cluster, make_api_key, spawn_gateway, django_db_blocker):
+    """A real gateway process with REDIS_SENTINELS in its environment (min-replicas-to-write 1):
+    chat completions before, during and after a SENTINEL FAILOVER are answered, or refused with
+    503 only while the switch lasts, and every answered one is metered once on the new master."""
+    import threading
+
+    import httpx
+
+    from tests.support.chaos import GATEWAY_ENV, fake_engines
+    from tests.support.gateway import HELLO
+
+    old, replica = cluster.master_port(), cluster.replica_port()
+    _client(old).config_set("min-replicas-to-write", 1)
+    name, _, engines = fake_engines(django_db_blocker, 1, tokens=5)
+    gateway = spawn_gateway(
+        REDIS_SENTINELS=",".join(f"127.0.0.1:{port}" for port in cluster.sentinels), REDIS_SENTINEL_MASTER=MASTER,
+        TEST_REDIS_URL="redis://sentinel-names-the-master:1/0", REPLICA_STALE_AFTER="86400", **GATEWAY_ENV,
+    )  # fmt: skip
+    key = make_api_key(rate_limit_rpm=100_000, rate_limit_tpm=100_000_000, max_concurrent=64)
+    answers: list[tuple[float, float, int, str]] = []  # started, ended, status, request id
+    stop = threading.Event()
+
+    def caller() -> None:
+        with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+            while not stop.is_set():
+                started = time.monotonic()
+                response = http.post(
+                    "/v1/chat/completions", json={"model": name, "messages": HELLO},
+                    headers={"Authorization": f"Bearer {key.secret}"},
+                )  # fmt: skip
+                answers.append(
+                    (started, time.monotonic(), response.status_code, response.headers.get("x-request-id", ""))
+                )
+                time.sleep(0.01)
+
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    try:
+        for thread in callers:
+            thread.start()
+        time.sleep(1.0)
+        triggered = time.monotonic()
+        assert _client(next(iter(cluster.sentinels))).execute_command("SENTINEL", "FAILOVER", MASTER)
+        _wait("every Sentinel to name the new master", lambda: all(
+            _client(port).sentinel_get_master_addr_by_name(MASTER)[1] == replica for port in cluster.sentinels
+        ), timeout=SWITCH_BOUND_S)  # fmt: skip
+        switched = time.monotonic()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for thread in callers:
+            thread.join(30)
+        for process in engines:
+            process.kill()
+
+    statuses = {status for _, _, status, _ in answers}
+    assert statuses <= {200, 503}, statuses
+    refused = [a for a in answers if a[2] == 503]
+    assert all(triggered <= started and ended <= switched + 2.0 for started, ended, _, _ in refused)
+    assert any(status == 200 and started > switched for started, _, status, _ in answers)
+    answered = {rid for _, _, status, rid in answers if status == 200}
+
+    def metered() -> bool:
+        events = _events(replica)
+        return all(events.get(uuid.UUID(rid)) == 1 for rid in answered)
+
+    _wait("every answered request's usage event on the new master", metered, timeout=15)
+    print(
+        f"\ngateway, SENTINEL FAILOVER (min-replicas-to-write 1): {len(answers)} requests, {len(answered)} answered, "
+        f"{len(refused)} refused (503); the Sentinels named the new master {switched - triggered:.2f} s after "
+        "the failover began"
+    )
