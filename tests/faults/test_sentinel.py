@@ -7,6 +7,7 @@ requests through ``billing.ledger`` before, during and after a failover the test
 the old master acknowledged in its last moments may be lost (docs/architecture.md, "Redis with
 Sentinel"): the test holds that nothing acknowledged and replicated (``WAIT``) before the switch,
 and nothing acknowledged after it, is lost, bounds the errors during it, and prints the times.
+Then the same through a real gateway process started with REDIS_SENTINELS in its environment.
 """
 
 from __future__ import annotations
