@@ -25,6 +25,7 @@ master's password only. What a failover can lose: docs/architecture.md, "Redis w
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -128,7 +129,13 @@ _watches_lock = threading.Lock()
 
 def master_watch() -> MasterWatch:
     """This process's watch of the master Sentinel names (one per Sentinel settings)."""
-    key = (tuple(settings.REDIS_SENTINELS), settings.REDIS_SENTINEL_MASTER, settings.REDIS_SENTINEL_PASSWORD)
+    # The pid too: a forked child (a Celery pool process) has no copy of its parent's thread.
+    key = (
+        tuple(settings.REDIS_SENTINELS),
+        settings.REDIS_SENTINEL_MASTER,
+        settings.REDIS_SENTINEL_PASSWORD,
+        os.getpid(),
+    )
     with _watches_lock:
         watch = _watches.get(key)
         if watch is None:
