@@ -664,7 +664,7 @@ def stop() -> None:
 
 def needed() -> tuple[bool, bool]:
     """Which embedded services this environment relies on: (postgres, redis)."""
-    return (not os.environ.get("DATABASE_URL"), not os.environ.get("REDIS_URL"))
+    return (not os.environ.get("DATABASE_URL"), not (os.environ.get("REDIS_URL") or os.environ.get("REDIS_SENTINELS")))
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from console.settings import *  # noqa: F403
-from console.settings import CACHES, DATABASES, channel_layers
+from console.settings import CACHES, DATABASES, broker_url, channel_layers
 from core import embedded
 
 TEST_SESSION = int(os.environ.get("TEST_SESSION", "0"))
@@ -29,7 +29,7 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL") or (
 REDIS_NAMESPACE = f"ip-test{_SUFFIX}"
 CACHES = {"default": {**CACHES["default"], "LOCATION": REDIS_URL}}
 CHANNEL_LAYERS = channel_layers(REDIS_URL, f"{REDIS_NAMESPACE}:channels")
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL = broker_url(REDIS_URL)
 CELERY_TASK_ALWAYS_EAGER = False
 
 # Fast hashing: tests create users often; production keeps Django's default.

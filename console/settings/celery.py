@@ -5,21 +5,46 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery.schedules import crontab
 from kombu import Exchange, Queue
 
 from .env import envfloat
-from .services import REDIS_BLOCKING_SOCKET_TIMEOUT, REDIS_URL
+from .services import (
+    REDIS_BLOCKING_SOCKET_TIMEOUT,
+    REDIS_SENTINEL_MASTER,
+    REDIS_SENTINEL_PASSWORD,
+    REDIS_SENTINELS,
+    REDIS_URL,
+)
 
-#: The broker's URL (default: REDIS_URL).
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
-#: The broker's Redis socket options (seconds).
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+
+def broker_url(redis_url: str) -> str:
+    """Celery's broker at ``redis_url``, or with Sentinel kombu's ``sentinel://`` transport: one
+    URL per Sentinel, each with REDIS_URL's password and database (the master's)."""
+    if not REDIS_SENTINELS:
+        return redis_url
+    parts = urlsplit(redis_url)
+    auth = parts.netloc.rpartition("@")[0]
+    return ";".join(
+        f"sentinel://{auth + '@' if auth else ''}{host}:{port}{parts.path or '/0'}" for host, port in REDIS_SENTINELS
+    )
+
+
+#: The broker's URL (default: REDIS_URL, or with REDIS_SENTINELS its Sentinels: sentinel://…;sentinel://…).
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or broker_url(REDIS_URL)
+#: The broker's Redis socket options (seconds), and with Sentinel the master's name.
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "socket_timeout": REDIS_BLOCKING_SOCKET_TIMEOUT,
     "socket_connect_timeout": 5,
     "health_check_interval": 25,
 }
+if REDIS_SENTINELS:
+    CELERY_BROKER_TRANSPORT_OPTIONS |= {
+        "master_name": REDIS_SENTINEL_MASTER,
+        "sentinel_kwargs": {"password": REDIS_SENTINEL_PASSWORD, "socket_connect_timeout": 5},
+    }
 #: A worker keeps retrying the broker when it starts before it (a bool).
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 #: No result backend: tasks write what they produce to the database themselves.

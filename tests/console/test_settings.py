@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,46 @@ class TestDevelopment:
         )  # fmt: skip
         assert result.stdout.strip() == strong_key
         assert not (tmp_path / "secret_key").exists()
+
+
+class TestRedisSentinel:
+    """REDIS_SENTINELS configures every client the platform makes for the master Sentinel names
+    (tests/faults/test_sentinel.py drives them through a real failover)."""
+
+    SHOW = """
+import json
+from django.conf import settings
+host = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]
+print(json.dumps({"sentinels": settings.REDIS_SENTINELS, "master": settings.REDIS_SENTINEL_MASTER,
+                  "broker": settings.CELERY_BROKER_URL, "broker_options": settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+                  "cache": settings.CACHES["default"]["OPTIONS"].get("pool_class"),
+                  "channels": {k: v for k, v in host.items() if k != "sentinel_kwargs"}}))
+"""
+
+    def show(self, **env: str) -> dict[str, Any]:
+        result = run("-c", "import django; django.setup()\n" + self.SHOW, **env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def test_it_reaches_every_client(self):
+        found = self.show(REDIS_SENTINELS="10.0.0.1:26379, 10.0.0.2:26380,sentinel-3", REDIS_SENTINEL_MASTER="platform",
+                          REDIS_URL="redis://:s3cret@unused:6379/4")  # fmt: skip
+        assert found["sentinels"] == [["10.0.0.1", 26379], ["10.0.0.2", 26380], ["sentinel-3", 26379]]
+        assert found["broker"] == (
+            "sentinel://:s3cret@10.0.0.1:26379/4;sentinel://:s3cret@10.0.0.2:26380/4;sentinel://:s3cret@sentinel-3:26379/4"
+        )
+        assert found["broker_options"]["master_name"] == "platform"
+        assert found["cache"] == "core.redis.SentinelPool"
+        channels = found["channels"]
+        assert channels["master_name"] == "platform"
+        assert channels["db"] == 4
+        assert channels["password"] == "s3cret"
+        assert "address" not in channels
+
+    def test_without_it_nothing_changes(self):
+        found = self.show(REDIS_URL="redis://127.0.0.1:9/2")
+        assert found["sentinels"] == []
+        assert found["broker"] == "redis://127.0.0.1:9/2"
+        assert "master_name" not in found["broker_options"]
+        assert found["cache"] is None
+        assert found["channels"]["address"] == "redis://127.0.0.1:9/2"
