@@ -156,20 +156,20 @@ class Cluster:
         db, data = connection.settings_dict, self.network.data_address
         addresses = ",".join(["127.0.0.1", "localhost", self.network.data_address,
                               *(h.host.address for h in self.hosts.values())])  # fmt: skip
-        return child_env(
-            DATABASE_URL=f"postgresql://{db.get('USER') or 'postgres'}@{data}:{db['PORT']}/{db['NAME']}",
-            TEST_REDIS_URL=f"redis://{self.network.data_address}:{self.redis.port}/0",
-            ALLOWED_HOSTS=addresses,
-            WORKER_HOST=engine_host.name,
-            WORKER_ENGINE_HOST=engine_host.host.address,
-            WORKER_SLOTS=self.slots_of.get(engine_host.host.name) or ",".join(str(i) for i in range(self.slots)),
-            WORKER_LOG_DIR=str(engine_host.log_dir / "engines"),
-            WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER,
+        env = {
+            "DATABASE_URL": f"postgresql://{db.get('USER') or 'postgres'}@{data}:{db['PORT']}/{db['NAME']}",
+            "TEST_REDIS_URL": f"redis://{self.network.data_address}:{self.redis.port}/0",
+            "ALLOWED_HOSTS": addresses,
+            "WORKER_HOST": engine_host.name,
+            "WORKER_ENGINE_HOST": engine_host.host.address,
+            "WORKER_SLOTS": self.slots_of.get(engine_host.host.name) or ",".join(str(i) for i in range(self.slots)),
+            "WORKER_LOG_DIR": str(engine_host.log_dir / "engines"),
+            "WORKER_ENGINE_LAUNCHER": FAKE_LAUNCHER,
             **(self._s3_env(engine_host) if self.s3 else {}),
             **GATEWAY_ENV,
             **TIMINGS,
-            **self.env,
-        )
+        }
+        return child_env(**{**env, **self.env})
 
     def _s3_env(self, engine_host: EngineHost) -> dict[str, str]:
         return {
