@@ -21,11 +21,15 @@ import httpx
 
 from tests.support.processes import start_process, stop_process
 
-# How often each gateway's /readyz is checked, and how many failed checks take it out (one:
-# the "within one check interval").
-CHECK_INTERVAL_MS = 500
-FALL = 1
+# How often each gateway's /readyz is checked, how many failed checks in a row take it out
+# and how many passed bring it back, and how long a check may take. A gateway that refuses
+# connections (killed) is taken out at once by its traffic ("observe layer4"), not by checks;
+# checks take out a gateway that is alive but not ready (draining, cut off from Redis or
+# PostgreSQL). One failed check is not enough: on a saturated host /readyz can be slow.
+CHECK_INTERVAL_MS = 1000
+FALL = 2
 RISE = 2
+CHECK_TIMEOUT_MS = 2000
 
 
 def unavailable() -> str | None:
@@ -51,6 +55,7 @@ def config(*, bind: str, servers: dict[str, str], stats_socket: Path) -> str:
         "    timeout server 120s",
         # A WebSocket (an upgraded connection) is a tunnel: the same idle limit as a request.
         "    timeout tunnel 120s",
+        f"    timeout check {CHECK_TIMEOUT_MS}ms",
         # A request whose connection to a gateway was refused goes to another: it never reached
         # a gateway, so nothing was admitted or metered. A GET (a WebSocket's handshake, a
         # read) whose gateway closed without an answer is sent again too; any other request
