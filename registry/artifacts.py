@@ -91,6 +91,15 @@ class ArtifactStore(ABC):
     def local_path(self, uri: str) -> Path:
         """A local directory holding the artifact's files, for an engine to load."""
 
+    def metadata_path(self, uri: str, names: frozenset[str]) -> Path:
+        """A local directory holding at least those of the artifact's top-level files named in
+        ``names`` (a tokenizer, a generation config: what a gateway reads of a model). Here the
+        whole artifact; a store that downloads fetches only those. ``ArtifactUnavailable`` when
+        there is no such artifact."""
+        if not self.exists(uri):
+            raise ArtifactUnavailable(f"there is no artifact at {uri}")
+        return self.local_path(uri)
+
     @abstractmethod
     def exists(self, uri: str) -> bool: ...
 

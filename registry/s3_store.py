@@ -325,6 +325,48 @@ class S3ArtifactStore(ArtifactStore):
             os.utime(entry / USED, ns=(now, now))
         return entry / FILES
 
+    def metadata_path(self, uri: str, names: frozenset[str]) -> Path:
+        """Only the artifact's top-level files named in ``names``, each checked against the
+        manifest, in ``cache_root/.meta/<entry>/`` (never evicted: a few files), or the whole
+        entry when this host has it already: a gateway reads a model's tokenizer without
+        downloading its weights. Fetched once per host; concurrent fetches each download and
+        the first rename wins."""
+        bucket, key = self._parse(uri)
+        name = _entry_name(bucket, key)
+        if (self.cache_root / name / RECORD).exists():
+            return self.cache_root / name / FILES
+        meta = self.cache_root / ".meta" / name
+        if (meta / RECORD).exists():
+            return meta / FILES
+        with self._talking(uri):
+            manifest = self._manifest(bucket, key)
+        if manifest is None:
+            raise ArtifactUnavailable(f"there is no artifact at {uri} (no {MANIFEST})")
+        files: dict[str, dict[str, Any]] = manifest["files"]
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{name}.incoming-", dir=meta.parent))
+        try:
+            (staging / FILES).mkdir()
+            wanted = sorted(rel for rel in files if rel in names)
+            for rel in wanted:
+                got = self._download(uri, bucket, f"{key}/{rel}", staging / FILES / rel)
+                if got != files[rel]["sha256"]:
+                    raise ArtifactChecksumMismatch(
+                        f"{uri}: {rel} downloaded with SHA-256 {got}, but it was stored with "
+                        f"{files[rel]['sha256']}: the object changed after upload; store the artifact again"
+                    )
+            _make_readable(staging / FILES)
+            staging.chmod(0o755)
+            (staging / RECORD).write_text(json.dumps({"uri": uri, "sha256": manifest["sha256"], "files": wanted}))
+            try:
+                staging.rename(meta)
+            except OSError:  # another process put it in place meanwhile
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return meta / FILES
+
     def release(self, uri: str) -> None:
         name = _entry_name(*self._parse(uri))
         with self._entry_lock(name):

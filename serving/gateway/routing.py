@@ -38,7 +38,7 @@ from core.db import run_db
 from core.errors import InvalidInput
 from core.lifecycle import Worker, unobserved
 from core.redis import async_redis
-from registry.artifacts import get_artifact_store
+from registry.artifacts import ArtifactUnavailable, get_artifact_store
 from registry.selectors import ready_replicas, serving_deployments, upstream_targets
 from registry.signatures import Signature
 from registry.upstreams import UpstreamTarget
@@ -206,9 +206,9 @@ def load_routing_table() -> RoutingTable:
                 max_model_len=kind_of(version.framework).context_length(version.config),
                 artifact_uri=version.artifact_uri,
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
-                tokenizer_dir=_tokenizer_dir(version.artifact_uri),
+                tokenizer_dir=(tokenizer := _tokenizer_dir(version.artifact_uri)),
                 prices=tuple(q for q in prices_by_model[model.id] if q.version_id in (None, version.id)),
-                default_temperature=_default_temperature(_tokenizer_dir(version.artifact_uri)),
+                default_temperature=_default_temperature(tokenizer),
                 **_predict_fields(version.framework, version.config),
             )
         )
@@ -253,12 +253,35 @@ def _default_temperature(artifact_dir: str | None) -> float:
     return 1.0
 
 
+# What a gateway reads of a model's artifact: its tokenizer and generation config. With a store
+# that downloads (S3), a gateway fetches only these, never the weights.
+TOKENIZER_FILES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja",
+    "chat_template.json", "preprocessor_config.json",
+})  # fmt: skip
+# An artifact whose store failed is asked again only after this long: the routing table is
+# rebuilt every second, and a store that is down must not slow each rebuild.
+TOKENIZER_RETRY_SECONDS = 60.0
+_tokenizer_failed: dict[str, float] = {}
+
+
 def _tokenizer_dir(artifact_uri: str) -> str | None:
-    store = get_artifact_store()
-    try:
-        return str(store.local_path(artifact_uri)) if store.exists(artifact_uri) else None
-    except ValueError:
+    failed_at = _tokenizer_failed.get(artifact_uri)
+    if failed_at is not None and time.monotonic() - failed_at < TOKENIZER_RETRY_SECONDS:
         return None
+    try:
+        path = str(get_artifact_store().metadata_path(artifact_uri, TOKENIZER_FILES))
+    except ArtifactUnavailable as exc:
+        if str(exc).startswith("there is no artifact"):  # a model with no files of its own (a fake one)
+            return None
+        logger.warning("the tokenizer of %s cannot be read now: %s", artifact_uri, exc)  # its store is down
+        _tokenizer_failed[artifact_uri] = time.monotonic()
+        return None
+    except (ValueError, OSError):  # not a URI of this store
+        return None
+    _tokenizer_failed.pop(artifact_uri, None)
+    return path
 
 
 # A circuit whose probes keep failing rests at most this many times CIRCUIT_OPEN_SECONDS.

@@ -350,6 +350,31 @@ print(json.dumps({{"path": str(store.local_path({stored.uri!r})), "gets": len(ge
         with pytest.raises(ArtifactUnavailable, match="cannot be reached"):  # one not cached is asked for
             down.exists(f"s3://{bucket}/gpt-tiny/v2")
 
+    def test_a_gateway_fetches_only_the_tokenizer_files_checked_and_once(self, make_store, bucket, tmp_path):
+        from serving.gateway.routing import TOKENIZER_FILES
+
+        source = make_artifact(tmp_path, "gpt-tiny")
+        (source / "tokenizer.json").write_text('{"model": {}}')
+        stored = make_store().put_directory(source=source, key="gpt-tiny/v1")
+        store = make_store()
+        gets = file_gets(store)
+        path = store.metadata_path(stored.uri, TOKENIZER_FILES)
+        assert sorted(p.name for p in path.iterdir()) == ["config.json", "tokenizer.json"]
+        assert sorted(gets) == ["gpt-tiny/v1/config.json", "gpt-tiny/v1/tokenizer.json"]  # never the weights
+        assert cache_entries(tmp_path / "cache") == []  # no engine's entry: nothing to evict or lock
+        down = S3ArtifactStore(**options(closed_endpoint(), bucket, tmp_path / "cache", max_attempts=1))
+        assert down.metadata_path(stored.uri, TOKENIZER_FILES) == path  # once per host
+        whole = make_store().local_path(stored.uri)  # once the engine's copy is here, that one serves
+        assert make_store().metadata_path(stored.uri, TOKENIZER_FILES) == whole
+
+    def test_a_changed_tokenizer_file_is_a_checksum_error(self, make_store, s3_endpoint, bucket, tmp_path):
+        stored = make_store().put_directory(source=make_artifact(tmp_path, "gpt-tiny"), key="gpt-tiny/v1")
+        raw_client(s3_endpoint).put_object(Bucket=bucket, Key="gpt-tiny/v1/config.json", Body=b"{}")
+        with pytest.raises(ArtifactChecksumMismatch, match=r"config\.json downloaded with SHA-256"):
+            make_store().metadata_path(stored.uri, frozenset({"config.json"}))
+        with pytest.raises(ArtifactUnavailable, match="there is no artifact"):
+            make_store().metadata_path(f"s3://{bucket}/gpt-tiny/v9", frozenset({"config.json"}))
+
     def test_the_least_recently_used_is_evicted_to_make_room(self, make_store, tmp_path):
         store = make_store(cache_max_bytes=2500)  # room for two ~1 kB artifacts
         uris = {
