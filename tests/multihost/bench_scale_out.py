@@ -36,8 +36,8 @@ import pytest
 from tests.multihost.test_hosts import HOSTS, ready_replicas
 from tests.support import haproxy, netns
 from tests.support.chaos import control, redis_at
-from tests.support.cluster import Cluster
-from tests.support.gateway import committed, wait_for
+from tests.support.cluster import Cluster, create_model, drop_model
+from tests.support.gateway import wait_for
 
 _why = netns.unavailable() or haproxy.unavailable() or (None if shutil.which("wrk") else "wrk is not installed")
 pytestmark = [pytest.mark.skipif(_why is not None, reason=_why or ""), pytest.mark.django_db]
@@ -64,20 +64,8 @@ def wrk(url: str, secret: str, body: Path) -> dict[str, Any]:
 
 
 def test_scale_out(django_db_setup, django_db_blocker, make_api_key, tmp_path_factory):
-    from registry.models import Model, ModelVersion
-    from registry.services import deployment_create
-
     name = f"scale-{uuid.uuid4().hex[:6]}"
-
-    def create() -> int:
-        model = Model.objects.create(name=name, task="chat")
-        version = ModelVersion.objects.create(
-            model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
-            artifact_size=1, config={"max_seq_len": 1024},
-        )  # fmt: skip
-        return deployment_create(version=version, replicas=3, max_replicas=3).pk
-
-    deployment_id = committed(django_db_blocker, create)
+    deployment_id = create_model(django_db_blocker, name, replicas=3)
     key = make_api_key(rate_limit_rpm=100_000_000, rate_limit_tpm=1_000_000_000, max_concurrent=1000)
     directory = tmp_path_factory.mktemp("scale-out")
     body = directory / "body.json"
@@ -120,6 +108,7 @@ def test_scale_out(django_db_setup, django_db_blocker, make_api_key, tmp_path_fa
                     print(f"\nSCALE-OUT {rows[-1]} {figures}")
         finally:
             built.stop()
+            drop_model(django_db_blocker, name)
     header = (
         "| gateways | requests/s (all) | gateway CPU s | requests/s per gateway core | gateway CPU ms/request "
         "| p50 ms | p99 ms | errors |"
@@ -145,8 +134,6 @@ def test_real_engines_on_two_hosts(django_db_setup, django_db_blocker, bundled_m
     import statistics
 
     from registry import artifacts
-    from registry.models import Deployment, Model, ModelVersion
-    from registry.services import deployment_create
 
     bundled = bundled_models["versions"]["smollm2-135m-instruct"]
     files = artifacts.get_artifact_store().local_path(bundled.artifact_uri)
@@ -165,15 +152,16 @@ def test_real_engines_on_two_hosts(django_db_setup, django_db_blocker, bundled_m
             stored = built.register_artifact(files, f"{name}/1")
             upload_s = time.monotonic() - started
 
-            def create() -> int:
-                model = Model.objects.create(name=name, task="chat")
-                version = ModelVersion.objects.create(
-                    model=model, version="1", framework=bundled.framework, artifact_uri=stored.uri,
-                    artifact_sha256=stored.sha256, artifact_size=stored.size, config=bundled.config,
-                )  # fmt: skip
-                return deployment_create(version=version, replicas=2, max_replicas=2).pk
-
-            deployment_id = committed(django_db_blocker, create)
+            deployment_id = create_model(
+                django_db_blocker,
+                name,
+                replicas=2,
+                uri=stored.uri,
+                sha256=stored.sha256,
+                size=stored.size,
+                framework=bundled.framework,
+                config=bundled.config,
+            )
             started = time.monotonic()
             with redis_at(built.redis.url):
                 wait_for(lambda: len(ready_replicas(django_db_blocker, deployment_id)) == 2, 600, "two real replicas")
@@ -216,13 +204,7 @@ def test_real_engines_on_two_hosts(django_db_setup, django_db_blocker, bundled_m
             ]
         finally:
             built.stop()
-
-            def drop() -> None:
-                Deployment.objects.filter(pk=deployment_id).delete()
-                ModelVersion.objects.filter(model__name=name).delete()
-                Model.objects.filter(name=name).delete()
-
-            committed(django_db_blocker, drop)
+            drop_model(django_db_blocker, name)
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     (ROOT / "bench" / "results" / f"scale_out_real-{datetime.now(UTC):%Y-%m-%d}.md").write_text(text)

@@ -29,11 +29,43 @@ import httpx
 from django.db import connection
 
 from tests.support.chaos import FAKE_LAUNCHER, GATEWAY_ENV, MeteringWorker, RedisServer, start_metering
+from tests.support.gateway import committed
 from tests.support.haproxy import CHECK_INTERVAL_MS, FALL, Balancer
 from tests.support.netns import Host, Network
 from tests.support.processes import Gateway, child_env, free_port, start_process, stop_process
 
 GATEWAY_PORT = 8000
+
+
+def create_model(
+    django_db_blocker: Any, name: str, *, replicas: int, uri: str = "", sha256: str = "0" * 64, size: int = 1,
+    framework: str = "fake", config: dict[str, Any] | None = None,
+) -> int:  # fmt: skip
+    """A chat model with one version and a deployment wanting ``replicas`` (committed): its id."""
+    from registry.models import Model, ModelVersion
+    from registry.services import deployment_create
+
+    def create() -> int:
+        model = Model.objects.create(name=name, task="chat")
+        version = ModelVersion.objects.create(
+            model=model, version="1", framework=framework, artifact_uri=uri or f"local://{name}/1",
+            artifact_sha256=sha256, artifact_size=size, config=config or {"max_seq_len": 1024},
+        )  # fmt: skip
+        return int(deployment_create(version=version, replicas=replicas, max_replicas=max(3, replicas)).pk)
+
+    return int(committed(django_db_blocker, create))
+
+
+def drop_model(django_db_blocker: Any, name: str) -> None:
+    from registry.models import Deployment, Model, ModelVersion
+
+    def drop() -> None:
+        Deployment.objects.filter(version__model__name=name).delete()
+        ModelVersion.objects.filter(model__name=name).delete()
+        Model.objects.filter(name=name).delete()
+
+    committed(django_db_blocker, drop)
+
 
 # Short clocks, so that faults play out in seconds (production: 3 s beats, 9 s stale, 15 s lease).
 TIMINGS = {
