@@ -91,9 +91,22 @@ class TestReplicas:
         deployment.refresh_from_db()
         assert (deployment.max_replicas, deployment.replicas) == (2, 2)
 
+    def test_it_sets_the_standby_count(self, ml, chat_model):
+        deployment = running(chat_model, "v1")
+        response = ml.put(f"/api/v1/deployments/{deployment.pk}/replicas", {"standby": 2}, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["resources"]["standby"] == 2
+        deployment.refresh_from_db()
+        assert deployment.standby == 2
+        entry = AuditEntry.objects.get(action="deployment.standby")
+        assert (entry.before, entry.after) == ({"standby": 0}, {"standby": 2})
+
     @pytest.mark.parametrize(
         ("body", "field"),
         [
+            ({"standby": -1}, "standby"),
+            ({"standby": 40000}, "standby"),
+            ({"standby": "many"}, "standby"),
             ({"replicas": 11}, "replicas"),  # above max_replicas (10)
             ({"min_replicas": 3, "max_replicas": 2}, "max_replicas"),
             ({"min_replicas": 0}, "min_replicas"),
