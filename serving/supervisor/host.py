@@ -487,8 +487,13 @@ class Supervisor(LeaseKeeping):
                 if e.deployment_id == deployment.id and e.phase in ("starting", "ready", "backoff")
             ]
             try:
-                surplus = mine and replica_surplus_pick(deployment=deployment, replica_ids=[e.replica_id for e in mine])
-                if surplus:
+                # Scale-in: a standby first when the pool is over its count, else the newest serving one.
+                surplus = (
+                    replica_surplus_pick(deployment=deployment, replica_ids=[e.replica_id for e in mine])
+                    if mine
+                    else None
+                )
+                if surplus is not None:
                     self._begin_drain(self.engines[surplus])
                     continue
                 kind = kind_of(deployment.version.framework)
