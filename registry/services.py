@@ -818,5 +818,9 @@ def deployment_bounds_set(
             actor=actor, action="deployment.bounds", target_type="deployment", target=str(locked.pk),
             before=before, after=after,
         )  # fmt: skip
+        if replicas > before["replicas"]:
+            from registry.warm_pool import standby_promote  # it builds on this module
+
+            standby_promote(deployment=locked, reason="scale-up", actor=actor)
     deployment.min_replicas, deployment.max_replicas, deployment.replicas = low, high, replicas
     return locked

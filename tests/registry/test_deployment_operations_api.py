@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from registry.models import AuditEntry, Deployment, Model
+from registry.models import AuditEntry, Deployment, Model, Replica
 from serving.models import ShadowPolicy, ShadowRecord
 from tests.support.api import client_for
 
@@ -65,6 +65,20 @@ class TestSwap:
         assert Deployment.objects.get(pk=started["new_deployment"]).status == "stopped"
         assert (running(chat_model, "v1").status, running(chat_model, "v1").traffic_weight) == ("running", 100)
         assert ml.delete(f"/api/v1/deployments/{old.pk}/swap").status_code == 409  # over already
+
+    def test_a_swap_adopts_a_warm_pool_of_the_new_version(self, ml, chat_model):
+        old = running(chat_model, "v1")
+        body = {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0,
+                "resources": {"replicas": 0, "standby": 1}}  # fmt: skip
+        pool = ml.post("/api/v1/deployments", body, format="json").json()
+        Replica.objects.create(deployment_id=pool["id"], host="h", state="ready", standby=True,
+                               endpoint="http://127.0.0.1:9", last_heartbeat=timezone.now())  # fmt: skip
+        started = ml.post(f"/api/v1/deployments/{old.pk}/swap", {"version": "v3"}, format="json")
+        assert started.status_code == 202, started.content
+        assert started.json()["new_deployment"] == pool["id"]
+        adopted = Deployment.objects.get(pk=pool["id"])
+        assert (adopted.replicas, adopted.traffic_weight) == (old.replicas, 0)
+        assert not Replica.objects.filter(deployment=adopted, standby=True).exists()  # promoted
 
     def test_a_deployment_never_swapped_is_a_404(self, ml, chat_model):
         assert ml.get(f"/api/v1/deployments/{running(chat_model, 'v1').pk}/swap").status_code == 404

@@ -21,7 +21,13 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import ready_replicas
-from registry.services import deployment_create, deployment_scale, replica_claim, replica_surplus
+from registry.services import (
+    deployment_bounds_set,
+    deployment_create,
+    deployment_scale,
+    replica_claim,
+    replica_surplus,
+)
 from registry.warm_pool import (
     deployment_standby_set,
     deployments_promote_standbys,
@@ -114,6 +120,14 @@ class TestPromotion:
         assert promoted.count() == 2
         # The pool refills: the next two claims are standbys.
         assert [replica_claim(deployment=deployment, host="h").standby for _ in range(2)] == [True, True]
+
+    def test_raising_min_replicas_above_the_count_promotes_too(self):
+        deployment = deploy("bounds-up", replicas=1, standby=1)
+        row(deployment)
+        warm = row(deployment, standby=True)
+        deployment_bounds_set(actor=None, deployment=deployment, min_replicas=2)
+        assert standbys(deployment) == set()
+        assert AuditEntry.objects.filter(action="replica.promote", target=str(warm.pk)).exists()
 
     def test_a_stale_or_loading_standby_is_not_promoted(self):
         deployment = deploy("stale", replicas=1, standby=2)
