@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from core.errors import InvalidInput
@@ -38,6 +41,7 @@ from rollout.hotswap import deployment_prewarm, deployment_swap_version, open_sw
 from rollout.observations import observe_deployment
 from serving.gateway.routing import load_routing_table
 from serving.supervisor.host import Supervisor
+from tests.support.gateway import committed
 
 pytestmark = pytest.mark.django_db
 
@@ -93,6 +97,43 @@ class TestClaim:
         assert standbys(deployment) == {claimed.pk}
         assert not Replica.objects.get(pk=warm.pk).standby
         assert replica_claim(deployment=deployment, host="h") is None
+
+    def test_supervisors_claiming_at_once_never_over_fill_replicas_and_standby(self, django_db_blocker):
+        """Six claimers on connections of their own, started together: the row lock lets
+        exactly replicas + standby through, serving places first."""
+
+        def create() -> int:
+            return deploy("claim-race", replicas=2, standby=2).pk
+
+        deployment_id = committed(django_db_blocker, create)
+        barrier = threading.Barrier(6)
+
+        def claimer(host: str) -> list[bool]:
+            barrier.wait()
+            roles = []
+            try:
+                while (claimed := replica_claim(deployment=Deployment(pk=deployment_id), host=host)) is not None:
+                    roles.append(claimed.standby)
+            finally:
+                connection.close()
+            return roles
+
+        try:
+            with django_db_blocker.unblock(), ThreadPoolExecutor(max_workers=6) as pool:
+                claims = [role for found in pool.map(claimer, [f"h{i}" for i in range(6)]) for role in found]
+            assert sorted(claims) == [False, False, True, True]
+            rows = committed(django_db_blocker, lambda: list(Replica.objects.filter(deployment_id=deployment_id)))
+            assert sorted(r.standby for r in rows) == [False, False, True, True]
+        finally:
+
+            def drop() -> None:
+                deployment = Deployment.objects.select_related("version__model").get(pk=deployment_id)
+                model = deployment.version.model
+                deployment.delete()
+                ModelVersion.objects.filter(model=model).delete()
+                model.delete()
+
+            committed(django_db_blocker, drop)
 
 
 class TestRouting:
