@@ -40,6 +40,7 @@ from registry.services import (
     upstream_version_create,
 )
 from registry.upstreams import UPSTREAM_FRAMEWORK, is_upstream_framework
+from registry.warm_pool import deployment_standby_set
 
 
 class Conflict(APIException):
@@ -169,7 +170,7 @@ class ReplicaSerializer(serializers.ModelSerializer[Replica]):
 
     class Meta:
         model = Replica
-        fields = ["id", "deployment", "host", "endpoint", "state", "last_heartbeat", "restart_requested_at"]
+        fields = ["id", "deployment", "host", "endpoint", "state", "standby", "last_heartbeat", "restart_requested_at"]
         read_only_fields = fields
 
 
@@ -181,14 +182,25 @@ class DeploymentResourcesSerializer(serializers.Serializer[Any]):
         allow_blank=True,
         help_text="e.g. A100 (default: the version's)",
     )
-    replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False, default=1)
-    min_replicas = serializers.IntegerField(min_value=0, max_value=32767, required=False, help_text="default 1")
+    replicas = serializers.IntegerField(
+        min_value=0, max_value=32767, required=False, default=1, help_text="serving; 0 only with standby ≥ 1"
+    )
+    min_replicas = serializers.IntegerField(
+        min_value=0, max_value=32767, required=False, help_text="default 1 (0 with replicas 0)"
+    )
     max_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False, help_text="default: replicas")
+    standby = serializers.IntegerField(
+        min_value=0, max_value=32767, required=False, default=0,
+        help_text="warm standby replicas kept loaded beside the serving ones, never routed; promoted first on "
+        "scale-up, a failed replica or a hot-swap",
+    )  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         replicas = attrs["replicas"]
-        attrs.setdefault("min_replicas", 1)
-        attrs.setdefault("max_replicas", max(replicas, attrs["min_replicas"]))
+        if replicas == 0 and attrs.get("standby", 0) < 1:
+            raise ValidationError({"replicas": "Must be at least 1, or 0 with at least one standby replica."})
+        attrs.setdefault("min_replicas", min(1, replicas))
+        attrs.setdefault("max_replicas", max(1, replicas, attrs["min_replicas"]))
         low, high = attrs["min_replicas"], attrs["max_replicas"]
         if not low <= replicas <= high:
             raise ValidationError({"replicas": f"Must lie between min_replicas ({low}) and max_replicas ({high})."})
@@ -332,7 +344,7 @@ def deployment_collection(request: Request) -> Response:
         if not Model.objects.filter(name=data["model_name"]).exists():
             raise ValidationError({"model_name": [f"No model named {data['model_name']!r}."]})
         raise ValidationError({"version": [f"{data['model_name']} has no version {data['version']!r}."]})
-    resources = data.get("resources") or {"replicas": 1, "min_replicas": 1, "max_replicas": 1}
+    resources = data.get("resources") or {"replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0}
     try:
         deployment = deployment_create(
             actor=request.user,
@@ -342,9 +354,11 @@ def deployment_collection(request: Request) -> Response:
             min_replicas=resources["min_replicas"],
             max_replicas=resources["max_replicas"],
             gpu_type=resources.get("gpu_type", version.gpu_type),
+            standby=resources.get("standby", 0),
         )
     except InvalidInput as exc:
-        raise refused(exc, {"traffic_weight": "traffic_percent", "replicas": "resources"}) from exc
+        refused_fields = {"traffic_weight": "traffic_percent", "replicas": "resources", "standby": "resources"}
+        raise refused(exc, refused_fields) from exc
     created = deployments_with_replicas().get(pk=deployment.pk)
     return Response(DeploymentSerializer(created).data, status=status.HTTP_201_CREATED)
 
@@ -422,10 +436,11 @@ class ReplicaBoundsSerializer(serializers.Serializer[Any]):
     replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False, help_text="wanted now")
     min_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
+    standby = serializers.IntegerField(min_value=0, max_value=32767, required=False, help_text="warm standbys kept")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
-            raise ValidationError("Give replicas, min_replicas or max_replicas.")
+            raise ValidationError("Give replicas, min_replicas, max_replicas or standby.")
         return attrs
 
 
@@ -439,7 +454,9 @@ def deployment_numbered(pk: int) -> Deployment:
 @extend_schema(
     tags=["registry"],
     description="Set how many replicas the deployment wants now, and the range the autoscaler keeps it in "
-    "(1 ≤ min_replicas ≤ replicas ≤ max_replicas). Supervisors with free slots start or stop replicas to follow.",
+    "(1 ≤ min_replicas ≤ replicas ≤ max_replicas), and how many warm standby replicas it keeps (`standby`: "
+    "loaded and ready, never routed, promoted first when it scales up or a serving replica fails). "
+    "Supervisors with free slots start or stop replicas to follow.",
     request=ReplicaBoundsSerializer,
     responses={200: DeploymentSerializer},
 )
@@ -467,6 +484,8 @@ def deployment_replicas(request: Request, pk: int) -> Response:
                     reasons=["set by a platform admin"],
                     action="deployment.scale",
                 )
+            if "standby" in data:
+                deployment_standby_set(actor=request.user, deployment=deployment, standby=data["standby"])
     except InvalidInput as exc:
         raise refused(exc) from exc
     return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)

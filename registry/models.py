@@ -91,6 +91,9 @@ class Deployment(models.Model):
     # Recorded as asked (the API's resources.gpu); supervisors do not place replicas by it yet.
     gpu_type = models.CharField(max_length=50, blank=True)
     autoscale = models.JSONField(default=dict, blank=True)
+    # Warm standby replicas kept beside ``replicas``: loaded, ready, heart-beaten, never routed;
+    # promoted first when the deployment needs one more serving replica (registry.warm_pool).
+    standby = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -133,6 +136,9 @@ class Replica(models.Model):
     # Set by ``registry.services.replica_restart_request``; its supervisor drains the engine,
     # stops it and starts it again. Cleared when the replica next moves to starting or stopped.
     restart_requested_at = models.DateTimeField(null=True, blank=True)
+    # One of its deployment's warm pool: started, ready and heart-beaten like any other, but
+    # never routed. Promotion (``registry.warm_pool.standby_promote``) clears it.
+    standby = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -49,7 +49,10 @@ def upstream_of(*, version: ModelVersion) -> Upstream | None:
 
 
 def ready_replicas(*, deployment_ids: list[int]) -> QuerySet[Replica]:
-    return Replica.objects.filter(deployment_id__in=deployment_ids, state=Replica.State.READY).order_by("id")
+    """The replicas requests may be routed to: ready, and not a warm standby (never routed)."""
+    return Replica.objects.filter(deployment_id__in=deployment_ids, state=Replica.State.READY, standby=False).order_by(
+        "id"
+    )
 
 
 def replica_states(*, replica_ids: list[int]) -> dict[int, str]:

@@ -392,13 +392,21 @@ def deployment_create(
     traffic_weight: int = 100,
     is_canary: bool = False,
     gpu_type: str = "",
+    standby: int = 0,
     actor: Actor = None,
 ) -> Deployment:
-    """Deploy ``version``: audited, and the gateways reload their routing table once it commits."""
+    """Deploy ``version``: audited, and the gateways reload their routing table once it commits.
+
+    ``standby``: warm standby replicas kept beside ``replicas`` (``registry.warm_pool``). A
+    deployment with no serving replica (``replicas`` 0, ``min_replicas`` 0) is a warm pool only,
+    e.g. the new version readied before a hot-swap: it needs ``standby`` ≥ 1.
+    """
     if not 0 <= traffic_weight <= 100:
         raise InvalidInput("traffic_weight", "Must be between 0 and 100.")
-    if replicas < 1:
-        raise InvalidInput("replicas", "Must be at least 1.")
+    if not 0 <= standby <= 32767:
+        raise InvalidInput("standby", "Must be between 0 and 32767.")
+    if replicas < 1 and not (replicas == 0 and standby >= 1):
+        raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
     if not min_replicas <= replicas <= max_replicas:
         raise InvalidInput(
             "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
@@ -412,6 +420,7 @@ def deployment_create(
             traffic_weight=traffic_weight,
             is_canary=is_canary,
             gpu_type=gpu_type,
+            standby=standby,
         )
         audit_record(
             actor=actor,
@@ -431,16 +440,21 @@ def desired_replicas(deployment: Deployment) -> int:
 
 
 def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
-    """Create a replica of ``deployment`` on ``host`` if the deployment wants one more.
+    """Create a replica of ``deployment`` on ``host`` if the deployment wants one more: a
+    serving one while it holds fewer than ``replicas``, else a standby while its warm pool
+    holds fewer than ``standby``. A ready standby is promoted first instead of a serving one
+    claimed cold (``registry.warm_pool.claim_role``).
 
     The deployment row is locked, so supervisors on several hosts never over-fill it.
     """
+    from registry.warm_pool import claim_role  # it builds on this module
+
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
-        holding = Replica.objects.filter(_HOLDING, deployment=locked).count()
-        if holding >= desired_replicas(locked):
+        standby = claim_role(deployment=locked)
+        if standby is None:
             return None
-        replica = Replica.objects.create(deployment=locked, host=host, state=Replica.State.STARTING)
+        replica = Replica.objects.create(deployment=locked, host=host, state=Replica.State.STARTING, standby=standby)
         version = locked.version
         if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
             model_version_transition(version=version, status=ModelVersion.Status.LOADING)
@@ -448,10 +462,12 @@ def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
 
 
 def replica_surplus(*, deployment: Deployment) -> int:
-    """How many replicas more than wanted the deployment holds (0 when not over)."""
-    deployment.refresh_from_db(fields=["status", "replicas"])
+    """How many replicas more than wanted (serving and standby) the deployment holds (0 when not over)."""
+    from registry.warm_pool import desired_standby  # it builds on this module
+
+    deployment.refresh_from_db(fields=["status", "replicas", "standby"])
     holding = Replica.objects.filter(_HOLDING, deployment=deployment).count()
-    return max(0, holding - desired_replicas(deployment))
+    return max(0, holding - desired_replicas(deployment) - desired_standby(deployment))
 
 
 def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int | None) -> Replica:
@@ -740,6 +756,7 @@ def deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
         "traffic_weight": deployment.traffic_weight,
         "is_canary": deployment.is_canary,
         "gpu_type": deployment.gpu_type,
+        "standby": deployment.standby,
         "status": deployment.status,
     }
 
@@ -785,6 +802,11 @@ def deployment_scale(
             before=before,
             after={"replicas": replicas, "reasons": reasons, "observations": observations or {}},
         )
+        if replicas > before["replicas"]:
+            from registry.warm_pool import standby_promote  # it builds on this module
+
+            # Warm standbys serve the new places at once (announced on commit); the rest start cold.
+            standby_promote(deployment=locked, reason="scale-up", actor=actor)
     deployment.replicas = replicas
     return locked
 
@@ -834,5 +856,9 @@ def deployment_bounds_set(
             actor=actor, action="deployment.bounds", target_type="deployment", target=str(locked.pk),
             before=before, after=after,
         )  # fmt: skip
+        if replicas > before["replicas"]:
+            from registry.warm_pool import standby_promote  # it builds on this module
+
+            standby_promote(deployment=locked, reason="scale-up", actor=actor)
     deployment.min_replicas, deployment.max_replicas, deployment.replicas = low, high, replicas
     return locked

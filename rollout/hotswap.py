@@ -36,6 +36,7 @@ from registry.services import (
     deployment_snapshot,
     deployment_transition,
 )
+from registry.warm_pool import standby_promote
 from rollout.models import Canary
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,16 @@ def _swap_to(swap: AuditEntry) -> int:
 def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: ModelVersion) -> Deployment:
     """Start serving ``version`` in place of ``deployment``'s, without dropping a request.
 
-    Creates the replacement deployment (same replicas, bounds, GPU type and autoscaling,
-    weight 0, so nothing is routed to it yet) and records the swap. The supervisors then
-    start its replicas; once every one of them is ready, ``deployment_swap_shift`` moves
-    the traffic, and after the gateways have reloaded the old deployment drains (its
-    in-flight requests finish) and stops. Returns the new deployment.
+    Creates the replacement deployment (same replicas, bounds, GPU type, autoscaling and
+    warm pool, weight 0, so nothing is routed to it yet) and records the swap. The
+    supervisors then start its replicas; once every one of them is ready,
+    ``deployment_swap_shift`` moves the traffic, and after the gateways have reloaded the old
+    deployment drains (its in-flight requests finish) and stops. Returns the new deployment.
+
+    A warm pool of ``version`` readied beforehand (``deployment_prewarm``: weight 0, no
+    serving replica, standbys) becomes the replacement instead: it takes the old one's shape
+    and its ready standbys are promoted in this transaction, so the shift waits for no cold
+    start (those not ready yet are promoted as they become ready).
     """
     if version.model_id != deployment.version.model_id:
         raise InvalidInput("version", f"{version} is not a version of {deployment.version.model.name}.")
@@ -102,15 +108,29 @@ def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: Mo
         )
         if involved.count() > closed.count():
             raise InvalidInput("deployment", f"A swap of deployment {old.pk} is under way already.")
-        new = deployment_create(
-            version=version,
-            replicas=old.replicas,
-            min_replicas=old.min_replicas,
-            max_replicas=old.max_replicas,
-            traffic_weight=0,
-            gpu_type=old.gpu_type,
-            actor=actor,
-        )
+        new = _warm_pool_of(version)
+        promoted: list[int] = []
+        if new is not None:
+            before = deployment_snapshot(new)
+            shape = {"replicas": old.replicas, "min_replicas": old.min_replicas, "max_replicas": old.max_replicas,
+                     "gpu_type": old.gpu_type, "standby": old.standby}  # fmt: skip
+            Deployment.objects.filter(pk=new.pk).update(**shape)
+            for field, value in shape.items():
+                setattr(new, field, value)
+            audit_record(actor=actor, action="deployment.adopt", target_type="deployment", target=str(new.pk),
+                         before=before, after=deployment_snapshot(new))  # fmt: skip
+            promoted = standby_promote(deployment=new, reason="hot-swap", actor=actor)
+        else:
+            new = deployment_create(
+                version=version,
+                replicas=old.replicas,
+                min_replicas=old.min_replicas,
+                max_replicas=old.max_replicas,
+                traffic_weight=0,
+                gpu_type=old.gpu_type,
+                standby=old.standby,
+                actor=actor,
+            )
         if old.autoscale:
             Deployment.objects.filter(pk=new.pk).update(autoscale=old.autoscale)
             new.autoscale = old.autoscale
@@ -126,9 +146,48 @@ def deployment_swap_version(*, actor: Actor, deployment: Deployment, version: Mo
                 "from_version": old.version.version,
                 "to_version": version.version,
                 "replicas": new.replicas,
+                "promoted": promoted,
             },
         )
     return new
+
+
+def _warm_pool_of(version: ModelVersion) -> Deployment | None:
+    """The warm pool readied for a swap to ``version`` (``deployment_prewarm``), locked; None if none."""
+    return (
+        Deployment.objects.select_for_update()
+        .select_related("version__model")
+        .filter(version=version, status__in=SERVING_STATUSES, replicas=0, traffic_weight=0)
+        .order_by("id")
+        .first()
+    )
+
+
+def deployment_prewarm(
+    *, actor: Actor, deployment: Deployment, version: ModelVersion, standby: int | None = None
+) -> Deployment:
+    """Ready ``version`` for a swap of ``deployment``: a deployment of it with no serving replica,
+    weight 0 and ``standby`` (default: ``deployment``'s replicas) warm standbys, which the
+    supervisors start and keep ready, never routed. ``deployment_swap_version`` to ``version``
+    then adopts it and promotes them. Returns the pool (the one there already, if any)."""
+    if version.model_id != deployment.version.model_id:
+        raise InvalidInput("version", f"{version} is not a version of {deployment.version.model.name}.")
+    if deployment.version_id == version.pk:
+        raise InvalidInput("version", f"Deployment {deployment.pk} serves {version} already.")
+    with transaction.atomic():
+        existing = _warm_pool_of(version)
+        if existing is not None:
+            return existing
+        return deployment_create(
+            version=version,
+            replicas=0,
+            min_replicas=0,
+            max_replicas=max(1, deployment.max_replicas),
+            traffic_weight=0,
+            gpu_type=deployment.gpu_type,
+            standby=deployment.replicas if standby is None else standby,
+            actor=actor,
+        )
 
 
 def deployment_swap_shift(*, swap: AuditEntry, heartbeat_after: datetime) -> bool:
@@ -142,7 +201,7 @@ def deployment_swap_shift(*, swap: AuditEntry, heartbeat_after: datetime) -> boo
         if old is None or new is None or _swap_step_recorded(swap, SWAP_SHIFT):
             return False
         ready = Replica.objects.filter(
-            deployment=new, state=Replica.State.READY, last_heartbeat__gte=heartbeat_after
+            deployment=new, state=Replica.State.READY, standby=False, last_heartbeat__gte=heartbeat_after
         ).count()
         if new.status not in SERVING_STATUSES or ready < new.replicas:
             return False

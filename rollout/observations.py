@@ -110,7 +110,9 @@ def observe_deployment(deployment: Deployment, policy: AutoscalePolicy, *, now: 
     now = now or timezone.now()
     fresh_after = now - timedelta(seconds=settings.REPLICA_STALE_AFTER)
     replicas = list(
-        Replica.objects.filter(deployment=deployment, state=Replica.State.READY, last_heartbeat__gte=fresh_after)
+        Replica.objects.filter(
+            deployment=deployment, state=Replica.State.READY, standby=False, last_heartbeat__gte=fresh_after
+        )
         .order_by("id")
         .values_list("id", "endpoint")
     )

@@ -105,14 +105,17 @@ class ReplicaRow:
 def live_cells(deployment: Deployment, served: ServedSummary) -> dict[str, str]:
     """The live table's figures of one deployment as shown, for the page and its polling alike."""
     replicas = list(deployment.replica_set.all())
-    ready = sum(1 for r in replicas if r.state == Replica.State.READY)
+    ready = sum(1 for r in replicas if r.state == Replica.State.READY and not r.standby)
+    warm = sum(1 for r in replicas if r.state == Replica.State.READY and r.standby)
     restarting = sum(1 for r in replicas if r.restart_requested_at is not None)
     rate = served.per_second
     error_percent = served.error_percent
     return {
         "status": deployment.get_status_display(),
         "state": deployment.status,
-        "replicas": f"{ready}/{deployment.replicas} ready" + (f", {restarting} restarting" if restarting else ""),
+        "replicas": f"{ready}/{deployment.replicas} ready"
+        + (f", {warm}/{deployment.standby} standby" if deployment.standby or warm else "")
+        + (f", {restarting} restarting" if restarting else ""),
         "rate": MISSING if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
         "p99": MISSING if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
         "errors": MISSING if error_percent is None else f"{error_percent:.1f} %",

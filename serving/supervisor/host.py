@@ -80,6 +80,7 @@ from registry.services import (
     replica_surplus,
     replica_transition,
 )
+from registry.warm_pool import deployments_promote_standbys, replica_surplus_pick
 from rollout.hotswap import swap_step
 from serving.gateway.engine_kinds import PROCESS_MARKS, EngineKind, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
@@ -478,6 +479,11 @@ class Supervisor(LeaseKeeping):
         for engine in list(self.engines.values()):
             if engine.deployment_id not in wanted_ids:
                 self._begin_drain(engine)
+        # A serving replica failed, stopped or was lost: a ready standby takes its place first.
+        promoted = deployments_promote_standbys(deployment_ids=list(wanted_ids))
+        if promoted:
+            self._routing_changed = True
+            self.report(f"promoted standby replica(s) {', '.join(map(str, promoted))}")
         for deployment in deployments:
             mine = [
                 e
@@ -485,8 +491,14 @@ class Supervisor(LeaseKeeping):
                 if e.deployment_id == deployment.id and e.phase in ("starting", "ready", "backoff")
             ]
             try:
-                if mine and replica_surplus(deployment=deployment) > 0:
-                    self._begin_drain(max(mine, key=lambda e: e.replica_id))
+                # Scale-in: a standby first when the pool is over its count, else the newest serving one.
+                surplus = (
+                    replica_surplus_pick(deployment=deployment, replica_ids=[e.replica_id for e in mine])
+                    if mine
+                    else None
+                )
+                if surplus is not None:
+                    self._begin_drain(self.engines[surplus])
                     continue
                 kind = kind_of(deployment.version.framework)
                 free = self._free_slots(kind)

@@ -387,6 +387,15 @@ class TestLiveTable:
         assert live[str(v1.pk)]["rate"] in ("1.00/s", "0.99/s")  # the window moved on a little
         assert live[str(v2.pk)]["errors"] == MISSING
 
+    def test_the_warm_pool_shows_beside_the_serving_replicas(self, admin_client, chat_model):
+        v1 = deployment_of(chat_model, "v1")
+        Deployment.objects.filter(pk=v1.pk).update(replicas=1, standby=2)
+        Replica.objects.create(deployment=v1, host="h", state="ready")
+        Replica.objects.create(deployment=v1, host="h", state="ready", standby=True)
+        Replica.objects.create(deployment=v1, host="h", state="starting", standby=True)
+        live = admin_client.get(f"/console/deployments/live/?ids={v1.pk}").json()["deployments"]
+        assert live[str(v1.pk)]["replicas"] == "1/1 ready, 1/2 standby"
+
     def test_a_clients_cancel_is_no_error_and_shows_apart(self, admin_client, chat_model, api_key):
         """Issue 34, defect 12: 2 answered, 2 failed, 26 cancelled by their clients (499): the
         error % is of the 4 requests the server decided, the cancels a count of their own."""

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from registry.models import AuditEntry, Deployment, Model
+from registry.models import AuditEntry, Deployment, Model, Replica
 from serving.models import ShadowPolicy, ShadowRecord
 from tests.support.api import client_for
 
@@ -66,6 +66,20 @@ class TestSwap:
         assert (running(chat_model, "v1").status, running(chat_model, "v1").traffic_weight) == ("running", 100)
         assert ml.delete(f"/api/v1/deployments/{old.pk}/swap").status_code == 409  # over already
 
+    def test_a_swap_adopts_a_warm_pool_of_the_new_version(self, ml, chat_model):
+        old = running(chat_model, "v1")
+        body = {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0,
+                "resources": {"replicas": 0, "standby": 1}}  # fmt: skip
+        pool = ml.post("/api/v1/deployments", body, format="json").json()
+        Replica.objects.create(deployment_id=pool["id"], host="h", state="ready", standby=True,
+                               endpoint="http://127.0.0.1:9", last_heartbeat=timezone.now())  # fmt: skip
+        started = ml.post(f"/api/v1/deployments/{old.pk}/swap", {"version": "v3"}, format="json")
+        assert started.status_code == 202, started.content
+        assert started.json()["new_deployment"] == pool["id"]
+        adopted = Deployment.objects.get(pk=pool["id"])
+        assert (adopted.replicas, adopted.traffic_weight) == (old.replicas, 0)
+        assert not Replica.objects.filter(deployment=adopted, standby=True).exists()  # promoted
+
     def test_a_deployment_never_swapped_is_a_404(self, ml, chat_model):
         assert ml.get(f"/api/v1/deployments/{running(chat_model, 'v1').pk}/swap").status_code == 404
         assert ml.get("/api/v1/deployments/999999/swap").status_code == 404
@@ -91,9 +105,22 @@ class TestReplicas:
         deployment.refresh_from_db()
         assert (deployment.max_replicas, deployment.replicas) == (2, 2)
 
+    def test_it_sets_the_standby_count(self, ml, chat_model):
+        deployment = running(chat_model, "v1")
+        response = ml.put(f"/api/v1/deployments/{deployment.pk}/replicas", {"standby": 2}, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["resources"]["standby"] == 2
+        deployment.refresh_from_db()
+        assert deployment.standby == 2
+        entry = AuditEntry.objects.get(action="deployment.standby")
+        assert (entry.before, entry.after) == ({"standby": 0}, {"standby": 2})
+
     @pytest.mark.parametrize(
         ("body", "field"),
         [
+            ({"standby": -1}, "standby"),
+            ({"standby": 40000}, "standby"),
+            ({"standby": "many"}, "standby"),
             ({"replicas": 11}, "replicas"),  # above max_replicas (10)
             ({"min_replicas": 3, "max_replicas": 2}, "max_replicas"),
             ({"min_replicas": 0}, "min_replicas"),

@@ -172,7 +172,9 @@ class TestDeploymentCreate:
         created = response.json()
         assert (created["model_name"], created["version"], created["status"]) == ("gpt-tiny", "v3", "pending")
         assert created["traffic_percent"] == 10
-        assert created["resources"] == {"gpu": "A100", "replicas": 4, "min_replicas": 1, "max_replicas": 4}
+        assert created["resources"] == {
+            "gpu": "A100", "replicas": 4, "min_replicas": 1, "max_replicas": 4, "standby": 0,
+        }  # fmt: skip
         assert created["replicas"] == []
         deployment = Deployment.objects.get(pk=created["id"])
         assert (deployment.replicas, deployment.gpu_type, deployment.traffic_weight) == (4, "A100", 10)
@@ -183,11 +185,30 @@ class TestDeploymentCreate:
         assert entry.after["replicas"] == 4
         assert (entry.after["model"], entry.after["version"]) == ("gpt-tiny", "v3")
 
+    def test_it_deploys_with_a_warm_pool_or_as_one(self, ml, chat_model):
+        body = {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0,
+                "resources": {"replicas": 1, "standby": 2}}  # fmt: skip
+        response = ml.post("/api/v1/deployments", body, format="json")
+        assert response.status_code == 201, response.content
+        assert response.json()["resources"]["standby"] == 2
+        assert Deployment.objects.get(pk=response.json()["id"]).standby == 2
+        assert (
+            AuditEntry.objects.get(action="deployment.create", target=str(response.json()["id"])).after["standby"] == 2
+        )
+        # No serving replica, only standbys: a version readied before a swap to it.
+        body["resources"] = {"replicas": 0, "standby": 1}
+        response = ml.post("/api/v1/deployments", body, format="json")
+        assert response.status_code == 201, response.content
+        assert response.json()["resources"] == {"gpu": "", "replicas": 0, "min_replicas": 0, "max_replicas": 1,
+                                                "standby": 1}  # fmt: skip
+
     def test_resources_default_to_one_replica_on_the_versions_gpu(self, ml, chat_model):
         ModelVersion.objects.filter(model=chat_model, version="v3").update(gpu_type="L4")
         response = ml.post("/api/v1/deployments", {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0})
         assert response.status_code == 201, response.content
-        assert response.json()["resources"] == {"gpu": "L4", "replicas": 1, "min_replicas": 1, "max_replicas": 1}
+        assert response.json()["resources"] == {
+            "gpu": "L4", "replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0,
+        }  # fmt: skip
 
     def test_deployments_are_listed_with_their_replicas_states(self, ml, chat_model):
         deployment = Deployment.objects.get(version=version_of(chat_model, "v1"))
@@ -211,6 +232,9 @@ class TestDeploymentCreate:
             ({"traffic_percent": None}, "traffic_percent"),
             ({"resources": {"replicas": 0}}, "resources"),
             ({"resources": {"replicas": 3, "max_replicas": 2}}, "resources"),
+            ({"resources": {"replicas": 1, "standby": -1}}, "resources"),
+            ({"resources": {"replicas": 1, "standby": 32768}}, "resources"),
+            ({"resources": {"replicas": 0, "standby": 0}}, "resources"),
             ({"resources": {"replicas": 1, "min_replicas": 2}}, "resources"),
         ],
     )

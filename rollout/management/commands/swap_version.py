@@ -10,7 +10,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.errors import InvalidInput
 from registry.models import Deployment, Model, ModelVersion, Replica
-from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, open_swaps, swap_get, swap_step
+from rollout.hotswap import (
+    Swap,
+    deployment_prewarm,
+    deployment_swap_cancel,
+    deployment_swap_version,
+    open_swaps,
+    swap_get,
+    swap_step,
+)
 
 
 class Command(BaseCommand):
@@ -27,6 +35,13 @@ class Command(BaseCommand):
         parser.add_argument("--no-wait", action="store_true", help="start the swap and return")
         parser.add_argument("--timeout", type=float, default=900.0, help="stop following after this many seconds")
         parser.add_argument("--cancel", action="store_true", help="give up the model's swap (before traffic moves)")
+        parser.add_argument(
+            "--prewarm",
+            action="store_true",
+            help="do not swap yet: start the version's replicas as warm standbys (never routed); "
+            "the swap to it run later promotes them instead of waiting for cold starts",
+        )
+        parser.add_argument("--standby", type=int, help="with --prewarm: how many (default: the deployment's replicas)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         model = Model.objects.filter(name=options["model"]).first()
@@ -41,6 +56,9 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"{model.name} has no version {options['version']!r}; register it first.")
         deployment = self._deployment(model, version, options["deployment"])
+        if options["prewarm"]:
+            self._prewarm(deployment, version, options)
+            return
         try:
             new = deployment_swap_version(actor=None, deployment=deployment, version=version)
         except InvalidInput as exc:
@@ -52,6 +70,28 @@ class Command(BaseCommand):
         )
         if not options["no_wait"]:
             self._follow(swap, options["timeout"])
+
+    def _prewarm(self, deployment: Deployment, version: ModelVersion, options: dict[str, Any]) -> None:
+        try:
+            pool = deployment_prewarm(actor=None, deployment=deployment, version=version, standby=options["standby"])
+        except InvalidInput as exc:
+            raise CommandError(exc.message) from exc
+        self._say(f"warm pool of {version}: deployment {pool.pk}, {pool.standby} standby replica(s) starting")
+        if options["no_wait"]:
+            return
+        deadline = time.monotonic() + options["timeout"]
+        last = -1
+        while time.monotonic() < deadline:
+            ready = Replica.objects.filter(deployment_id=pool.pk, state=Replica.State.READY, standby=True).count()
+            if ready != last:
+                self._say(f"warm pool of {version}: {ready}/{pool.standby} standby replica(s) ready")
+                last = ready
+            if ready >= pool.standby:
+                self.stdout.write(self.style.SUCCESS(f"{version} is warm: swap_version {version.model.name} "
+                                                     f"{version.version} now promotes its standbys"))  # fmt: skip
+                return
+            time.sleep(1)
+        self._say(f"warm pool of {version}: still starting; the supervisors carry on.")
 
     def _deployment(self, model: Model, version: ModelVersion, pk: int | None) -> Deployment:
         serving = Deployment.objects.filter(
@@ -79,7 +119,7 @@ class Command(BaseCommand):
             current = swap_get(swap_id=swap.entry.pk)
             if current is None:
                 raise CommandError(f"{swap} disappeared from the audit log.")
-            ready = Replica.objects.filter(deployment_id=swap.new_id, state=Replica.State.READY).count()
+            ready = Replica.objects.filter(deployment_id=swap.new_id, state=Replica.State.READY, standby=False).count()
             status = f"{current.phase}; new replicas ready: {ready}"
             if status != last:
                 self._say(f"{swap}: {status}")
