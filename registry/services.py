@@ -474,12 +474,17 @@ def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int | None) -> R
     """The engine answers /health: route to it, and mark its version and deployment live.
     ``pid`` is None for a replica with no process of ours (an external upstream)."""
     with transaction.atomic():
+        # The deployment's row first (the order replica_claim and promotions take): two replicas
+        # of a new version on two hosts becoming ready at once are marked one after the other,
+        # the second reading the version and deployment the first made live (read before the
+        # lock, it moved them again: an illegal move that left the replica starting for good).
+        deployment = Deployment.objects.select_for_update().get(pk=replica.deployment_id)
         replica_transition(
             replica=replica, state=Replica.State.READY, endpoint=endpoint, pid=pid, last_heartbeat=timezone.now()
         )
-        deployment = Deployment.objects.select_related("version").get(pk=replica.deployment_id)
-        if deployment.version.status == ModelVersion.Status.LOADING:
-            model_version_transition(version=deployment.version, status=ModelVersion.Status.ACTIVE)
+        version = ModelVersion.objects.select_for_update().get(pk=deployment.version_id)
+        if version.status == ModelVersion.Status.LOADING:
+            model_version_transition(version=version, status=ModelVersion.Status.ACTIVE)
         if deployment.status == Deployment.Status.PENDING:
             deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
     return replica

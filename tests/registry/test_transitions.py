@@ -76,3 +76,72 @@ class TestDeploymentAndReplicaTransitions:
         replica_transition(replica=replica, state="failed")
         with pytest.raises(IllegalTransition):
             replica_transition(replica=replica, state="ready")
+
+
+class TestReadyAtOnce:
+    def test_two_replicas_of_a_new_version_ready_at_once_on_two_hosts_are_both_marked_ready(self, django_db_blocker):
+        """Host A marks its replica ready (the version goes active, the deployment running) while
+        host B, on its own connection, marks its own: B must wait and see A's changes, not move
+        the version again (it did: an illegal move, and B's replica stayed starting for good)."""
+        import threading
+        import time
+        import uuid
+
+        from django.db import connection, transaction
+
+        from registry.services import deployment_create, replica_mark_ready
+        from tests.support.gateway import committed
+
+        name = f"ready-at-once-{uuid.uuid4().hex[:6]}"
+
+        def create() -> tuple[int, int]:
+            model = Model.objects.create(name=name, task=Task.CHAT)
+            version = ModelVersion.objects.create(
+                model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
+                artifact_size=1, status=ModelVersion.Status.LOADING,
+            )  # fmt: skip
+            deployment = deployment_create(version=version, replicas=2, max_replicas=2)
+            first = Replica.objects.create(deployment=deployment, host="a")
+            second = Replica.objects.create(deployment=deployment, host="b")
+            return first.pk, second.pk
+
+        first, second = committed(django_db_blocker, create)
+        holding, errors = threading.Event(), []
+        release = threading.Event()
+
+        def host(replica_id: int, hold: bool) -> None:
+            try:
+                with transaction.atomic():
+                    replica_mark_ready(replica=Replica.objects.get(pk=replica_id), endpoint="http://10.0.0.1:1", pid=1)
+                    if hold:  # A has made the version live and not committed yet
+                        holding.set()
+                        release.wait(10)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        try:
+            with django_db_blocker.unblock():
+                a = threading.Thread(target=host, args=(first, True))
+                a.start()
+                assert holding.wait(10)
+                b = threading.Thread(target=host, args=(second, False))
+                b.start()
+                time.sleep(0.5)  # B is under way (waiting on A's locks) before A commits
+                release.set()
+                a.join(10)
+                b.join(10)
+            assert not errors, errors
+            states = committed(django_db_blocker, lambda: sorted(
+                Replica.objects.filter(pk__in=[first, second]).values_list("state", flat=True)))  # fmt: skip
+            assert states == ["ready", "ready"]
+        finally:
+            release.set()
+
+            def drop() -> None:
+                Deployment.objects.filter(version__model__name=name).delete()
+                ModelVersion.objects.filter(model__name=name).delete()
+                Model.objects.filter(name=name).delete()
+
+            committed(django_db_blocker, drop)

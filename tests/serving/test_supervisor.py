@@ -321,6 +321,9 @@ class TestDatabaseOutages:
         env = child_env(
             DATABASE_URL=url, WORKER_HOST=host, WORKER_SLOTS="0,1", WORKER_LOG_DIR=str(tmp_path),
             WORKER_ENGINE_LAUNCHER=FAKE_LAUNCHER, WORKER_HEARTBEAT_SECONDS="0.5", WORKER_DRAIN_TIMEOUT="5",
+            # Longer than the outage: a host cut off for longer than its lease is judged lost by
+            # the supervisors still connected (another test run's, here), and its replicas released.
+            WORKER_HOST_LEASE_SECONDS="90",
         )  # fmt: skip
 
         def replica() -> Replica | None:
@@ -712,16 +715,17 @@ class TestLostHosts:
         (gone,) = ready_replicas(deployment)
         engine = lost.engines[gone.pk].popen
         survivor = make_supervisor(slots=["0", "1"])
-        step_until(survivor, lambda: len(ready_replicas(deployment)) == 2)
+
+        def both_ready() -> bool:
+            lost.step()  # it renews its lease meanwhile: supervisors of other tests judge hosts too
+            return len(ready_replicas(deployment)) == 2
+
+        step_until(survivor, both_ready)
         assert {r.host for r in ready_replicas(deployment)} == {lost.host, survivor.host}
 
-        # The lost host's supervisor makes no pass from now on (dead, or cut off from the database).
-        time.sleep(1.2)
-        survivor._db_reachable_since = time.monotonic()  # as if just back from an outage itself
-        survivor._lost_hosts_checked_at = float("-inf")
-        survivor.step()
-        assert Replica.objects.get(pk=gone.pk).state == "ready", "judged before a lease's length of its own"
-
+        # The lost host's supervisor makes no pass from now on (dead, or cut off from the
+        # database): once its lease has expired, its replica is released (by this survivor, or
+        # any other supervisor connected to the database) and replaced on the survivor's free slot.
         step_until(survivor, lambda: Replica.objects.get(pk=gone.pk).state == "stopped", timeout=10)
         entry = AuditEntry.objects.get(action="host.lost", target=lost.host)
         assert entry.after["replicas"] == [gone.pk]
@@ -741,6 +745,29 @@ class TestLostHosts:
         assert lost.engines == {}
         assert not lost.lease_lost
         assert HostLease.objects.get(host=lost.host).holder == lost.holder
+
+    def test_only_a_supervisor_connected_for_a_whole_lease_judges_other_hosts(self, make_supervisor, monkeypatch):
+        calls: list[str] = []
+
+        def release(*, exclude: str, by: str) -> dict[str, int]:
+            calls.append(exclude)
+            return {}
+
+        monkeypatch.setattr("serving.supervisor.lease.replica_release_lost_hosts", release)
+        sup = make_supervisor(lease_seconds=5.0)
+        now = time.monotonic()
+        sup._db_reachable_since = None  # cut off from the database
+        sup._release_lost_hosts(now)
+        sup._db_reachable_since = now - 4.9  # back, but for less than a lease
+        sup._lost_hosts_checked_at = float("-inf")
+        sup._release_lost_hosts(now)
+        assert calls == []
+        sup._db_reachable_since = now - 5.1  # connected for a whole lease
+        sup._lost_hosts_checked_at = float("-inf")
+        sup._release_lost_hosts(now)
+        assert calls == [sup.host]
+        sup._release_lost_hosts(now + 0.5)  # at most once a second
+        assert calls == [sup.host]
 
     def test_a_host_renewing_its_lease_is_never_taken_as_lost(self, make_supervisor, settings):
         settings.WORKER_HOST_LEASE_SECONDS = 1.0

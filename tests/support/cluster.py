@@ -70,7 +70,9 @@ def drop_model(django_db_blocker: Any, name: str) -> None:
 # Short clocks, so that faults play out in seconds (production: 3 s beats, 9 s stale, 15 s lease).
 TIMINGS = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
-    "REPLICA_STALE_AFTER": "2",
+    # Eight missed beats: a supervisor's pass delayed by a loaded machine must not leave a
+    # moment with no routable replica.
+    "REPLICA_STALE_AFTER": "4",
     "WORKER_HOST_LEASE_SECONDS": "3",
     "WORKER_DRAIN_TIMEOUT": "5",
     "WORKER_MAX_BACKOFF": "1",
