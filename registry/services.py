@@ -378,9 +378,18 @@ def replica_record_pid(*, replica_id: int, pid: int) -> bool:
 # or draining for a restart someone asked for (the same replica starts again: no other is
 # claimed in its place meanwhile).
 _HOLDING_STATES = (Replica.State.STARTING, Replica.State.READY, Replica.State.FAILED)
-_HOLDING = models.Q(state__in=_HOLDING_STATES) | models.Q(
+HOLDING = models.Q(state__in=_HOLDING_STATES) | models.Q(
     state=Replica.State.DRAINING, restart_requested_at__isnull=False
 )
+
+# The most warm standby replicas a deployment may keep (the column is a small integer).
+MAX_STANDBY = 32767
+
+
+def standby_check(standby: object) -> None:
+    """``standby`` is a count of standby replicas a deployment may keep, or an InvalidInput."""
+    if isinstance(standby, bool) or not isinstance(standby, int) or not 0 <= standby <= MAX_STANDBY:
+        raise InvalidInput("standby", f"Must be a whole number between 0 and {MAX_STANDBY}.")
 
 
 def deployment_create(
@@ -403,8 +412,7 @@ def deployment_create(
     """
     if not 0 <= traffic_weight <= 100:
         raise InvalidInput("traffic_weight", "Must be between 0 and 100.")
-    if not 0 <= standby <= 32767:
-        raise InvalidInput("standby", "Must be between 0 and 32767.")
+    standby_check(standby)
     if replicas < 1 and not (replicas == 0 and standby >= 1):
         raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
     if not min_replicas <= replicas <= max_replicas:
@@ -466,7 +474,7 @@ def replica_surplus(*, deployment: Deployment) -> int:
     from registry.warm_pool import desired_standby  # it builds on this module
 
     deployment.refresh_from_db(fields=["status", "replicas", "standby"])
-    holding = Replica.objects.filter(_HOLDING, deployment=deployment).count()
+    holding = Replica.objects.filter(HOLDING, deployment=deployment).count()
     return max(0, holding - desired_replicas(deployment) - desired_standby(deployment))
 
 

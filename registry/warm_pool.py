@@ -23,16 +23,14 @@ from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Deployment, Replica
 from registry.services import (
-    _HOLDING,
+    HOLDING,
     SERVING_STATUSES,
     SUPERVISOR,
     Actor,
     audit_record,
     desired_replicas,
+    standby_check,
 )
-
-# The most standby replicas a deployment may keep (the column is a small integer).
-MAX_STANDBY = 32767
 
 
 def desired_standby(deployment: Deployment) -> int:
@@ -49,7 +47,7 @@ class _Place:
 
 
 def _places(deployment: Deployment) -> list[_Place]:
-    rows = Replica.objects.filter(_HOLDING, deployment=deployment).order_by("id")
+    rows = Replica.objects.filter(HOLDING, deployment=deployment).order_by("id")
     return [_Place(*row) for row in rows.values_list("id", "state", "standby", "last_heartbeat")]
 
 
@@ -190,8 +188,7 @@ def deployment_standby_set(*, actor: Actor, deployment: Deployment, standby: int
     """Set how many warm standby replicas ``deployment`` keeps (0 … 32767). Audited
     (``deployment.standby``); the supervisors claim the new ones on free slots, and drain
     standbys (never a serving replica) when the count is lowered."""
-    if isinstance(standby, bool) or not isinstance(standby, int) or not 0 <= standby <= MAX_STANDBY:
-        raise InvalidInput("standby", f"Must be a whole number between 0 and {MAX_STANDBY}.")
+    standby_check(standby)
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         if locked.replicas == 0 and standby == 0:

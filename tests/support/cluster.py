@@ -188,7 +188,7 @@ class Cluster:
 
     def host_env(self, engine_host: EngineHost) -> dict[str, str]:
         db, data = connection.settings_dict, self.network.data_address
-        addresses = ",".join(["127.0.0.1", "localhost", self.network.data_address,
+        addresses = ",".join(["127.0.0.1", "localhost", data,
                               *(h.host.address for h in self.hosts.values())])  # fmt: skip
         env = {
             "DATABASE_URL": f"postgresql://{db.get('USER') or 'postgres'}@{data}:{db['PORT']}/{db['NAME']}",
