@@ -111,7 +111,13 @@ class TestAdminConsole:
 
         # A phone: no sideways scrolling, charts still drawn.
         page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(300)
+        # Plotly redraws each chart for the narrower window (a debounced resize: on a loaded
+        # machine, longer than a fixed wait), each within its card.
+        page.wait_for_function(
+            "[...document.querySelectorAll('.plot.js-plotly-plot')].every(p => { const svg = p.querySelector('svg.main-svg');"
+            " return svg && svg.getBoundingClientRect().width <= p.getBoundingClientRect().width + 1; })",
+            timeout=20_000,
+        )
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
         screenshot(page, "console-overview-phone")
         page.close()
