@@ -91,6 +91,10 @@ class ArtifactStore(ABC):
     def local_path(self, uri: str) -> Path:
         """A local directory holding the artifact's files, for an engine to load."""
 
+    def has_local_copy(self, uri: str) -> bool:
+        """Whether ``local_path(uri)`` answers without a download (here always: the files are local)."""
+        return True
+
     def metadata_path(self, uri: str, names: frozenset[str]) -> Path:
         """A local directory holding at least those of the artifact's top-level files named in
         ``names`` (a tokenizer, a generation config: what a gateway reads of a model). Here the

@@ -325,6 +325,10 @@ class S3ArtifactStore(ArtifactStore):
             os.utime(entry / USED, ns=(now, now))
         return entry / FILES
 
+    def has_local_copy(self, uri: str) -> bool:
+        """Whether this host's cache holds the artifact, checked (``local_path`` need not download)."""
+        return (self.cache_root / _entry_name(*self._parse(uri)) / RECORD).exists()
+
     def metadata_path(self, uri: str, names: frozenset[str]) -> Path:
         """Only the artifact's top-level files named in ``names``, each checked against the
         manifest, in ``cache_root/.meta/<entry>/`` (never evicted: a few files), or the whole

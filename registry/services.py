@@ -471,11 +471,22 @@ def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
 
 def replica_surplus(*, deployment: Deployment) -> int:
     """How many replicas more than wanted (serving and standby) the deployment holds (0 when not over)."""
+    return max(0, _holding_beyond_wanted(deployment))
+
+
+def _holding_beyond_wanted(deployment: Deployment) -> int:
     from registry.warm_pool import desired_standby  # it builds on this module
 
     deployment.refresh_from_db(fields=["status", "replicas", "standby"])
     holding = Replica.objects.filter(HOLDING, deployment=deployment).count()
-    return max(0, holding - desired_replicas(deployment) - desired_standby(deployment))
+    return holding - desired_replicas(deployment) - desired_standby(deployment)
+
+
+def replica_shortfall(*, deployment: Deployment) -> int:
+    """How many replicas (serving and standby) the deployment wants beyond those it holds: a
+    read, not a claim (``replica_claim`` decides, with the row locked). A supervisor asks before
+    fetching a version's weights for a replica it might claim."""
+    return max(0, -_holding_beyond_wanted(deployment))
 
 
 def replica_mark_ready(*, replica: Replica, endpoint: str, pid: int | None) -> Replica:

@@ -18,10 +18,10 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 
-from registry.artifacts import get_artifact_store
 from registry.models import Deployment
 from registry.signatures import is_predict_framework
 from registry.upstreams import is_upstream_framework
@@ -31,8 +31,9 @@ from registry.upstreams import is_upstream_framework
 class EngineKind:
     name: str
     serves: Callable[[str], bool]  # a version's framework -> whether this kind serves it
-    # (deployment, port) -> argv of one replica; None: no process of ours (an external upstream)
-    command: Callable[[Deployment, int], list[str]] | None
+    # (deployment, port, its artifact's local folder) -> argv of one replica; None: no process
+    # of ours (an external upstream). The supervisor fetches the folder (serving.supervisor.weights).
+    command: Callable[[Deployment, int, Path], list[str]] | None
     busy_metrics: tuple[str, ...]  # Prometheus series whose sum is the requests in flight
     # In its command line: a pid an earlier supervisor recorded is one of ours to kill only
     # when its command line has it (a reused pid is a stranger's). Empty: no process.
@@ -65,9 +66,8 @@ def served_context_length(config: dict[str, object], *, capped: bool = True) -> 
     return min(int(declared), limit) if capped else int(declared)
 
 
-def _predict_command(deployment: Deployment, port: int) -> list[str]:
+def _predict_command(deployment: Deployment, port: int, path: Path) -> list[str]:
     version = deployment.version
-    path = get_artifact_store().local_path(version.artifact_uri)
     return [
         sys.executable, "-m", "serving.predict.worker",
         "--name", version.model.name,
@@ -83,10 +83,9 @@ def _predict_command(deployment: Deployment, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _vllm_command(deployment: Deployment, port: int) -> list[str]:
+def _vllm_command(deployment: Deployment, port: int, path: Path) -> list[str]:
     version = deployment.version
     model = version.model
-    path = get_artifact_store().local_path(version.artifact_uri)
     launcher = shlex.split(settings.WORKER_ENGINE_LAUNCHER) or [
         sys.executable,
         "-m",

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ class EngineProcess:
     slot: str
     model: str = ""  # the public name and version, for logs and metrics
     kind: EngineKind = VLLM  # what runs: its command line, probes and busy metrics
+    artifact: str = ""  # its version's artifact URI (held on this host while the engine is ours)
     version: str = ""
     port: int = 0
     popen: subprocess.Popen[bytes] | None = None
@@ -243,3 +245,34 @@ def row_route(current: str, target: str) -> list[str] | None:
         if via in moves.get(current, frozenset()) and target in moves.get(via, frozenset()):
             return [via, target]
     return None
+
+
+def free_slots(kind: EngineKind, engines: Iterable[EngineProcess], slots: list[str]) -> list[str]:
+    """Slots of ``slots`` a new replica of ``kind`` may take beside ``engines`` (``EngineKind.slot_use``):
+    a vLLM engine needs one no other vLLM engine holds; a predict worker shares a slot with up
+    to WORKER_PREDICT_PER_SLOT - 1 others (and with a vLLM engine), least shared first; an
+    external upstream takes none (its one "slot" is the empty name)."""
+    if kind.slot_use == "none":
+        return [""]
+    same = [e for e in engines if e.kind.slot_use == kind.slot_use]
+    if kind.slot_use == "own":
+        used = {e.slot for e in same}
+        return [slot for slot in slots if slot not in used]
+    sharing = {slot: sum(1 for e in same if e.slot == slot) for slot in slots}
+    open_slots = [slot for slot in slots if sharing[slot] < settings.WORKER_PREDICT_PER_SLOT]
+    return sorted(open_slots, key=lambda slot: sharing[slot])
+
+
+def kill_marked_strangers(host: str, engines: Iterable[EngineProcess], report: Callable[[str], None]) -> None:
+    """Kill the engines of ``host`` (by their marker) that are not among ``engines``: a predecessor's."""
+    spared = {engine.pid for engine in engines} | {os.getpgrp()}
+    for pid, replica in marked_engines(host, database_name()):
+        try:
+            group = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        if group in spared or pid == os.getpid():
+            continue  # ours, or already killed with its group (vLLM's engine core shares the mark)
+        spared.add(group)
+        signal_group(group, signal.SIGKILL)
+        report(f"killed engine pid {pid} (replica {replica}) that no supervisor tracks")

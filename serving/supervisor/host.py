@@ -6,8 +6,9 @@ to a slot (a CPU core, or a GPU). A replica of a kind with no process (an extern
 takes no slot: it is attached to its upstream's URL and probed, heart-beaten, failed and
 stopped like the others, with nothing to start or kill.
 
-- claims a replica when a deployment wants more and a slot is free, starts the engine,
-  waits for /health, then marks the replica ready with its endpoint;
+- claims a replica when a deployment wants more, a slot is free and the version's files
+  are on this host (fetched beside the loop: ``serving.supervisor.weights``), starts the
+  engine, waits for /health, then marks the replica ready with its endpoint;
 - heart-beats ready replicas after checking /health (routers ignore stale heartbeats);
 - announces every replica that becomes ready or leaves on the routing channel, so gateways
   reload at once;
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shlex
 import signal
 import subprocess
@@ -77,6 +77,7 @@ from registry.services import (
     replica_record_load_time,
     replica_record_pid,
     replica_release_host,
+    replica_shortfall,
     replica_surplus,
     replica_transition,
 )
@@ -86,12 +87,12 @@ from serving.gateway.engine_kinds import PROCESS_MARKS, EngineKind, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
 from serving.supervisor.engines import (
     EngineProcess,
-    database_name,
     engine_env,
     free_port,
+    free_slots,
     healthy,
     idle,
-    marked_engines,
+    kill_marked_strangers,
     row_route,
     signal_group,
 )
@@ -102,6 +103,7 @@ from serving.supervisor.lease import (
     LeaseKeeping,
     lease_holder,
 )
+from serving.supervisor.weights import Weights
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +144,13 @@ class Supervisor(LeaseKeeping):
     _announcer: ThreadPoolExecutor = field(init=False)
     _announcement: Future[None] | None = field(default=None, init=False)
     _swaps_checked_at: float = field(default=-SWAP_STEP_SECONDS, init=False)
+    weights: Weights = field(init=False)  # artifacts fetched beside the loop, held while used
 
     def __post_init__(self) -> None:
         self._http = httpx.Client(timeout=self.probe_timeout)
         self._probes = ThreadPoolExecutor(max_workers=max(4, len(self.slots)), thread_name_prefix="engine-probe")
         self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="routing-announce")
+        self.weights = Weights(self.report)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -160,7 +164,7 @@ class Supervisor(LeaseKeeping):
             # kill and release only once no other supervisor runs this host.
             if not self._take_lease_waiting():
                 return
-            self._kill_marked_strangers()
+            kill_marked_strangers(self.host, self.engines.values(), self.report)
             only = f"; models {', '.join(sorted(self.models))}" if self.models is not None else ""
             self.report(
                 f"supervising engines on {self.host} (slots {', '.join(self.slots)}{only}); "
@@ -201,21 +205,8 @@ class Supervisor(LeaseKeeping):
                 host_lease_release(host=self.host, holder=self.holder)
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._announcer.shutdown(wait=False, cancel_futures=True)
+        self.weights.close()
         self._http.close()
-
-    def _kill_marked_strangers(self) -> None:
-        """Engines of this host (by their marker) that this supervisor does not own: a predecessor's."""
-        spared = {engine.pid for engine in self.engines.values()} | {os.getpgrp()}
-        for pid, replica in marked_engines(self.host, database_name()):
-            try:
-                group = os.getpgid(pid)
-            except ProcessLookupError:
-                continue
-            if group in spared or pid == os.getpid():
-                continue  # ours, or already killed with its group (vLLM's engine core shares the mark)
-            spared.add(group)
-            signal_group(group, signal.SIGKILL)
-            self.report(f"killed engine pid {pid} (replica {replica}) that no supervisor tracks")
 
     def _kill_orphans(self) -> None:
         """Engines an earlier supervisor of this host recorded and left running (it was killed)."""
@@ -400,14 +391,9 @@ class Supervisor(LeaseKeeping):
         engine.recorded = True
 
     def _announce_routing_change(self) -> None:
-        """Tell gateways to reload their routing tables now, not at their next refresh, when a
-        replica became ready or left (draining, failed, stopped).
-
-        ``core.events.publish_routing_change_now``: no wait for a commit (the supervisor's
-        writes are committed by now) and off the loop, in a thread of its own: a
-        Redis that hangs must never delay a heartbeat. One announcement waiting covers any
-        number of changes.
-        """
+        """Tell gateways to reload their routing now when a replica became ready or left:
+        ``publish_routing_change_now`` (the writes are committed by now) in a thread of its own,
+        as a hung Redis must never delay a heartbeat. One announcement waiting covers any number."""
         if not self._routing_changed:
             return
         self._routing_changed = False
@@ -458,21 +444,6 @@ class Supervisor(LeaseKeeping):
                 continue
             self._start(engine, deployment)
 
-    def _free_slots(self, kind: EngineKind) -> list[str]:
-        """Slots a new replica of ``kind`` may take (``EngineKind.slot_use``): a vLLM engine needs
-        one no other vLLM engine holds; a predict worker shares a slot with up to
-        WORKER_PREDICT_PER_SLOT - 1 others (and with a vLLM engine), least shared first; an
-        external upstream takes none (its one "slot" is the empty name)."""
-        if kind.slot_use == "none":
-            return [""]
-        engines = [e for e in self.engines.values() if e.kind.slot_use == kind.slot_use]
-        if kind.slot_use == "own":
-            used = {e.slot for e in engines}
-            return [slot for slot in self.slots if slot not in used]
-        sharing = {slot: sum(1 for e in engines if e.slot == slot) for slot in self.slots}
-        open_slots = [slot for slot in self.slots if sharing[slot] < settings.WORKER_PREDICT_PER_SLOT]
-        return sorted(open_slots, key=lambda slot: sharing[slot])
-
     def _claim_wanted(self) -> None:
         deployments = [d for d in serving_deployments() if self.models is None or d.version.model.name in self.models]
         wanted_ids = {d.id for d in deployments}
@@ -501,8 +472,8 @@ class Supervisor(LeaseKeeping):
                     self._begin_drain(self.engines[surplus])
                     continue
                 kind = kind_of(deployment.version.framework)
-                free = self._free_slots(kind)
-                if not free:
+                free = free_slots(kind, self.engines.values(), self.slots)
+                if not free or not self._weights_here(deployment, kind):
                     continue
                 replica = replica_claim(deployment=deployment, host=self.host)
             except Deployment.DoesNotExist:
@@ -515,9 +486,22 @@ class Supervisor(LeaseKeeping):
                     model=deployment.version.model.name,
                     version=deployment.version.version,
                     kind=kind,
+                    artifact=deployment.version.artifact_uri if kind.runs_process else "",
                 )
                 self.engines[replica.id] = engine
                 self._start(engine, deployment)
+        self.weights.release_unused((e.artifact for e in self.engines.values() if e.artifact), time.monotonic())
+
+    def _weights_here(self, deployment: Deployment, kind: EngineKind) -> bool:
+        """Whether the version's files are here (always, for a kind with no process); if not and
+        a replica is wanted, their download starts beside the loop (``Weights.prepare``)."""
+        if not kind.runs_process:
+            return True
+        return self.weights.prepare(
+            deployment.version.artifact_uri,
+            time.monotonic(),
+            needed=lambda: replica_shortfall(deployment=deployment) > 0,
+        )
 
     def _start(self, engine: EngineProcess, deployment: Deployment) -> None:
         """Start the replica: its engine's process, or for a kind with none (an external
@@ -540,7 +524,7 @@ class Supervisor(LeaseKeeping):
         engine.log_path = self.log_dir / f"replica-{engine.replica_id}.log"
         build = engine.kind.command
         assert build is not None  # _start attaches a kind with none instead
-        command = build(deployment, engine.port)
+        command = build(deployment, engine.port, self.weights.path(engine.artifact))
         env = engine_env(engine.slot, replica_id=engine.replica_id, host=self.host)
         try:
             with open(engine.log_path, "ab") as log:

@@ -114,7 +114,8 @@ class TestAdminConsole:
         # Plotly redraws each chart for the narrower window (a debounced resize: on a loaded
         # machine, longer than a fixed wait), each within its card.
         page.wait_for_function(
-            "[...document.querySelectorAll('.plot.js-plotly-plot')].every(p => { const svg = p.querySelector('svg.main-svg');"
+            "[...document.querySelectorAll('.plot.js-plotly-plot')].every(p => {"
+            " const svg = p.querySelector('svg.main-svg');"
             " return svg && svg.getBoundingClientRect().width <= p.getBoundingClientRect().width + 1; })",
             timeout=20_000,
         )

@@ -24,6 +24,7 @@ from registry.artifacts import ArtifactChecksumMismatch, ArtifactUnavailable, di
 from registry.models import ModelVersion
 from registry.s3_store import MANIFEST, S3ArtifactStore, manifest_digest
 from registry.services import model_version_create_from_upload
+from serving.supervisor.weights import Weights
 from tests.support.processes import BASE_DIR, free_port, start_process, stop_process
 
 CREDENTIALS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
@@ -407,3 +408,32 @@ print(json.dumps({{"path": str(store.local_path({stored.uri!r})), "gets": len(ge
         replica.release(uris["a"])
         other.local_path(uris["b"])  # a is free now and the least recently used
         assert not in_use.exists()
+
+    def test_a_supervisors_artifact_is_held_while_its_engines_use_it(self, make_store, tmp_path):
+        """``serving.supervisor.weights``: fetched beside the loop, held (one store object for the
+        supervisor's life) until no engine uses it, then evictable like any other."""
+        other = make_store(cache_max_bytes=2500)  # another process of the host, room for two
+        uris = {
+            name: other.put_directory(source=make_artifact(tmp_path, name), key=f"m/{name}").uri
+            for name in ("a", "b", "c")
+        }
+        reports: list[str] = []
+        weights = Weights(reports.append, store=make_store(cache_max_bytes=2500))
+        try:
+            deadline = time.monotonic() + 20
+            while not weights.prepare(uris["a"], time.monotonic(), needed=lambda: True):
+                assert time.monotonic() < deadline, reports
+                time.sleep(0.05)
+            in_use = weights.path(uris["a"])
+            assert in_use.is_dir()
+            assert any("fetched" in r for r in reports)
+            weights.release_unused([uris["a"]], time.monotonic())  # an engine uses it: kept
+            for name in ("b", "c"):
+                other.local_path(uris[name])
+                other.release(uris[name])
+            assert in_use.is_dir()
+            weights.release_unused([], time.monotonic())  # its last engine stopped
+            other.local_path(uris["b"])  # a is the least recently used, and free
+            assert not in_use.exists()
+        finally:
+            weights.close()

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,12 +28,14 @@ from django.db import OperationalError, connection
 from django.utils import timezone
 
 from console.management.commands.runplatform import AlreadyRunning, ChildProcesses, claim_platform
+from registry.artifacts import ArtifactUnavailable, LocalArtifactStore
 from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
 from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines
 from serving.supervisor.host import Supervisor
 from serving.supervisor.lease import HostLeaseHeld
+from serving.supervisor.weights import Weights
 from tests.support import processes
 from tests.support.gateway import committed
 from tests.support.processes import child_env, free_port
@@ -787,6 +790,88 @@ class TestLostHosts:
             time.sleep(0.1)
         assert len(ready_replicas(deployment)) == 2
         assert not AuditEntry.objects.filter(action="host.lost", target__in=[first.host, second.host]).exists()
+
+
+class SlowStore(LocalArtifactStore):
+    """A store whose artifacts are not on this host until ``arrive`` is set: ``local_path``
+    waits for it, as a first download from an object store would (minutes for a large model)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root=root)
+        self.arrive = threading.Event()
+        self.fetched: set[str] = set()
+        self.failures = 0  # the next downloads that fail
+        self.released: list[str] = []
+
+    def has_local_copy(self, uri: str) -> bool:
+        return uri in self.fetched
+
+    def local_path(self, uri: str) -> Path:
+        if uri not in self.fetched:
+            if self.failures:
+                self.failures -= 1
+                raise ArtifactUnavailable("the store did not answer")
+            assert self.arrive.wait(30)
+            self.fetched.add(uri)
+        return super().local_path(uri)
+
+    def release(self, uri: str) -> None:
+        self.released.append(uri)
+
+
+class TestWeightsFetchedBesideTheLoop:
+    @pytest.fixture
+    def slow_store(self, supervisor, tmp_path, monkeypatch) -> SlowStore:
+        monkeypatch.setattr("serving.supervisor.weights.FETCH_RETRY_SECONDS", 0.3)
+        store = SlowStore(tmp_path / "store")
+        supervisor.weights = Weights(supervisor.report, store=store)
+        return store
+
+    def test_a_download_holds_up_no_heartbeat_and_the_replica_is_claimed_once_it_is_here(self, supervisor, slow_store):
+        serving = create_deployment("fetched-first")
+        slow_store.fetched.add(serving.version.artifact_uri)  # on this host already
+        step_until(supervisor, lambda: len(ready_replicas(serving)) == 1)
+        (running,) = ready_replicas(serving)
+
+        waiting = create_deployment("fetched-later")
+        beats = []
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # the download does not end meanwhile
+            supervisor.step()
+            beats.append(Replica.objects.get(pk=running.pk).last_heartbeat)
+            time.sleep(0.1)
+        assert len(set(beats)) > 3, "the ready replica's heartbeat stopped during the download"
+        assert not Replica.objects.filter(deployment=waiting).exists(), "claimed before its weights were here"
+
+        slow_store.arrive.set()
+        step_until(supervisor, lambda: len(ready_replicas(waiting)) == 1)
+        engine = next(e for e in supervisor.engines.values() if e.deployment_id == waiting.pk)
+        assert engine.artifact == waiting.version.artifact_uri
+        assert slow_store.released == []  # both artifacts are used by an engine of this host
+
+        deployment_transition(deployment=waiting, status=Deployment.Status.DRAINING)
+        step_until(supervisor, lambda: engine.replica_id not in supervisor.engines)
+        step_until(supervisor, lambda: slow_store.released == [waiting.version.artifact_uri])
+
+    def test_a_failed_download_is_reported_claims_nothing_and_is_tried_again(self, supervisor, slow_store):
+        reports: list[str] = []
+        supervisor.report = supervisor.weights.report = reports.append
+        slow_store.failures = 1
+        slow_store.arrive.set()
+        deployment = create_deployment("fetch-fails-once")
+        step_until(supervisor, lambda: any("could not fetch" in r for r in reports))
+        assert not Replica.objects.filter(deployment=deployment).exists()
+        assert "the store did not answer" in next(r for r in reports if "could not fetch" in r)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)  # tried again
+        assert sum("fetching" in r for r in reports) == 2
+
+    def test_nothing_is_fetched_for_a_deployment_that_holds_what_it_wants(self, supervisor, slow_store):
+        deployment = create_deployment("held-elsewhere")
+        Replica.objects.create(deployment=deployment, host="another-host", state=Replica.State.STARTING)
+        for _ in range(5):
+            supervisor.step()
+        assert supervisor.weights._fetching == {}
+        assert Replica.objects.filter(deployment=deployment).count() == 1
 
 
 class TestOnePlatform:
