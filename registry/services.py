@@ -4,7 +4,7 @@ guarded by transition tables, and the audit entry of each management write."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -447,11 +447,14 @@ def desired_replicas(deployment: Deployment) -> int:
     return deployment.replicas if serving else 0
 
 
-def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
+def replica_claim(
+    *, deployment: Deployment, host: str, on_promoted: Callable[[list[int]], None] | None = None
+) -> Replica | None:
     """Create a replica of ``deployment`` on ``host`` if the deployment wants one more: a
     serving one while it holds fewer than ``replicas``, else a standby while its warm pool
     holds fewer than ``standby``. A ready standby is promoted first instead of a serving one
-    claimed cold (``registry.warm_pool.claim_role``).
+    claimed cold (``registry.warm_pool.claim_role``); ``on_promoted`` is given their ids after
+    the commit (the supervisor announces the routing change off its loop).
 
     The deployment row is locked, so supervisors on several hosts never over-fill it.
     """
@@ -459,7 +462,9 @@ def replica_claim(*, deployment: Deployment, host: str) -> Replica | None:
 
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
-        standby = claim_role(deployment=locked)
+        standby, promoted = claim_role(deployment=locked)
+        if promoted and on_promoted is not None:
+            transaction.on_commit(lambda: on_promoted(promoted))
         if standby is None:
             return None
         replica = Replica.objects.create(deployment=locked, host=host, state=Replica.State.STARTING, standby=standby)

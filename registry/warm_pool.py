@@ -119,21 +119,21 @@ def standby_promote(
     return _promote(deployment=deployment, places=_places(deployment), reason=reason, actor=actor, announce=announce)
 
 
-def claim_role(*, deployment: Deployment) -> bool | None:
+def claim_role(*, deployment: Deployment) -> tuple[bool | None, list[int]]:
     """What a replica claimed now for the locked ``deployment`` would be: a serving one (False),
-    a standby (True), or none (None: it holds all it wants). A ready standby is promoted first,
-    so a serving place is never cold-started while a warm one waits. Call inside
-    transaction.atomic with the deployment row locked."""
+    a standby (True), or none (None: it holds all it wants); and the standbys promoted first
+    (not announced: the caller announces), so a serving place is never cold-started while a
+    warm one waits. Call inside transaction.atomic with the deployment row locked."""
     places = _places(deployment)
-    promoted = set(_promote(deployment=deployment, places=places, reason="claim", actor=SUPERVISOR, announce=False))
+    promoted = _promote(deployment=deployment, places=places, reason="claim", actor=SUPERVISOR, announce=False)
     if promoted:
         places = _places(deployment)
     serving = sum(1 for p in places if not p.standby)
     if serving < desired_replicas(deployment):
-        return False
+        return False, promoted
     if len(places) - serving < desired_standby(deployment):
-        return True
-    return None
+        return True, promoted
+    return None, promoted
 
 
 def deployments_promote_standbys(*, deployment_ids: list[int]) -> list[int]:

@@ -46,6 +46,10 @@ class EngineKind:
     # Its context is the version's max_seq_len at most ENGINE_MAX_MODEL_LEN (the platform
     # starts it so); False: the declared one (another's server).
     capped_context: bool = True
+    # Requests tried in turn, (path, body without "model"), once it is healthy and before it is
+    # routed or promoted: the first that is not refused as unsupported (400/404) warms it up.
+    # A fresh vLLM engine's first request pays first-run costs the first customer should not.
+    warm_up: tuple[tuple[str, dict[str, object]], ...] = ()
 
     @property
     def runs_process(self) -> bool:
@@ -139,6 +143,8 @@ VLLM = EngineKind(
     command=_vllm_command,
     busy_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
     process_mark=b"--served-model-name",
+    # A generative model answers the first, a pooling (embedding) one the second.
+    warm_up=(("/v1/completions", {"prompt": "Hello", "max_tokens": 1}), ("/v1/embeddings", {"input": "Hello"})),
 )
 KINDS: tuple[EngineKind, ...] = (PREDICT, EXTERNAL, VLLM)
 # The marks of the kinds that run a process (an external upstream has none).

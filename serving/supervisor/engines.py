@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,13 +95,33 @@ class EngineProcess:
     recorded: bool = False
     row_gone: bool = False  # deleted (or stopped) under us: stop the engine, write nothing
     beat_due: bool = False  # /health answered since the last heartbeat written
-    probe: tuple[str, Future[bool]] | None = None  # ("health" | "idle", result)
+    probe: tuple[str, Future[bool]] | None = None  # ("health" | "warm" | "idle", result)
     # Draining for a restart asked for: once the process has exited it is started again.
     restart_requested: bool = False
     # A kind with no process (an external upstream): where it is, and whether this supervisor
     # holds it now (from its start until it is stopped or failed: what "alive" means for it).
     upstream: UpstreamTarget | None = None
     attached: bool = False
+
+    def start_probe(self, kind: str, pool: Executor, http: httpx.Client) -> None:
+        """Run a probe of this kind ("health", "warm", "idle") in ``pool``, beside the loop."""
+        if kind == "health":
+            probe = pool.submit(healthy, http, self.endpoint, self.kind, self.upstream)
+        elif kind == "warm":
+            probe = pool.submit(warm_up, http, self.endpoint, self.kind, self.model, self.replica_id)
+        else:
+            probe = pool.submit(idle, http, self.endpoint, self.kind)
+        self.probe = (kind, probe)
+
+    def probe_result(self, kind: str) -> bool | None:
+        """The answer of its finished probe of this kind; None while none has finished."""
+        if self.probe is None or not self.probe[1].done():
+            return None
+        probe_kind, future = self.probe
+        self.probe = None
+        if probe_kind != kind:  # asked for before the engine changed phase: stale
+            return None
+        return bool(future.result())
 
     @property
     def endpoint(self) -> str:
@@ -210,6 +230,29 @@ def healthy(http: httpx.Client, endpoint: str, kind: EngineKind, upstream: Upstr
         return any(isinstance(m, dict) and m.get("id") == upstream.served_model for m in listed)
     except (ValueError, AttributeError, TypeError):
         return False
+
+
+# Marks the warm-up request (a test's fake engine leaves it out of what it counts).
+WARM_UP_HEADER = "X-Platform-Warm-Up"
+WARM_UP_TIMEOUT = 60.0
+
+
+def warm_up(http: httpx.Client, endpoint: str, kind: EngineKind, model: str, replica_id: int) -> bool:
+    """One small request through a healthy replica before it is routed (``EngineKind.warm_up``),
+    with its key: True when one was answered. Runs in a probe thread."""
+    headers = {"Authorization": f"Bearer {replica_api_key(replica_id)}", WARM_UP_HEADER: "1"}
+    for path, body in kind.warm_up:
+        try:
+            response = http.post(
+                f"{endpoint}{path}", json={"model": model, **body}, headers=headers, timeout=WARM_UP_TIMEOUT
+            )
+        except httpx.HTTPError:
+            return False
+        if response.status_code == 200:
+            return True
+        if response.status_code not in (400, 404):
+            return False
+    return False
 
 
 def idle(http: httpx.Client, endpoint: str, kind: EngineKind) -> bool:

@@ -90,8 +90,6 @@ from serving.supervisor.engines import (
     engine_env,
     free_port,
     free_slots,
-    healthy,
-    idle,
     kill_marked_strangers,
     row_route,
     signal_group,
@@ -451,10 +449,7 @@ class Supervisor(LeaseKeeping):
             if engine.deployment_id not in wanted_ids:
                 self._begin_drain(engine)
         # A serving replica failed, stopped or was lost: a ready standby takes its place first.
-        promoted = deployments_promote_standbys(deployment_ids=list(wanted_ids))
-        if promoted:
-            self._routing_changed = True
-            self.report(f"promoted standby replica(s) {', '.join(map(str, promoted))}")
+        self._promoted(deployments_promote_standbys(deployment_ids=list(wanted_ids)))
         for deployment in deployments:
             mine = [
                 e
@@ -475,7 +470,7 @@ class Supervisor(LeaseKeeping):
                 free = free_slots(kind, self.engines.values(), self.slots)
                 if not free or not self._weights_here(deployment, kind):
                     continue
-                replica = replica_claim(deployment=deployment, host=self.host)
+                replica = replica_claim(deployment=deployment, host=self.host, on_promoted=self._promoted)
             except Deployment.DoesNotExist:
                 continue  # deleted since the list was read; the next pass stops its engines
             if replica is not None:
@@ -491,6 +486,11 @@ class Supervisor(LeaseKeeping):
                 self.engines[replica.id] = engine
                 self._start(engine, deployment)
         self.weights.release_unused((e.artifact for e in self.engines.values() if e.artifact), time.monotonic())
+
+    def _promoted(self, replica_ids: list[int]) -> None:
+        if replica_ids:
+            self._routing_changed = True  # announced at the end of the pass, off the loop
+            self.report(f"promoted standby replica(s) {', '.join(map(str, replica_ids))}")
 
     def _weights_here(self, deployment: Deployment, kind: EngineKind) -> bool:
         """Whether the version's files are here (always, for a kind with no process); if not and
@@ -562,8 +562,14 @@ class Supervisor(LeaseKeeping):
                 self.report(f"replica {engine.replica_id} ignored SIGTERM for {self.stop_grace:.0f} s; killed")
             return
         if engine.phase == "starting":
-            result = self._probe_result(engine, "health")
-            if result:
+            warming = engine.probe is not None and engine.probe[0] == "warm"
+            result = engine.probe_result("warm" if warming else "health")
+            if result and not warming and engine.kind.warm_up:
+                engine.start_probe("warm", self._probes, self._http)  # healthy: one request before it is routed
+                return
+            if warming and result is False:
+                self.report(f"replica {engine.replica_id}: its warm-up request was not answered; ready all the same")
+            if (result is not None) if warming else result:
                 engine.phase = "ready"
                 engine.ready_at = engine.last_check = now
                 engine.load_seconds = now - engine.started_at
@@ -579,10 +585,10 @@ class Supervisor(LeaseKeeping):
                 self._kill(engine)
                 self._fail(engine, f"not healthy within {settings.WORKER_STARTUP_TIMEOUT:.0f} s")
             elif engine.probe is None:
-                self._start_probe(engine, "health")
+                engine.start_probe("health", self._probes, self._http)
             return
         if engine.phase == "ready":
-            result = self._probe_result(engine, "health")
+            result = engine.probe_result("health")
             if result is True:
                 engine.failed_checks = 0
                 engine.beat_due = True
@@ -599,30 +605,13 @@ class Supervisor(LeaseKeeping):
             interval = settings.WORKER_HEARTBEAT_SECONDS / (3 if engine.failed_checks else 1)
             if engine.probe is None and now - engine.last_check >= interval:
                 engine.last_check = now
-                self._start_probe(engine, "health")
+                engine.start_probe("health", self._probes, self._http)
             return
         if engine.phase == "draining":
-            if now >= engine.drain_deadline or self._probe_result(engine, "idle"):
+            if now >= engine.drain_deadline or engine.probe_result("idle"):
                 self._stop_process(engine)
             elif engine.probe is None:
-                self._start_probe(engine, "idle")
-
-    def _start_probe(self, engine: EngineProcess, kind: str) -> None:
-        if kind == "health":
-            probe = self._probes.submit(healthy, self._http, engine.endpoint, engine.kind, engine.upstream)
-        else:
-            probe = self._probes.submit(idle, self._http, engine.endpoint, engine.kind)
-        engine.probe = (kind, probe)
-
-    def _probe_result(self, engine: EngineProcess, kind: str) -> bool | None:
-        """The answer of the engine's finished probe of this kind; None while none has finished."""
-        if engine.probe is None or not engine.probe[1].done():
-            return None
-        probe_kind, future = engine.probe
-        engine.probe = None
-        if probe_kind != kind:  # asked for before the engine changed phase: stale
-            return None
-        return bool(future.result())
+                engine.start_probe("idle", self._probes, self._http)
 
     def _begin_drain(self, engine: EngineProcess) -> None:
         if engine.phase in ("draining", "stopping", "stopped"):

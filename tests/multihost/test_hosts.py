@@ -238,18 +238,31 @@ class TestSeveralHosts:
         report("gateway host cut off from Redis", requests=len(outcomes), failed=sum(o.verdict != OK for o in outcomes),
                out_of_balancer_s=out_after, back_in_s=back_after)  # fmt: skip
 
-    def test_a_killed_host_is_replaced_on_a_free_slot_and_rejoins_without_doubling(
+    def test_a_killed_hosts_replica_is_replaced_by_a_standby_on_another_host_and_it_rejoins_without_doubling(
         self, cluster, make_api_key, django_db_blocker
     ):
-        from registry.models import AuditEntry
+        from registry.models import AuditEntry, Deployment
+        from registry.warm_pool import deployment_standby_set
 
         built, deployment_id, name = cluster
-        since = timezone.now()
         key = make_api_key(rate_limit_rpm=100_000, rate_limit_tpm=100_000_000, max_concurrent=64)
         replicas = ready_replicas(django_db_blocker, deployment_id)
         doomed = built.host_of(replicas[0].endpoint)
         doomed_ids = {r.pk for r in replicas if built.host_of(r.endpoint) == doomed}
         free = next(h for h in HOSTS if h not in {built.host_of(r.endpoint) for r in replicas})
+
+        def set_standby(count: int) -> None:
+            deployment = Deployment.objects.get(pk=deployment_id)
+            deployment_standby_set(actor=None, deployment=deployment, standby=count)
+
+        # A warm pool of one: the supervisor of the host with the free slot starts the standby.
+        committed(django_db_blocker, lambda: set_standby(1))
+        standby = wait_for(
+            lambda: next((r for r in ready_replicas(django_db_blocker, deployment_id) if r.standby), None),
+            30, "a ready standby",
+        )  # fmt: skip
+        assert built.host_of(standby.endpoint) == free
+        since = timezone.now()
         with load(built, key.secret, name) as clients:
             wait_for(lambda: clients.in_progress("sse") >= 2, 30, "streams in flight")
             killed = built.kill_host(doomed)
@@ -261,22 +274,28 @@ class TestSeveralHosts:
                     action="host.lost", target=built.hosts[doomed].name).exists()) and time.monotonic() - killed_at,
                 30, "the host judged lost",
             )  # fmt: skip
+            # No cold start: the standby on another host is promoted into the lost replica's place.
             replaced_after = wait_for(
                 lambda: (
-                    len(ready := ready_replicas(django_db_blocker, deployment_id)) == WANTED
-                    and not doomed_ids & {r.pk for r in ready}
+                    len(serving := [r for r in ready_replicas(django_db_blocker, deployment_id) if not r.standby])
+                    == WANTED
+                    and standby.pk in {r.pk for r in serving}
                     and time.monotonic() - killed_at
                 ),
-                30, "a replacement ready",
+                30, "the standby promoted",
             )  # fmt: skip
             for replica in ready_replicas(django_db_blocker, deployment_id):
                 slow_stream(replica.endpoint)
             time.sleep(2)
         wait_for(lambda: not left_in_flight(key.key_id), 30, "the dead gateway's requests settled")
         persisted(key.key_id, since)
+        promoted = committed(
+            django_db_blocker, lambda: AuditEntry.objects.get(action="replica.promote", target=str(standby.pk))
+        )
+        assert promoted.actor_name == "engine supervisor"
         hosts_now = {built.host_of(r.endpoint) for r in ready_replicas(django_db_blocker, deployment_id)}
-        assert free in hosts_now
         assert doomed not in hosts_now
+        assert not doomed_ids & {r.pk for r in live_replicas(django_db_blocker, deployment_id)}
         outcomes = clients.outcomes
         # What was in flight on the dead host's gateway or engine may fail; nothing after.
         # Other gateways stop routing to its engine once its heartbeat is stale (REPLICA_STALE_AFTER, 4 s).
@@ -286,15 +305,21 @@ class TestSeveralHosts:
         unseen = sum(1 for o in outcomes if o.verdict == LOST and o.request_id is None)
         assert_metered_exactly_once([key.key_id], outcomes, since, unseen=unseen)
 
-        # The host comes back (its supervisor and gateway start again): it holds no replica
-        # of the deployment, which keeps the two it wants.
+        # The host comes back (its supervisor and gateway start again): its free slot refills
+        # the warm pool; the deployment keeps the two serving replicas it wants, none doubled.
         built.start_supervisor(doomed)
         built.start_gateway(doomed)
         until_status(built, doomed, "UP", timeout=30)
+        refill = wait_for(
+            lambda: next((r for r in ready_replicas(django_db_blocker, deployment_id) if r.standby), None),
+            30, "the pool refilled",
+        )  # fmt: skip
+        assert built.host_of(refill.endpoint) == doomed
         time.sleep(4)  # more than a lease: a doubling would have shown by now
         live = live_replicas(django_db_blocker, deployment_id)
-        assert len(live) == WANTED, [(r.pk, r.host, r.state) for r in live]
+        assert sorted(r.standby for r in live) == [False] * WANTED + [True], [(r.pk, r.host, r.state) for r in live]
         assert all(r.state == "ready" for r in live)
-        assert doomed not in {built.host_of(r.endpoint) for r in live}
+        committed(django_db_blocker, lambda: set_standby(0))
+        wait_for(lambda: len(live_replicas(django_db_blocker, deployment_id)) == WANTED, 30, "the standby drained")
         report("host killed", requests=len(outcomes), failed=sum(o.verdict != OK for o in outcomes),
-               out_of_balancer_s=out_after, judged_lost_s=lost_after, replaced_s=replaced_after)  # fmt: skip
+               out_of_balancer_s=out_after, judged_lost_s=lost_after, promoted_s=replaced_after)  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
 import signal
 import socket
@@ -32,7 +33,8 @@ from registry.artifacts import ArtifactUnavailable, LocalArtifactStore
 from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
 from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
-from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines
+from serving.gateway.engine_kinds import PREDICT, VLLM
+from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines, warm_up
 from serving.supervisor.host import Supervisor
 from serving.supervisor.lease import HostLeaseHeld
 from serving.supervisor.weights import Weights
@@ -790,6 +792,37 @@ class TestLostHosts:
             time.sleep(0.1)
         assert len(ready_replicas(deployment)) == 2
         assert not AuditEntry.objects.filter(action="host.lost", target__in=[first.host, second.host]).exists()
+
+
+class TestWarmUp:
+    def test_a_replica_answers_one_warm_up_request_before_it_is_routed(self, supervisor, deployment):
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        (replica,) = ready_replicas(deployment)
+        stats = httpx.get(f"{replica.endpoint}/_stats", timeout=5).json()
+        assert stats["warm_ups"] == ["/v1/completions"]
+        assert stats["requests"] == 0  # not a customer's request
+
+    def test_the_warm_up_tries_each_request_of_its_kind_and_gives_up_on_an_error(self):
+        asked: list[tuple[str, dict[str, Any], str]] = []
+
+        def answer(status: dict[str, int]) -> httpx.Client:
+            def handle(request: httpx.Request) -> httpx.Response:
+                asked.append((request.url.path, json.loads(request.content), request.headers["authorization"]))
+                return httpx.Response(status.get(request.url.path, 200), json={})
+
+            return httpx.Client(transport=httpx.MockTransport(handle))
+
+        endpoint = "http://engine:8000"
+        # A pooling (embedding) model refuses completions: its warm-up is an embedding.
+        assert warm_up(answer({"/v1/completions": 404}), endpoint, VLLM, "embedder", 7)
+        assert [(path, body["model"]) for path, body, _ in asked] == [
+            ("/v1/completions", "embedder"), ("/v1/embeddings", "embedder")
+        ]  # fmt: skip
+        assert asked[0][2] == f"Bearer {replica_api_key(7)}"
+        asked.clear()
+        assert not warm_up(answer({"/v1/completions": 500}), endpoint, VLLM, "broken", 7)
+        assert len(asked) == 1  # an engine error is not "unsupported": no second try
+        assert not warm_up(answer({}), endpoint, PREDICT, "classifier", 7)  # a kind with no warm-up
 
 
 class SlowStore(LocalArtifactStore):

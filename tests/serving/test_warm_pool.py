@@ -87,10 +87,13 @@ class TestClaim:
         assert Replica.objects.filter(deployment=deployment).count() == 4
         assert replica_surplus(deployment=deployment) == 0
 
-    def test_a_ready_standby_is_promoted_instead_of_a_cold_claim(self):
+    def test_a_ready_standby_is_promoted_instead_of_a_cold_claim(self, django_capture_on_commit_callbacks):
         deployment = deploy("claim-warm", replicas=1, standby=1)
         warm = row(deployment, standby=True)
-        claimed = replica_claim(deployment=deployment, host="h")
+        told: list[list[int]] = []
+        with django_capture_on_commit_callbacks(execute=True):
+            claimed = replica_claim(deployment=deployment, host="h", on_promoted=told.append)
+        assert told == [[warm.pk]]  # the supervisor announces it (routing changed), after the commit
         # The standby took the serving place; what was claimed is the pool's refill.
         assert claimed is not None
         assert claimed.standby

@@ -26,7 +26,9 @@ and /_stats the ``model`` each /v1 request asked for, in order.
 
 Run it as ``python -m tests.support.fake_engine --port N``; it counts requests at /_stats, with the
 requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
-stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer.
+stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer. A
+request with ``X-Platform-Warm-Up`` (the supervisor's, before the replica is routed) is answered
+at once whatever the mode, and listed under ``warm_ups``, not counted as a request.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ STATE: dict[str, Any] = {
 LOCK = threading.Lock()
 # Draws for fail_rate; ``seed`` in /_control reseeds it.
 RNG = random.Random()
+# The supervisor's warm-up requests (their paths), answered at once whatever the mode.
+WARM_UPS: list[str] = []
 # Kept out of STATE, which /_control echoes to anyone.
 API_KEYS: list[str] = []
 # The name it serves its model under (``--served-model-name``), listed at /v1/models.
@@ -111,7 +115,7 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 active = {tag: n for tag, n in ACTIVE.items() if n}
                 self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "models": STATE["models"],
-                                 "active": active})  # fmt: skip
+                                 "active": active, "warm_ups": WARM_UPS})  # fmt: skip
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -126,6 +130,13 @@ class Handler(BaseHTTPRequestHandler):
                 if "seed" in body:
                     RNG.seed(body["seed"])
             self._json(200, STATE)
+            return
+        if self.headers.get("x-platform-warm-up"):  # the supervisor's, before routing: not counted as a request
+            with LOCK:
+                WARM_UPS.append(self.path)
+            self._json(200, {"id": "warm-up", "object": "text_completion", "model": body.get("model"),
+                             "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})  # fmt: skip
             return
         with LOCK:
             STATE["requests"] += 1
