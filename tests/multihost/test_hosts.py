@@ -100,8 +100,9 @@ def cluster(django_db_setup, django_db_blocker, make_api_key, tmp_path_factory) 
 def answers(base_url: str, secret: str, model: str) -> bool:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     try:
-        return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=10,
-                          headers={"Authorization": f"Bearer {secret}"}).status_code == 200  # fmt: skip
+        # Straight to a gateway, not through the balancer: as if over HTTPS (production settings).
+        headers = {"Authorization": f"Bearer {secret}", "X-Forwarded-Proto": "https"}
+        return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=10, headers=headers).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -154,6 +155,15 @@ class TestSeveralHosts:
         assert kinds == {"json", "sse", "ws"}
         assert all(after[h] > before[h] for h in HOSTS), (before, after)  # every gateway took requests
         assert_metered_exactly_once([key.key_id], clients.outcomes, since)
+        # Production settings on every host: a console page asked over plain HTTP straight from
+        # a gateway is sent to HTTPS; through the balancer (which says the request came over
+        # HTTPS) it is served, with HSTS. (The data plane's /v1 is not Django's: no redirect.)
+        direct = httpx.get(f"{built.hosts[HOSTS[0]].gateway_url}/accounts/login/")
+        assert direct.status_code == 301
+        assert direct.headers["location"].startswith("https://")
+        served = httpx.get(f"{built.balancer.base_url}/accounts/login/")
+        assert served.status_code == 200
+        assert "max-age=" in served.headers["strict-transport-security"]
 
     def test_a_draining_gateway_is_taken_out_before_it_stops_and_no_request_fails(
         self, cluster, make_api_key, django_db_blocker

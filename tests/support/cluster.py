@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.db import connection
 
 from tests.support.chaos import FAKE_LAUNCHER, GATEWAY_ENV, MeteringWorker, RedisServer, start_metering
@@ -199,6 +200,11 @@ class Cluster:
             "WORKER_SLOTS": self.slots_of.get(engine_host.host.name) or ",".join(str(i) for i in range(self.slots)),
             "WORKER_LOG_DIR": str(engine_host.log_dir / "engines"),
             "WORKER_ENGINE_LAUNCHER": FAKE_LAUNCHER,
+            # Production settings on every host (README, "Several hosts"): the balancer in front
+            # says which requests came over HTTPS (haproxy.py sets X-Forwarded-Proto).
+            "PLATFORM_ENV": "production",
+            "SECRET_KEY": settings.SECRET_KEY,
+            "TRUST_PROXY_HEADERS": "true",
             **(self._s3_env(engine_host) if self.s3 else {}),
             **GATEWAY_ENV,
             **TIMINGS,

@@ -65,6 +65,10 @@ def config(*, bind: str, servers: dict[str, str], stats_socket: Path) -> str:
         "    retry-on conn-failure empty-response",
         "frontend api",
         f"    bind {bind}",
+        # In production the balancer terminates TLS (bind :443 ssl crt …) and says so; the
+        # gateways trust it (TRUST_PROXY_HEADERS) and redirect no request. Here the test's
+        # clients speak plain HTTP to haproxy, which says the same.
+        "    http-request set-header X-Forwarded-Proto https",
         "    default_backend gateways",
         "backend gateways",
         "    http-request disable-l7-retry unless METH_GET",
