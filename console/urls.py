@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console import health
 from console.auth import RateLimitedLoginView
+from console.monitoring import engine_targets_view, platform_metrics_view
 from console.pages import home
 from serving.gateway.metrics import metrics_view
 
@@ -15,6 +16,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
+    path("metrics/platform", platform_metrics_view, name="platform-metrics"),
+    path("metrics/engines", engine_targets_view, name="engine-targets"),
     path("", include("serving.urls")),
     path("admin/", admin.site.urls),
     path("accounts/login/", RateLimitedLoginView.as_view(), name="login"),

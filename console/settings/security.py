@@ -88,7 +88,7 @@ if PRODUCTION:
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "true")
     # Probes and the Prometheus scrape reach the process directly, over plain HTTP.
     #: Paths never redirected to HTTPS (production only; regular expressions).
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$", r"^metrics/platform$", r"^metrics/engines$"]
     #: The Strict-Transport-Security max-age (production only; seconds).
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31_536_000)
     #: HSTS covers subdomains too (production only; a bool).
