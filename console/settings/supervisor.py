@@ -15,8 +15,24 @@ WORKER_HOST = os.environ.get("WORKER_HOST") or socket.gethostname()
 # "cpu": one replica per listed core (VLLM_CPU_OMP_THREADS_BIND); "gpu": one per GPU index.
 #: What the replicas run on: "cpu" or "gpu".
 WORKER_DEVICE = os.environ.get("WORKER_DEVICE", "cpu")
-#: The slots replicas are placed on: core numbers or GPU indexes (a comma-separated list; default every core).
-WORKER_SLOTS = envlist("WORKER_SLOTS", ",".join(str(i) for i in range(os.cpu_count() or 1)))
+
+
+def _gpus_given() -> int:
+    """How many GPUs this process was given (a container's, by NVIDIA's device plugin or runtime):
+    the entries of CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES (0 when neither lists any)."""
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        value = os.environ.get(name, "").strip()
+        if value and value not in ("all", "none", "void"):
+            return len([entry for entry in value.split(",") if entry.strip()])
+    return 0
+
+
+#: The slots replicas are placed on: core numbers or GPU indexes (a comma-separated list; default
+#: every core, or with WORKER_DEVICE=gpu every GPU the process was given, 0 … n-1).
+WORKER_SLOTS = envlist(
+    "WORKER_SLOTS",
+    ",".join(str(i) for i in range((WORKER_DEVICE == "gpu" and _gpus_given()) or os.cpu_count() or 1)),
+)
 #: The address the replicas listen on and gateways reach them at (a host name or IP).
 WORKER_ENGINE_HOST = os.environ.get("WORKER_ENGINE_HOST", "127.0.0.1")
 #: How often the supervisor heart-beats each replica (seconds).
