@@ -1,6 +1,7 @@
 """The console's overview dashboard (platform admins): traffic, latency, errors and cache hits per
-model version over a chosen window, from the rollups, with a live view over a WebSocket; and the
-batch queue's depth and throughput."""
+model version over a chosen window, from the rollups, with a live view over a WebSocket; the
+batch queue's depth and throughput; and what needs attention now (``console.monitoring.attention``:
+the alert rules' conditions, from the platform's own state)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.shortcuts import render
 from django.urls import URLPattern, URLResolver, path
 
 from billing.usage_series import DEFAULT_RANGE, TIME_RANGES
+from console.monitoring import attention, platform_state
 from console.pages.access import platform_admin_required
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import CHARTS, dashboard
@@ -41,6 +43,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "headlines": [(key, label, data["headline"][key]) for key, label in HEADLINES],
         "charts": CHARTS,
         "batch_queue": batch_queue_stats(),
+        "attention": attention(platform_state()),
     }
     return render(request, "console/overview/overview.html", context)
 

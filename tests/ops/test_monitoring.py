@@ -199,3 +199,41 @@ def test_every_metric_the_rules_and_the_dashboard_read_is_exported():
     assert "platform_deployment_replicas_ready" in used
     unknown = used - exported_names()
     assert not unknown, f"queries read metrics nothing exports: {sorted(unknown)}"
+
+
+def test_the_overview_uses_the_alert_rules_thresholds():
+    from console.monitoring import THRESHOLDS
+
+    rules = {
+        rule["alert"]: rule["expr"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    }
+    for alert, threshold in THRESHOLDS.items():
+        right = rules[alert].rsplit(">", 1)[1].strip()
+        assert re.fullmatch(r"[\d.]+( \* [\d.]+)?", right), rules[alert]
+        value = 1.0
+        for factor in right.split("*"):
+            value *= float(factor)
+        assert value == threshold, alert
+
+
+@pytest.mark.django_db
+def test_the_overview_lists_what_needs_attention_with_links(admin_client):
+    tag = uuid.uuid4().hex[:6]
+    deployment = deploy(f"short-{tag}", replicas=2)
+    Replica.objects.create(deployment=deployment, host="h", state="ready", last_heartbeat=timezone.now())
+    Replica.objects.create(deployment=deployment, host="h", state="failed")
+    org = organization_create(name=f"Spender {tag}")
+    org.monthly_spend_cap = Decimal("10")
+    org.save()
+    key = api_key_create(organization=org, name="k").api_key
+    UsageRollup.objects.create(
+        period=UsageRollup.Period.DAY, start=timezone.now().replace(hour=0, minute=0, second=0, microsecond=0),
+        organization=org, api_key=key, model="m", model_version="1", requests=1, cost=Decimal("9.5"),
+    )  # fmt: skip
+    page = admin_client.get("/console/").content.decode()
+    section = page[page.index('id="attention"') : page.index('id="batch-queue"')]
+    assert f"short-{tag}:1 has 1 of 2 replicas ready" in section
+    assert f"short-{tag}:1: 1 replica(s) failed" in section
+    assert f"{org.slug} has used 95% of its monthly spend budget" in section
+    assert f'href="/console/customers/{org.pk}/"' in section
+    assert 'href="/console/deployments/"' in section
