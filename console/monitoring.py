@@ -33,6 +33,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from accounts.models import Organization
 from billing import invoicing
@@ -92,9 +93,10 @@ class ReconciliationState:
 @dataclass(frozen=True)
 class PlatformState:
     deployments: list[DeploymentState]
-    usage_stream_length: int
-    usage_oldest_age_seconds: float
-    usage_dead_letters: int
+    # None: Redis did not answer (the metering and cache figures are unknown then)
+    usage_stream_length: int | None
+    usage_oldest_age_seconds: float | None
+    usage_dead_letters: int | None
     reconciliation: ReconciliationState | None
     budgets: list[BudgetState]
     batch_lines_waiting: int
@@ -133,12 +135,15 @@ def _deployments() -> list[DeploymentState]:
     ]
 
 
-def _metering() -> tuple[int, float, int]:
-    pipe = sync_redis().pipeline(transaction=False)
-    pipe.xlen(usage_stream())
-    pipe.xrange(usage_stream(), "-", "+", count=1)  # stored events are deleted: the oldest waits
-    pipe.xlen(usage_dead_letters())
-    length, first, dead = pipe.execute()
+def _metering() -> tuple[int | None, float | None, int | None]:
+    try:
+        pipe = sync_redis().pipeline(transaction=False)
+        pipe.xlen(usage_stream())
+        pipe.xrange(usage_stream(), "-", "+", count=1)  # stored events are deleted: the oldest waits
+        pipe.xlen(usage_dead_letters())
+        length, first, dead = pipe.execute()
+    except RedisError:
+        return None, None, None
     age = 0.0
     if first:
         event_id = first[0][0]
@@ -198,7 +203,11 @@ def _batches() -> tuple[int, float]:
 
 def _cache() -> list[CacheState]:
     models = {d.version.model.name for d in serving_deployments() if d.version.model.task == "chat"}
-    return [CacheState(q.model, q.estimate.rate, q.estimate.high, q.budget) for q in cache_quality(models=models)]
+    try:
+        found = cache_quality(models=models)
+    except RedisError:
+        return []
+    return [CacheState(q.model, q.estimate.rate, q.estimate.high, q.budget) for q in found]
 
 
 # --- Prometheus ----------------------------------------------------------------------------
@@ -228,19 +237,20 @@ class PlatformCollector(Collector):
             ready.add_metric(labels, d.ready)
             failed.add_metric(labels, d.failed)
         yield from (wanted, ready, failed)
-        yield GaugeMetricFamily(
-            "platform_usage_stream_length", "Usage events waiting to be stored (the metering worker's backlog).",
-            value=state.usage_stream_length,
-        )  # fmt: skip
-        yield GaugeMetricFamily(
-            "platform_usage_stream_oldest_age_seconds",
-            "Age of the oldest usage event not yet stored (0 when none waits): the metering lag.",
-            value=state.usage_oldest_age_seconds,
-        )
-        yield GaugeMetricFamily(
-            "platform_usage_dead_letters", "Usage events the metering worker could not store (with why).",
-            value=state.usage_dead_letters,
-        )  # fmt: skip
+        if state.usage_stream_length is not None:  # else Redis did not answer: no figure, not a zero
+            yield GaugeMetricFamily(
+                "platform_usage_stream_length", "Usage events waiting to be stored (the metering worker's backlog).",
+                value=state.usage_stream_length,
+            )  # fmt: skip
+            yield GaugeMetricFamily(
+                "platform_usage_stream_oldest_age_seconds",
+                "Age of the oldest usage event not yet stored (0 when none waits): the metering lag.",
+                value=state.usage_oldest_age_seconds,
+            )
+            yield GaugeMetricFamily(
+                "platform_usage_dead_letters", "Usage events the metering worker could not store (with why).",
+                value=state.usage_dead_letters,
+            )  # fmt: skip
         yield from self._reconciliation(state.reconciliation)
         used = GaugeMetricFamily(
             "platform_organization_budget_used_ratio",
@@ -336,7 +346,11 @@ def attention(state: PlatformState) -> list[Attention]:
                 )
             )
     reconciliation = reverse("console:reconciliation")
-    if state.usage_oldest_age_seconds > THRESHOLDS["MeteringLagging"]:
+    if state.usage_stream_length is None:
+        out.append(
+            Attention("RedisUnreachable", "Redis did not answer", "metering and cache figures unknown", reconciliation)
+        )
+    if state.usage_oldest_age_seconds is not None and state.usage_oldest_age_seconds > THRESHOLDS["MeteringLagging"]:
         out.append(
             Attention(
                 "MeteringLagging",

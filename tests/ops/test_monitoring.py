@@ -53,7 +53,8 @@ def deploy(name: str, *, replicas: int) -> Deployment:
 
 @pytest.mark.django_db
 class TestPlatformMetrics:
-    def test_replicas_budgets_reconciliation_and_batches_are_read_when_scraped(self, client, monkeypatch):
+    def test_replicas_budgets_reconciliation_and_batches_are_read_when_scraped(self, client, monkeypatch, settings):
+        settings.REPLICA_STALE_AFTER = 600  # a loaded machine may take seconds between the rows and the scrape
         tag = uuid.uuid4().hex[:6]
         deployment = deploy(f"watched-{tag}", replicas=3)
         now = timezone.now()
@@ -61,7 +62,7 @@ class TestPlatformMetrics:
             deployment=deployment, host="h", state="ready", last_heartbeat=now, endpoint="http://10.0.0.5:8001"
         )
         Replica.objects.create(
-            deployment=deployment, host="h", state="ready", last_heartbeat=now - timedelta(minutes=5)
+            deployment=deployment, host="h", state="ready", last_heartbeat=now - timedelta(hours=1)
         )  # stale
         Replica.objects.create(deployment=deployment, host="h", state="ready", last_heartbeat=now, standby=True)
         Replica.objects.create(deployment=deployment, host="h", state="failed")
@@ -217,7 +218,8 @@ def test_the_overview_uses_the_alert_rules_thresholds():
 
 
 @pytest.mark.django_db
-def test_the_overview_lists_what_needs_attention_with_links(admin_client):
+def test_the_overview_lists_what_needs_attention_with_links(admin_client, settings):
+    settings.REPLICA_STALE_AFTER = 600  # a loaded machine may take seconds between the rows and the page
     tag = uuid.uuid4().hex[:6]
     deployment = deploy(f"short-{tag}", replicas=2)
     Replica.objects.create(deployment=deployment, host="h", state="ready", last_heartbeat=timezone.now())
@@ -237,3 +239,23 @@ def test_the_overview_lists_what_needs_attention_with_links(admin_client):
     assert f"{org.slug} has used 95% of its monthly spend budget" in section
     assert f'href="/console/customers/{org.pk}/"' in section
     assert 'href="/console/deployments/"' in section
+
+
+@pytest.mark.django_db
+def test_with_redis_away_the_figures_it_holds_are_unknown_not_zero(client, monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from console.monitoring import attention, platform_state
+
+    class Away:
+        def pipeline(self, **_: object) -> Away:
+            raise RedisConnectionError("refused")
+
+    monkeypatch.setattr("console.monitoring.sync_redis", lambda: Away())
+    monkeypatch.setattr("console.monitoring.cache_quality", lambda **_: (_ for _ in ()).throw(RedisConnectionError()))
+    state = platform_state()
+    assert (state.usage_stream_length, state.usage_oldest_age_seconds, state.cache) == (None, None, [])
+    assert "RedisUnreachable" in {item.alert for item in attention(state)}
+    names = {name for name, _ in scrape(client)}
+    assert "platform_usage_stream_oldest_age_seconds" not in names
+    assert "platform_deployment_replicas_wanted" in names or not state.deployments
