@@ -21,11 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from decimal import Decimal
 from urllib.parse import urlsplit
 
-from django.conf import settings
 from django.db.models import Count, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
@@ -41,7 +39,7 @@ from billing.models import Reconciliation, UsageRollup
 from core.keys import usage_dead_letters, usage_stream
 from core.redis import sync_redis
 from registry.models import Replica
-from registry.selectors import serving_deployments
+from registry.selectors import heartbeat_fresh_after, serving_deployments
 from serving.batches.models import Batch, BatchLine
 from serving.gateway.metrics import metrics_allowed
 from serving.semcache.selectors import cache_quality
@@ -122,7 +120,7 @@ def platform_state() -> PlatformState:
 
 
 def _deployments() -> list[DeploymentState]:
-    fresh_after = timezone.now() - timedelta(seconds=settings.REPLICA_STALE_AFTER)
+    fresh_after = heartbeat_fresh_after()
     ready = Q(replica_set__state=Replica.State.READY, replica_set__standby=False,
               replica_set__last_heartbeat__gte=fresh_after)  # fmt: skip
     rows = serving_deployments().annotate(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
 from registry.upstreams import SealBroken, UpstreamTarget, unseal
@@ -46,6 +49,13 @@ def upstream_targets(*, version_ids: list[int]) -> dict[int, UpstreamTarget]:
 def upstream_of(*, version: ModelVersion) -> Upstream | None:
     """An external version's upstream row (its key still sealed); None for any other version."""
     return Upstream.objects.filter(version=version).first()
+
+
+def heartbeat_fresh_after(now: datetime | None = None) -> datetime:
+    """The oldest heartbeat a replica may show and still count as alive (routed, promoted, counted
+    ready): REPLICA_STALE_AFTER before ``now``. (The gateway's routing table applies the same
+    rule on its own clock: serving.gateway.routing.)"""
+    return (now or timezone.now()) - timedelta(seconds=settings.REPLICA_STALE_AFTER)
 
 
 def ready_replicas(*, deployment_ids: list[int]) -> QuerySet[Replica]:

@@ -12,16 +12,15 @@ deployment's row lock, audited (``replica.promote``) and announced to the gatewa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Q
-from django.utils import timezone
 
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Deployment, Replica
+from registry.selectors import heartbeat_fresh_after
 from registry.services import (
     HOLDING,
     SERVING_STATUSES,
@@ -51,10 +50,6 @@ def _places(deployment: Deployment) -> list[_Place]:
     return [_Place(*row) for row in rows.values_list("id", "state", "standby", "last_heartbeat")]
 
 
-def _fresh_after() -> datetime:
-    return timezone.now() - timedelta(seconds=settings.REPLICA_STALE_AFTER)
-
-
 # A serving place that serves nothing now, demoted first when a standby takes its place: a
 # failed engine (its restart becomes the pool's refill), one draining for a restart, then one
 # still loading (it carries on loading, as a standby).
@@ -68,7 +63,7 @@ def _promote(*, deployment: Deployment, places: list[_Place], reason: str, actor
     deployment's counts stay put and nothing is drained. Returns the promoted ids."""
     if deployment.status not in SERVING_STATUSES:
         return []
-    fresh_after = _fresh_after()
+    fresh_after = heartbeat_fresh_after()
     serving = [p for p in places if not p.standby]
     ready_serving = sum(1 for p in serving if p.state == Replica.State.READY)
     need = desired_replicas(deployment) - ready_serving
@@ -148,7 +143,7 @@ def deployments_promote_standbys(*, deployment_ids: list[int]) -> list[int]:
         .annotate(
             ready_standby=Count(
                 "replica_set",
-                filter=ready & Q(replica_set__standby=True, replica_set__last_heartbeat__gte=_fresh_after()),
+                filter=ready & Q(replica_set__standby=True, replica_set__last_heartbeat__gte=heartbeat_fresh_after()),
             ),
             ready_serving=Count("replica_set", filter=ready & Q(replica_set__standby=False)),
         )

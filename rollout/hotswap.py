@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +27,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import AuditEntry, Deployment, ModelVersion, Replica
+from registry.selectors import heartbeat_fresh_after
 from registry.services import (
     HOT_SWAP,
     SERVING_STATUSES,
@@ -399,7 +400,7 @@ def _step_one(swap: Swap, now: datetime) -> str | None:
             return _close(swap, "aborted", "the new deployment was stopped or deleted before it was ready")
         if old is None or old.status not in SERVING_STATUSES:
             return _close(swap, "aborted", "the old deployment was stopped or deleted before the traffic moved")
-        fresh_after = now - timedelta(seconds=settings.REPLICA_STALE_AFTER)
+        fresh_after = heartbeat_fresh_after(now)
         if deployment_swap_shift(swap=swap.entry, heartbeat_after=fresh_after):
             return f"every replica of deployment {new.pk} is ready; traffic moved to it from deployment {old.pk}"
         return None

@@ -17,6 +17,7 @@ from django.utils import timezone
 from billing.models import CacheOutcome, UsageRecord
 from registry.models import Deployment, Replica
 from registry.replica_keys import replica_api_key
+from registry.selectors import heartbeat_fresh_after
 from rollout.autoscaler import AutoscalePolicy, Observations
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def observe_deployment(deployment: Deployment, policy: AutoscalePolicy, *, now: 
     """Scrape every routable replica of the deployment (in parallel, each within
     AUTOSCALER_SCRAPE_TIMEOUT) and read its version's recent usage."""
     now = now or timezone.now()
-    fresh_after = now - timedelta(seconds=settings.REPLICA_STALE_AFTER)
+    fresh_after = heartbeat_fresh_after(now)
     replicas = list(
         Replica.objects.filter(
             deployment=deployment, state=Replica.State.READY, standby=False, last_heartbeat__gte=fresh_after
