@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
 from registry.audit_selectors import audit_entries
-from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica, Task
+from registry.models import SMALL_COUNT_MAX, AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 from registry.selectors import deployments_with_replicas, models_with_deployments
 from registry.services import (
     VersionConflict,
@@ -59,7 +59,9 @@ class GpuRequirementsSerializer(serializers.Serializer[Any]):
     type = serializers.CharField(
         source="gpu_type", max_length=50, required=False, allow_blank=True, default="", help_text="e.g. A100"
     )
-    count = serializers.IntegerField(source="gpu_count", min_value=0, max_value=32767, required=False, default=0)
+    count = serializers.IntegerField(
+        source="gpu_count", min_value=0, max_value=SMALL_COUNT_MAX, required=False, default=0
+    )
     vram_gb = serializers.IntegerField(
         source="gpu_vram_gb", min_value=0, max_value=2**31 - 1, required=False, default=0, help_text="GPU memory, GB"
     )
@@ -183,14 +185,16 @@ class DeploymentResourcesSerializer(serializers.Serializer[Any]):
         help_text="e.g. A100 (default: the version's)",
     )
     replicas = serializers.IntegerField(
-        min_value=0, max_value=32767, required=False, default=1, help_text="serving; 0 only with standby ≥ 1"
+        min_value=0, max_value=SMALL_COUNT_MAX, required=False, default=1, help_text="serving; 0 only with standby ≥ 1"
     )
     min_replicas = serializers.IntegerField(
-        min_value=0, max_value=32767, required=False, help_text="default 1 (0 with replicas 0)"
+        min_value=0, max_value=SMALL_COUNT_MAX, required=False, help_text="default 1 (0 with replicas 0)"
     )
-    max_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False, help_text="default: replicas")
+    max_replicas = serializers.IntegerField(
+        min_value=1, max_value=SMALL_COUNT_MAX, required=False, help_text="default: replicas"
+    )
     standby = serializers.IntegerField(
-        min_value=0, max_value=32767, required=False, default=0,
+        min_value=0, max_value=SMALL_COUNT_MAX, required=False, default=0,
         help_text="warm standby replicas kept loaded beside the serving ones, never routed; promoted first on "
         "scale-up, a failed replica or a hot-swap",
     )  # fmt: skip
@@ -433,10 +437,12 @@ class AuditEntryList(generics.ListAPIView[AuditEntry]):
 
 
 class ReplicaBoundsSerializer(serializers.Serializer[Any]):
-    replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False, help_text="wanted now")
-    min_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
-    max_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
-    standby = serializers.IntegerField(min_value=0, max_value=32767, required=False, help_text="warm standbys kept")
+    replicas = serializers.IntegerField(min_value=1, max_value=SMALL_COUNT_MAX, required=False, help_text="wanted now")
+    min_replicas = serializers.IntegerField(min_value=1, max_value=SMALL_COUNT_MAX, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=SMALL_COUNT_MAX, required=False)
+    standby = serializers.IntegerField(
+        min_value=0, max_value=SMALL_COUNT_MAX, required=False, help_text="warm standbys kept"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+# The largest count a PositiveSmallIntegerField holds (replicas, standbys, GPUs): the API refuses more.
+SMALL_COUNT_MAX = 32767
+
 
 class Task(models.TextChoices):
     CHAT = "chat", "Chat"

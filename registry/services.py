@@ -19,7 +19,17 @@ from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
 from registry.artifacts import get_artifact_store
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Task, Upstream
+from registry.models import (
+    SMALL_COUNT_MAX,
+    AuditEntry,
+    Deployment,
+    HostLease,
+    Model,
+    ModelVersion,
+    Replica,
+    Task,
+    Upstream,
+)
 from registry.signatures import is_predict_framework, predict_config
 from registry.upstreams import (
     UPSTREAM_FRAMEWORK,
@@ -383,7 +393,7 @@ HOLDING = models.Q(state__in=_HOLDING_STATES) | models.Q(
 )
 
 # The most warm standby replicas a deployment may keep (the column is a small integer).
-MAX_STANDBY = 32767
+MAX_STANDBY = SMALL_COUNT_MAX
 
 
 def standby_check(standby: object) -> None:
