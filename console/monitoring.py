@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import Count, Min, Q, Sum
@@ -41,7 +42,7 @@ from core.redis import sync_redis
 from registry.models import Replica
 from registry.selectors import heartbeat_fresh_after, serving_deployments
 from serving.batches.models import Batch, BatchLine
-from serving.gateway.metrics import metrics_allowed
+from serving.gateway.metrics import metrics_allowed, metrics_refused
 from serving.semcache.selectors import cache_quality
 
 # The alert rules' thresholds where the overview shows the same condition (deploy/prometheus/alerts.yml).
@@ -106,8 +107,12 @@ def platform_state() -> PlatformState:
     """The platform's state now, from PostgreSQL and Redis."""
     length, age, dead = _metering()
     waiting, backlog = _batches()
+    rows = _serving_rows()
     return PlatformState(
-        deployments=_deployments(),
+        deployments=[
+            DeploymentState(d.version.model.name, d.version.version, d.pk, d.replicas, d.ready_now, d.failed_now)
+            for d in rows
+        ],
         usage_stream_length=length,
         usage_oldest_age_seconds=age,
         usage_dead_letters=dead,
@@ -115,22 +120,20 @@ def platform_state() -> PlatformState:
         budgets=_budgets(),
         batch_lines_waiting=waiting,
         batch_backlog_age_seconds=backlog,
-        cache=_cache(),
+        cache=_cache({d.version.model.name for d in rows if d.version.model.task == "chat"}),
     )
 
 
-def _deployments() -> list[DeploymentState]:
-    fresh_after = heartbeat_fresh_after()
+def _serving_rows() -> list[Any]:
+    """The serving deployments with their model, and their ready (fresh, not standby) and failed replicas."""
     ready = Q(replica_set__state=Replica.State.READY, replica_set__standby=False,
-              replica_set__last_heartbeat__gte=fresh_after)  # fmt: skip
-    rows = serving_deployments().annotate(
-        ready_now=Count("replica_set", filter=ready),
-        failed_now=Count("replica_set", filter=Q(replica_set__state=Replica.State.FAILED)),
+              replica_set__last_heartbeat__gte=heartbeat_fresh_after())  # fmt: skip
+    return list(
+        serving_deployments().annotate(
+            ready_now=Count("replica_set", filter=ready),
+            failed_now=Count("replica_set", filter=Q(replica_set__state=Replica.State.FAILED)),
+        )
     )
-    return [
-        DeploymentState(d.version.model.name, d.version.version, d.pk, d.replicas, d.ready_now, d.failed_now)
-        for d in rows
-    ]
 
 
 def _metering() -> tuple[int | None, float | None, int | None]:
@@ -199,8 +202,7 @@ def _batches() -> tuple[int, float]:
     return waiting.count(), (timezone.now() - oldest).total_seconds() if oldest else 0.0
 
 
-def _cache() -> list[CacheState]:
-    models = {d.version.model.name for d in serving_deployments() if d.version.model.task == "chat"}
+def _cache(models: set[str]) -> list[CacheState]:
     try:
         found = cache_quality(models=models)
     except RedisError:
@@ -412,21 +414,12 @@ def attention(state: PlatformState) -> list[Attention]:
 # --- Views -----------------------------------------------------------------------------------
 
 
-def _refused() -> HttpResponse:
-    return HttpResponse(
-        "Metrics are served to the monitoring network (METRICS_ALLOWED_NETWORKS) or with a bearer token "
-        "(METRICS_TOKEN).\n",
-        status=403,
-        content_type="text/plain",
-    )
-
-
 def engine_targets_view(request: HttpRequest) -> HttpResponse:
     """Prometheus HTTP service discovery (``http_sd_configs``) of the engines to scrape: every
     replica ready or starting, standbys included, with its model, version, replica and host as
     labels (vLLM's /metrics needs no key; the engines' own queue and cache figures come from there)."""
     if not metrics_allowed(request):
-        return _refused()
+        return metrics_refused()
     replicas = (
         Replica.objects.filter(
             state__in=[Replica.State.READY, Replica.State.STARTING], deployment__in=serving_deployments()
@@ -449,7 +442,7 @@ def engine_targets_view(request: HttpRequest) -> HttpResponse:
 
 def platform_metrics_view(request: HttpRequest) -> HttpResponse:
     if not metrics_allowed(request):
-        return _refused()
+        return metrics_refused()
     registry = CollectorRegistry()
     registry.register(PlatformCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -114,14 +114,19 @@ def metrics_allowed(request: HttpRequest) -> bool:
     return any(address in network for network in _monitoring_networks())
 
 
+def metrics_refused() -> HttpResponse:
+    """The 403 of every metrics path (/metrics, and the console's /metrics/platform and /metrics/engines)."""
+    return HttpResponse(
+        "Metrics are served to the monitoring network (METRICS_ALLOWED_NETWORKS) or with a bearer token "
+        "(METRICS_TOKEN).\n",
+        status=403,
+        content_type="text/plain",
+    )
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not metrics_allowed(request):
-        return HttpResponse(
-            "Metrics are served to the monitoring network (METRICS_ALLOWED_NETWORKS) or with a bearer token "
-            "(METRICS_TOKEN).\n",
-            status=403,
-            content_type="text/plain",
-        )
+        return metrics_refused()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
