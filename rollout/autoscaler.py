@@ -21,8 +21,17 @@ Policy (``Deployment.autoscale``; every key optional but ``enabled``):
                                           replica fewer at scale_in_utilisation of the target
     scale_in_utilisation          0.5     (0, 1]
     max_step                      null    most replicas added at once (default: double)
+    predictive                    false   also scale ahead of the demand the deployment's weekly
+                                          profile expects (rollout.predictive)
+    predictive_lead_seconds       null    how far ahead (null: the model's measured load time
+                                          plus one tick)
 
 Bounds are the deployment's ``min_replicas`` (never below 1) and ``max_replicas``.
+
+Predictive scaling never lowers what the reactive rule wants: with a ``Forecast`` (how much
+more the profile expects at its busiest between now and the lead time), the target is the
+larger of the reactive one and the replicas the load now plus that rise needs at
+``target_in_flight_per_replica``; a scale-in the forecast would undo is held.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from registry.services import AUTOSCALER, Actor, audit_record, deployment_scale
 logger = logging.getLogger(__name__)
 
 SCALE_ACTIONS = ("autoscale", "deployment.scale")
+# A day: the profile's hours are an hour long, and a lead longer than a day scales for tomorrow.
+PREDICTIVE_LEAD_MAX = 86400.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class AutoscalePolicy:
     scale_in_quiet_seconds: float = 300.0
     scale_in_utilisation: float = 0.5
     max_step: int | None = None
+    predictive: bool = False
+    predictive_lead_seconds: float | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AutoscalePolicy:
@@ -69,16 +82,22 @@ class AutoscalePolicy:
             if key not in known:
                 raise InvalidInput(f"autoscale.{key}", f"Unknown key; known: {', '.join(sorted(known))}.")
         values: dict[str, Any] = {}
-        if "enabled" in data:
-            if not isinstance(data["enabled"], bool):
-                raise InvalidInput("autoscale.enabled", "Must be true or false.")
-            values["enabled"] = data["enabled"]
+        for key in ("enabled", "predictive"):
+            if key in data:
+                if not isinstance(data[key], bool):
+                    raise InvalidInput(f"autoscale.{key}", "Must be true or false.")
+                values[key] = data[key]
         for key in ("target_queue_per_replica", "target_in_flight_per_replica", "target_p99_ms", "target_p99_ttft_ms"):
             if key in data:
                 values[key] = _number(key, data[key], nullable=key.startswith("target_p99"), positive=True)
         for key in ("cooldown_seconds", "scale_in_quiet_seconds"):
             if key in data:
                 values[key] = _number(key, data[key], positive=False)
+        if "predictive_lead_seconds" in data:
+            lead = _number("predictive_lead_seconds", data["predictive_lead_seconds"], positive=False, nullable=True)
+            if lead is not None and lead > PREDICTIVE_LEAD_MAX:
+                raise InvalidInput("autoscale.predictive_lead_seconds", f"Must be at most {PREDICTIVE_LEAD_MAX:g}.")
+            values["predictive_lead_seconds"] = lead
         if "scale_in_utilisation" in data:
             value = _number("scale_in_utilisation", data["scale_in_utilisation"], positive=True)
             if value is not None and value > 1:
@@ -136,15 +155,80 @@ class Observations:
 
 
 @dataclass(frozen=True)
+class Forecast:
+    """What a deployment's demand profile expects (``rollout.predictive``): requests in flight
+    on average now and at the busiest moment between now and the lead time."""
+
+    now_in_flight: float
+    in_flight: float
+    at: datetime  # when the busiest moment ahead is
+    lead_seconds: float  # how far ahead it looked
+    basis: str  # what the figures come from, for people
+
+    @property
+    def rise(self) -> float:
+        """How much more the profile expects at its busiest ahead than now (never below 0)."""
+        return max(0.0, self.in_flight - self.now_in_flight)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "now_in_flight": round(self.now_in_flight, 3),
+            "in_flight": round(self.in_flight, 3),
+            "at": self.at.isoformat(),
+            "lead_seconds": round(self.lead_seconds, 1),
+            "basis": self.basis,
+        }
+
+
+@dataclass(frozen=True)
 class Decision:
     target_replicas: int
     reasons: tuple[str, ...]
 
 
 def decide(
+    config: DeploymentConfig,
+    observations: Observations,
+    now: datetime,
+    last_change_at: datetime | None,
+    forecast: Forecast | None = None,
+) -> Decision:
+    """How many replicas the deployment should want, and why: the reactive rule
+    (``decide_reactive``), raised to what ``forecast`` needs when the policy is predictive.
+
+    The forecast adds the rise its profile expects by the lead time to the load now (the
+    larger of in flight now and the quiet period's busiest stretch) and needs
+    ceil(that ÷ ``target_in_flight_per_replica``) within the bounds: the load now carries
+    today's level and its bursts, the profile only says how much more is coming. A flat or
+    falling profile needs no more than the reactive rule. Above the reactive target the
+    forecast wins: a scale-out to it at once (a count, not a step, so no cooldown or
+    max_step: the next pass asks for the same count), or a scale-in held.
+    """
+    reactive = decide_reactive(config, observations, now, last_change_at)
+    policy = config.policy
+    if forecast is None or not policy.predictive or forecast.rise <= 0:
+        return reactive
+    floor = max(1, config.min_replicas)
+    ceiling = max(floor, config.max_replicas)
+    load = max(observations.running + observations.waiting, observations.peak_in_flight)
+    expected = load + forecast.rise
+    needed = min(ceiling, max(floor, math.ceil(expected / policy.target_in_flight_per_replica)))
+    if needed <= reactive.target_replicas:
+        return reactive
+    reason = (
+        f"forecast: {forecast.in_flight:.3g} in flight at {forecast.at:%a %H:%M} UTC, "
+        f"{forecast.rise:.3g} more than now ({forecast.basis}; {forecast.lead_seconds:.0f} s ahead); "
+        f"{load:.3g} in flight now + {forecast.rise:.3g} needs {needed}"
+    )
+    if needed > config.replicas:
+        return Decision(needed, (reason,))
+    return Decision(config.replicas, (f"held: {reason}",))
+
+
+def decide_reactive(
     config: DeploymentConfig, observations: Observations, now: datetime, last_change_at: datetime | None
 ) -> Decision:
-    """How many replicas the deployment should want, and why.
+    """How many replicas the deployment should want now, and why, from its load alone.
 
     Out: on queue depth, in-flight per replica or p99 above target, to the count that would
     bring the worst of them to its target (HPA's ceil(current * observed / target); +1 for
@@ -241,6 +325,7 @@ def last_change_at(deployment: Deployment) -> datetime:
 
 
 Observer = Callable[[Deployment, AutoscalePolicy], Observations]
+Forecaster = Callable[[Deployment, AutoscalePolicy, datetime], Forecast | None]
 
 
 @dataclass(frozen=True)
@@ -251,8 +336,12 @@ class Change:
     reasons: tuple[str, ...]
 
 
-def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> list[Change]:
-    """One autoscaler pass over every running deployment whose policy is enabled; the changes made."""
+def autoscale_deployments(
+    *, observe: Observer, forecast: Forecaster | None = None, now: datetime | None = None
+) -> list[Change]:
+    """One autoscaler pass over every running deployment whose policy is enabled; the changes
+    made. ``forecast`` is asked only for a deployment whose policy is predictive; a forecast that
+    fails is logged and the pass goes on reactively."""
     changes: list[Change] = []
     candidates = Deployment.objects.filter(status=Deployment.Status.RUNNING, autoscale__enabled=True)
     for deployment in candidates.select_related("version__model").order_by("id"):
@@ -263,7 +352,10 @@ def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> 
             continue
         observations = observe(deployment, policy)
         at = now or timezone.now()
-        decision = decide(DeploymentConfig.of(deployment, policy), observations, at, last_change_at(deployment))
+        expected = _forecast(forecast, deployment, policy, at)
+        decision = decide(
+            DeploymentConfig.of(deployment, policy), observations, at, last_change_at(deployment), expected
+        )
         if decision.target_replicas == deployment.replicas:
             logger.debug("deployment %s: %s", deployment.pk, "; ".join(decision.reasons))
             continue
@@ -273,7 +365,7 @@ def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> 
             deployment=deployment,
             replicas=decision.target_replicas,
             reasons=list(decision.reasons),
-            observations=observations.as_json(),
+            observations=observations.as_json() | ({"forecast": expected.as_json()} if expected else {}),
             expected=before,
         )
         if scaled is not None:
@@ -286,6 +378,18 @@ def autoscale_deployments(*, observe: Observer, now: datetime | None = None) -> 
             )
             changes.append(Change(deployment.pk, before, decision.target_replicas, decision.reasons))
     return changes
+
+
+def _forecast(
+    forecast: Forecaster | None, deployment: Deployment, policy: AutoscalePolicy, at: datetime
+) -> Forecast | None:
+    if forecast is None or not policy.predictive:
+        return None
+    try:
+        return forecast(deployment, policy, at)
+    except Exception:  # one deployment's broken history must not stop the pass; reactive still runs
+        logger.exception("deployment %s: no forecast this pass", deployment.pk)
+        return None
 
 
 def deployment_autoscale_set(*, actor: Actor, deployment: Deployment, autoscale: dict[str, Any]) -> Deployment:

@@ -7,6 +7,7 @@ from celery import shared_task
 from rollout.autoscaler import autoscale_deployments
 from rollout.canary import canary_tick as canary_controller_tick
 from rollout.observations import observe_deployment
+from rollout.predictive import forecast_deployment
 from rollout.served_requests import served_requests
 
 
@@ -23,5 +24,5 @@ def autoscale_tick() -> int:
     """One autoscaler pass (every AUTOSCALER_TICK_SECONDS): scrape, decide, and set the
     replica count of each autoscaled deployment that needs another; the number changed.
     Idempotent: a pass overlapping another changes a deployment at most once (each change
-    names the count it was decided from)."""
-    return len(autoscale_deployments(observe=observe_deployment))
+    names the count it was decided from). A predictive policy adds its profile's forecast."""
+    return len(autoscale_deployments(observe=observe_deployment, forecast=forecast_deployment))

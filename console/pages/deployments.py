@@ -62,6 +62,7 @@ from rollout.hotswap import (
     deployment_swap_version,
     swap_get,
 )
+from rollout.predictive import demand_profile
 from rollout.selectors import Lifecycle, lifecycle_of, swap_latest_id
 from rollout.served_requests import ServedSummary, served_summaries
 
@@ -136,6 +137,7 @@ class DeploymentRow:
     live: dict[str, str] = field(default_factory=dict)
     last_change: AuditEntry | None = None
     lifecycle: Lifecycle | None = None
+    outlook: str = ""  # a predictive policy's busiest moment expected in the next day
 
     @property
     def last_change_words(self) -> str:
@@ -187,6 +189,17 @@ def _refused(**forms_by_kind: forms.Form | None) -> str:
 Refused = dict[tuple[str, str], forms.Form]
 
 
+def _outlook(deployment: Deployment) -> str:
+    """What a predictive policy expects: the busiest moment of the next day, or why nothing."""
+    if not (deployment.autoscale.get("enabled") and deployment.autoscale.get("predictive")):
+        return ""
+    profile = demand_profile(deployment, now=timezone.now())
+    peak = profile.peak(timezone.now()) if profile is not None else None
+    if peak is None:
+        return "predictive: no forecast until a day of usage is rolled up"
+    return f"predictive: busiest next {peak.in_flight:.3g} in flight, {peak.at:%a %H:%M} UTC"
+
+
 def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], refused: Refused) -> ModelPanel:
     versions = [version.version for version in model.versions.all()]
     rows = []
@@ -211,6 +224,7 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
                 swap_form=refused.get(("swap", key))
                 or SwapForm(versions=versions, current=deployment.version.version, prefix=f"swap-{key}"),
                 swap=swap_get(swap_id=swap_id) if swap_id is not None else None,
+                outlook=_outlook(deployment),
             )
         )
     split = model_traffic_split(model=model)

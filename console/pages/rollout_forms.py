@@ -73,8 +73,14 @@ class AutoscaleForm(forms.Form):
     scale_in_quiet_seconds = forms.FloatField(required=False, label="Quiet before scale-in s")
     scale_in_utilisation = forms.FloatField(required=False, label="Scale-in utilisation (0-1]")
     max_step = forms.IntegerField(required=False, min_value=1, label="Max step", help_text="blank: double")
+    predictive = forms.BooleanField(
+        required=False, label="Predictive", help_text="also scale ahead of the weekly profile's expected rise"
+    )
+    predictive_lead_seconds = forms.FloatField(
+        required=False, label="Predictive lead s", help_text="blank: the model's measured load time plus a tick"
+    )
 
-    NULLABLE = ("target_p99_ms", "target_p99_ttft_ms", "max_step")
+    NULLABLE = ("target_p99_ms", "target_p99_ttft_ms", "max_step", "predictive_lead_seconds")
 
     @classmethod
     def initial_from(cls, autoscale: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from celery.schedules import crontab
 from kombu import Exchange, Queue
 
 from .env import envfloat
+from .rollout import AUTOSCALER_TICK_SECONDS
 from .services import (
     REDIS_BLOCKING_SOCKET_TIMEOUT,
     REDIS_SENTINEL_MASTER,
@@ -136,7 +137,7 @@ CELERY_BEAT_SCHEDULE = {
     ),
     # The autoscaler (rollout.autoscaler, rollout.observations): one pass over every running
     # deployment whose policy is enabled; its changes are audited ("autoscale").
-    "autoscale-tick": every(envfloat("AUTOSCALER_TICK_SECONDS", 15.0), "rollout.tasks.autoscale_tick"),
+    "autoscale-tick": every(AUTOSCALER_TICK_SECONDS, "rollout.tasks.autoscale_tick"),
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (rollout.canary).
     "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),

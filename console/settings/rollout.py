@@ -16,3 +16,9 @@ AUTOSCALER_MIN_SAMPLES = envint("AUTOSCALER_MIN_SAMPLES", 20)
 # Its busiest one counts.
 #: The quiet period's load is judged in stretches this long (seconds).
 AUTOSCALER_BUCKET_SECONDS = envint("AUTOSCALER_BUCKET_SECONDS", 30)
+#: How often the autoscaler makes a pass over the deployments (seconds).
+AUTOSCALER_TICK_SECONDS = envfloat("AUTOSCALER_TICK_SECONDS", 15.0)
+#: Weeks of hourly usage rollups a predictive deployment's demand profile is read from.
+AUTOSCALER_PREDICTIVE_WEEKS = envint("AUTOSCALER_PREDICTIVE_WEEKS", 4)
+#: A predictive forecast's load time before a version's first replica has loaded (seconds).
+AUTOSCALER_PREDICTIVE_LOAD_SECONDS = envfloat("AUTOSCALER_PREDICTIVE_LOAD_SECONDS", 300.0)

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
-from billing.models import FailedAttempt
+from billing.models import FailedAttempt, UsageRollup
+from core import sketch
 from core.formats import MISSING
 from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import last_changes
@@ -247,6 +248,30 @@ class TestAutoscaling:
         assert deployment.autoscale["target_p99_ms"] == 1500.0
         assert deployment.autoscale["cooldown_seconds"] == 60.0  # blank: the default
         assert "Autoscaling of deployment" in admin_client.get(response["Location"]).content.decode()
+
+    def test_a_predictive_policy_shows_the_busiest_moment_its_profile_expects(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        p = f"autoscale-{deployment.pk}-"
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/autoscale/",
+            {p + "enabled": "on", p + "predictive": "on", p + "predictive_lead_seconds": "600"},
+        )
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert (deployment.autoscale["predictive"], deployment.autoscale["predictive_lead_seconds"]) == (True, 600.0)
+        html = admin_client.get("/console/deployments/").content.decode()
+        assert "predictive: no forecast until a day of usage is rolled up" in html
+        # A week ago, 7,200 requests of 1 s in the hour after this one: 2 in flight.
+        key = api_key_create(organization=organization_create(name="Outlook org"), name="k").api_key
+        hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+        UsageRollup.objects.create(
+            period=UsageRollup.Period.HOUR, start=hour - timedelta(weeks=1) + timedelta(hours=1),
+            organization=key.organization, api_key=key, model=chat_model.name, model_version="v1", requests=7200,
+            latency_histogram={str(sketch.bucket_of(1000)): 7200},
+        )  # fmt: skip
+        html = admin_client.get("/console/deployments/").content.decode()
+        expected_at = hour + timedelta(hours=1, minutes=30)
+        assert f"predictive: busiest next 2 in flight, {expected_at:%a %H:%M} UTC" in html
 
     def test_a_bad_value_is_refused_on_its_field(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")
