@@ -29,22 +29,54 @@ class SettingDoc:
     line: int
 
 
+def _env_call(node: ast.AST, source: str) -> tuple[str, str] | None:
+    """(variable, default source) when ``node`` itself is an environment read."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    helper = isinstance(func, ast.Name) and func.id in ENV_HELPERS
+    getter = isinstance(func, ast.Attribute) and (
+        (func.attr == "get" and isinstance(func.value, ast.Attribute) and func.value.attr == "environ")
+        or (func.attr == "getenv" and isinstance(func.value, ast.Name) and func.value.id == "os")
+    )
+    first = node.args[0]
+    if (helper or getter) and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        default = ast.get_source_segment(source, node.args[1]) if len(node.args) > 1 else ""
+        return first.value, default or ""
+    return None
+
+
 def _env_read(value: ast.expr, source: str) -> tuple[str, str]:
     """(variable, default source) of the first environment read in ``value``."""
     for node in ast.walk(value):
-        if not isinstance(node, ast.Call) or not node.args:
-            continue
-        func = node.func
-        helper = isinstance(func, ast.Name) and func.id in ENV_HELPERS
-        getter = isinstance(func, ast.Attribute) and (
-            (func.attr == "get" and isinstance(func.value, ast.Attribute) and func.value.attr == "environ")
-            or (func.attr == "getenv" and isinstance(func.value, ast.Name) and func.value.id == "os")
-        )
-        first = node.args[0]
-        if (helper or getter) and isinstance(first, ast.Constant) and isinstance(first.value, str):
-            default = ast.get_source_segment(source, node.args[1]) if len(node.args) > 1 else ""
-            return first.value, default or ""
+        found = _env_call(node, source)
+        if found is not None:
+            return found
     return "", ""
+
+
+def env_reads(path: Path) -> list[tuple[str, int]]:
+    """Every environment variable the module reads, wherever it reads it, with the line."""
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        read = _env_call(node, source)
+        if read is not None and isinstance(node, ast.Call):
+            found.append((read[0], node.lineno))
+    return sorted(found, key=lambda read: read[1])
+
+
+def unlisted_env_reads() -> list[str]:
+    """``module:line NAME`` of each environment read no setting of the reference lists: one
+    inside an expression (a beat entry, a pool's options) instead of a setting of its own."""
+    listed = {setting.env for setting in reference() if setting.env}
+    return [
+        f"{path.stem}:{line} {env}"
+        for path in sorted(SETTINGS_DIR.glob("*.py"))
+        if path.stem != "env"
+        for env, line in env_reads(path)
+        if env not in listed
+    ]
 
 
 def _docs_above(lines: list[str], lineno: int) -> str:

@@ -104,11 +104,24 @@ def every(seconds: float, task: str) -> dict[str, Any]:
     return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
 
 
+#: How often usage records and budget alerts are moved from Redis into PostgreSQL (seconds).
+USAGE_PERSIST_SECONDS = envfloat("USAGE_PERSIST_SECONDS", 1.0)
+#: How often budget alerts whose email failed are sent again (seconds).
+BUDGET_ALERT_RETRY_SECONDS = envfloat("BUDGET_ALERT_RETRY_SECONDS", 60.0)
+#: How often expired semantic-cache entries are purged (seconds).
+SEMANTIC_CACHE_PURGE_SECONDS = envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0)
+#: How often the canary controller looks for interval boundaries that have come (seconds).
+CANARY_TICK_SECONDS = envfloat("CANARY_TICK_SECONDS", 2.0)
+#: How often batch jobs are started, resumed, run, expired and finished (seconds).
+BATCH_TICK_SECONDS = envfloat("BATCH_TICK_SECONDS", 5.0)
+#: How often webhooks due are delivered (seconds).
+WEBHOOK_TICK_SECONDS = envfloat("WEBHOOK_TICK_SECONDS", 5.0)
+
 #: The periodic tasks celery beat sends (entry name to task, schedule in seconds or crontab).
 CELERY_BEAT_SCHEDULE = {
-    "usage-persist": every(envfloat("USAGE_PERSIST_SECONDS", 1.0), "billing.tasks.usage_persist"),
+    "usage-persist": every(USAGE_PERSIST_SECONDS, "billing.tasks.usage_persist"),
     # Its own task: nothing about an alert may hold up usage persistence.
-    "budget-alerts-persist": every(envfloat("USAGE_PERSIST_SECONDS", 1.0), "billing.tasks.budget_alerts_persist"),
+    "budget-alerts-persist": every(USAGE_PERSIST_SECONDS, "billing.tasks.budget_alerts_persist"),
     "usage-sweep-lost-gateways": every(10.0, "serving.tasks.usage_sweep_lost"),
     # Hourly and daily rollups of the records added since the last run (billing.rollups).
     "usage-rollups-build": every(60.0, "billing.tasks.usage_rollups_build"),
@@ -122,9 +135,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 86400.0},
     },
     # Alerts whose email failed when they were stored are retried this often.
-    "budget-alerts-notify": every(
-        envfloat("BUDGET_ALERT_RETRY_SECONDS", 60.0), "billing.tasks.budget_alerts_notify_pending"
-    ),
+    "budget-alerts-notify": every(BUDGET_ALERT_RETRY_SECONDS, "billing.tasks.budget_alerts_notify_pending"),
     # Hourly; it drafts last month's invoices once INVOICE_GRACE_HOURS have passed, each once.
     "invoices-draft-due": {
         "task": "billing.tasks.invoices_draft_due",
@@ -132,18 +143,16 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 3600.0},
     },
     # Expired semantic-cache entries, deleted in batches, then each scope's size recounted.
-    "semantic-cache-purge-expired": every(
-        envfloat("SEMANTIC_CACHE_PURGE_SECONDS", 60.0), "serving.tasks.cache_purge_expired"
-    ),
+    "semantic-cache-purge-expired": every(SEMANTIC_CACHE_PURGE_SECONDS, "serving.tasks.cache_purge_expired"),
     # The autoscaler (rollout.autoscaler, rollout.observations): one pass over every running
     # deployment whose policy is enabled; its changes are audited ("autoscale").
     "autoscale-tick": every(AUTOSCALER_TICK_SECONDS, "rollout.tasks.autoscale_tick"),
     # Each running canary is judged at its own interval boundaries; this is only how often
     # the controller looks for boundaries that have come (rollout.canary).
-    "canary-tick": every(envfloat("CANARY_TICK_SECONDS", 2.0), "rollout.tasks.canary_tick"),
+    "canary-tick": every(CANARY_TICK_SECONDS, "rollout.tasks.canary_tick"),
     # Batch jobs: start, resume, run, expire and finish them (serving.batches); a run works
     # until there is nothing to do or BATCH_WORK_SECONDS pass, and a new batch starts one at once.
-    "batch-work": every(envfloat("BATCH_TICK_SECONDS", 5.0), "serving.tasks.batch_work"),
+    "batch-work": every(BATCH_TICK_SECONDS, "serving.tasks.batch_work"),
     # Webhooks due (new, or a retry whose backoff has passed).
-    "webhooks-deliver": every(envfloat("WEBHOOK_TICK_SECONDS", 5.0), "serving.tasks.webhooks_deliver"),
+    "webhooks-deliver": every(WEBHOOK_TICK_SECONDS, "serving.tasks.webhooks_deliver"),
 }

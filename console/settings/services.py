@@ -45,11 +45,13 @@ REDIS_URL = os.environ.get("REDIS_URL") or ("redis://localhost:6379/0" if REDIS_
 #: The prefix of every Redis key and channel name the platform uses (a string).
 REDIS_NAMESPACE = os.environ.get("REDIS_NAMESPACE", "ip")
 
-#: Django's database: DATABASE_URL with a psycopg 3 pool of DB_POOL_SIZE (default 10) connections.
+#: The most connections each process's psycopg 3 pool holds to the database.
+DB_POOL_SIZE = envint("DB_POOL_SIZE", 10)
+#: Django's database: DATABASE_URL with a psycopg 3 pool of DB_POOL_SIZE connections.
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=False)}
 DATABASES["default"]["OPTIONS"] = {
     # psycopg 3 connection pool: daphne serves many requests on few threads.
-    "pool": {"min_size": 1, "max_size": envint("DB_POOL_SIZE", 10), "timeout": 10},
+    "pool": {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 10},
 }
 #: The primary key type of models that declare none (a field class path).
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -18,7 +18,9 @@ ERRORS: dict[int, str] = {
     400: "invalid request: bad JSON, an unknown or invalid argument (`param` names it), an unknown model, "
     "a context too long, or the engine's own refusal",
     401: "missing, incorrect, revoked or expired API key",
-    403: "the key may not use this model",
+    403: "refused to this caller: past the organisation's file storage quota (`storage_quota_exceeded`), "
+    "or a signed-in session's socket opened from another site (`origin_not_allowed`); a model outside "
+    "a key's scope is a 400 `model_not_found`",
     404: "no such path (or the engine's own 404)",
     405: "this path does not take that method (see `Allow`)",
     409: "the object's state does not allow it (a batch that has finished cannot be cancelled)",

@@ -213,7 +213,7 @@ def data_plane_paths() -> dict[str, dict[str, Any]]:
             "openai_models_retrieve",
             "One model",
             ok=json_ok("OpenAIModel", "the model"),
-            errors=(400, 403, *READ_ERRORS),
+            errors=(400, *READ_ERRORS),
             parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
         )
     }

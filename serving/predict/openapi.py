@@ -193,14 +193,14 @@ def small_model_paths() -> dict[str, dict[str, Any]]:
         paths[base] = {
             "get": _protocol_operation(
                 f"v2_model_metadata{tag}", "The model's signature", ok=json_ok("ModelMetadata", "its metadata"),
-                errors=(400, 403, *READ_ERRORS), parameters=parameters,
+                errors=(400, *READ_ERRORS), parameters=parameters,
             )
         }  # fmt: skip
         paths[base + "/ready"] = {
             "get": _protocol_operation(
                 f"v2_model_ready{tag}", "A replica can take a request now (503 when none can)",
                 ok={"description": "ready", "content": {"application/json": {"schema": {"type": "object"}}}},
-                errors=(400, 403, *READ_ERRORS), parameters=parameters,
+                errors=(400, *READ_ERRORS), parameters=parameters,
             )
         }  # fmt: skip
         infer = _protocol_operation(

@@ -109,6 +109,9 @@ class Worker:
         if path == "/health":
             await _respond(send, 200 if self.ready else 503, b"{}")
             return
+        if method == "GET" and path == "/metrics":  # open, as vLLM's is: Prometheus scrapes it keyless
+            await _respond(send, 200, self.metrics().encode(), content_type=b"text/plain; version=0.0.4")
+            return
         headers = {k.decode("latin1").lower(): v.decode("latin1") for k, v in scope["headers"]}
         if not self._authorized(headers.get("authorization")):
             await _respond_part(send, _error(401, "The replica's API key is required.", "invalid_api_key"))
@@ -122,8 +125,6 @@ class Worker:
             await _respond(send, 200, orjson.dumps(self.metadata()))
         elif method == "GET" and path == "/stats":
             await _respond(send, 200, orjson.dumps(self.stats()))
-        elif method == "GET" and path == "/metrics":
-            await _respond(send, 200, self.metrics().encode(), content_type=b"text/plain; version=0.0.4")
         else:
             await _respond_part(send, _error(404, f"No route {method} {path}.", "unknown_url"))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from console.settings_reference import REFERENCE, markdown, reference, settings_of
+from console.settings_reference import REFERENCE, env_reads, markdown, reference, settings_of, unlisted_env_reads
 
 
 def test_every_setting_has_its_doc_and_every_environment_variable_one_setting():
@@ -37,3 +37,16 @@ def test_a_setting_without_its_doc_is_found(tmp_path: Path, monkeypatch):
     monkeypatch.setattr("console.management.commands.settings_reference.reference", lambda: list(found.values()))
     with pytest.raises(CommandError, match=r"extra\.BARE"):
         call_command("settings_reference", "--check")
+
+
+def test_every_environment_read_is_a_setting_of_its_own(tmp_path: Path, monkeypatch):
+    assert unlisted_env_reads() == []
+    module = tmp_path / "extra.py"
+    module.write_text(
+        '#: Ticks.\nSCHEDULE = {"tick": every(envfloat("TICK_SECONDS", 2.0))}\nX = {"y": envint("Y", 1)}\n'
+    )
+    assert env_reads(module) == [("TICK_SECONDS", 2), ("Y", 3)]
+    monkeypatch.setattr("console.settings_reference.SETTINGS_DIR", tmp_path)
+    # SCHEDULE's row takes TICK_SECONDS as its own (the first read); a second read would not be listed.
+    module.write_text('#: Ticks.\nS = [envfloat("A", 1.0), envfloat("B", 2.0)]\n')
+    assert unlisted_env_reads() == ["extra:2 B"]

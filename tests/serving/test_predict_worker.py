@@ -58,9 +58,12 @@ def tensor(rows: int, width: int = 64) -> dict[str, Any]:
     return {"name": "pixels", "datatype": "FP32", "shape": [rows, width], "data": [8.0] * (rows * width)}
 
 
-async def test_health_needs_no_key_and_everything_else_does(worker):
+async def test_health_and_metrics_need_no_key_and_everything_else_does(worker):
     async with client(worker, key=None) as c:
         assert (await c.get("/health")).status_code == 200
+        metrics = await c.get("/metrics")  # Prometheus scrapes it keyless, as vLLM's
+        assert metrics.status_code == 200
+        assert "predict:" in metrics.text
         refused = await c.post("/v2/models/digits-mlp/infer", json={"inputs": [tensor(1)]})
         assert refused.status_code == 401
     async with client(worker, key="another replica's") as c:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.settings_reference import REFERENCE, markdown, reference
+from console.settings_reference import REFERENCE, markdown, reference, unlisted_env_reads
 
 
 class Command(BaseCommand):
@@ -19,6 +19,9 @@ class Command(BaseCommand):
         undocumented = [f"{s.module}.{s.name}" for s in reference() if not s.doc]
         if undocumented:
             raise CommandError(f"settings without a '#:' doc above them: {', '.join(undocumented)}")
+        unlisted = unlisted_env_reads()
+        if unlisted:
+            raise CommandError(f"environment reads that are no setting of their own: {', '.join(unlisted)}")
         text = markdown()
         if options["check"]:
             if not REFERENCE.exists() or REFERENCE.read_text() != text:
