@@ -235,16 +235,18 @@ class TestFromTheRollups:
     def test_a_pass_scales_ahead_of_the_profile_and_audits_the_forecast(self, key, settings):
         settings.AUTOSCALER_PREDICTIVE_LOAD_SECONDS = 1800.0
         deployment = make_deployment("pr-pass", replicas=1, max_replicas=6, predictive=True)
-        now = datetime.now(UTC)
-        hour = now.replace(minute=0, second=0, microsecond=0)
-        # Last week: quiet this hour, 80 in flight the next (288,000 requests of 1 s).
+        hour = MONDAY + WEEK * 4 + HOUR * 8
+        now = hour + timedelta(minutes=45)  # a fixed time: how far the lead reaches into the rise
+        # Last week: 1 in flight this hour, 80 the next (288,000 requests of 1 s).
         rollup(key, "pr-pass", hour - WEEK, {1000: 3600})
         rollup(key, "pr-pass", hour - WEEK + HOUR, {1000: 288_000})
         running(deployment, since=now - HOUR)
         quiet = Observations(ready=1, scraped=1)
         changes = autoscale_deployments(observe=lambda d, p: quiet, forecast=forecast_deployment, now=now)
         assert [(c.deployment_id, c.before) for c in changes] == [(deployment.pk, 1)]
-        assert changes[0].after >= 3  # at least ceil(rise / 16), the rise at the lead's end
+        # Expected now (08:45): 20.75 (between 1 at 08:30 and 80 at 09:30); at the lead's end
+        # (09:15:15): 60.6; nothing running now: ceil((0 + 39.85) / 16) = 3.
+        assert changes[0].after == 3
         entry = AuditEntry.objects.get(action="autoscale", target=str(deployment.pk))
         assert entry.after["reasons"][0].startswith("forecast: ")
         assert entry.after["observations"]["forecast"]["basis"] == "busiest of this hour in the last 1 week"
