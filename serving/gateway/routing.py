@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +46,7 @@ from serving.gateway import metrics
 from serving.gateway.engine_kinds import EXTERNAL, PREDICT, kind_of
 from serving.gateway.errors import EngineUnavailable, ModelNotFound
 from serving.gateway.models import CachePolicy, ShadowPolicy
+from serving.gateway.prefixes import prefer_by_prefix, prefix_memory
 
 logger = logging.getLogger(__name__)
 
@@ -579,6 +580,30 @@ class Router:
         replicas = self.routable(version)
         random.shuffle(replicas)  # break ties without always favouring the same replica
         return sorted(replicas, key=lambda r: self.in_flight(r.id))
+
+    async def prefix_order(self, model: str, version: VersionRoute, blocks: Sequence[bytes]) -> list[ReplicaRoute]:
+        """Replicas to try for a prompt starting with ``blocks`` (``serving.gateway.prefixes``),
+        best first: the one most likely to hold its longest prefix in its KV cache, unless it is
+        busier than the load bound allows, then the rest least busy first. Only the replica
+        changes: ``version`` was chosen before, as for any request. With ROUTING_PREFIX_AWARE
+        off, no full block, one replica, or an external upstream's: ``replica_order``. Never
+        fails for Redis (the lookup's failure routes by what this process knows, else by load).
+        """
+        how = "load"
+        order = self.replica_order(version)
+        if settings.ROUTING_PREFIX_AWARE and blocks and len(order) > 1 and all(r.upstream is None for r in order):
+            held = await prefix_memory.held([r.id for r in order], blocks)
+            order = [r for r in self.replica_order(version) if r.id in held]  # the loads as they are now
+            order, by_prefix = prefer_by_prefix(
+                order, held, self.in_flight, max_imbalance=settings.ROUTING_PREFIX_MAX_IMBALANCE, id_of=_replica_id
+            )
+            how = "prefix" if by_prefix else how
+        metrics.PREFIX_ROUTING.labels(model, how).inc()
+        return order
+
+
+def _replica_id(replica: ReplicaRoute) -> int:
+    return replica.id
 
 
 router = Router()
