@@ -104,11 +104,12 @@ def embeddings_cache(digest: str) -> str:
     return namespaced("embcache", digest)
 
 
-def prefix_blocks(replica_id: int) -> str:
-    """Sorted set of the prompt block hashes a replica was sent, scored by when (unix seconds):
-    what its KV cache most likely holds. Written and read by serving.gateway.prefixes; capped
-    at ROUTING_PREFIX_BLOCKS_PER_REPLICA, expires ROUTING_PREFIX_TTL_SECONDS after its last write."""
-    return namespaced("prefix", str(replica_id))
+def prefix_blocks(kv_cache: str) -> str:
+    """Sorted set of the prompt block hashes a replica's engine process (``<replica id>.<pid>``)
+    was sent, scored by when (unix seconds): what its KV cache most likely holds. Written and read
+    by serving.gateway.prefixes; capped at ROUTING_PREFIX_BLOCKS_PER_REPLICA, expires
+    ROUTING_PREFIX_TTL_SECONDS after its last write."""
+    return namespaced("prefix", kv_cache)
 
 
 def routing_invalidation_channel() -> str:

@@ -17,7 +17,8 @@ stand-in that keeps the prefix property, not the engine's own blocks. Only the f
 ``BLOCKS_HASHED`` blocks are hashed; a partial last block is not (vLLM caches full blocks only).
 
 **Memory.** Which replica was sent which block hashes is kept in Redis, shared by every gateway
-process and host: one sorted set per replica (``core.keys.prefix_blocks``), block hash → when,
+process and host: one sorted set per replica's engine process (``ReplicaRoute.kv_cache``: a
+restarted replica starts with an empty cache, and so is remembered; ``core.keys.prefix_blocks``), block hash → when,
 capped at ROUTING_PREFIX_BLOCKS_PER_REPLICA newest, forgotten ROUTING_PREFIX_TTL_SECONDS after
 its last use. A lookup is one pipelined round trip (a ZMSCORE per replica), bounded by
 ``LOOKUP_TIMEOUT``; records are written after the replica accepted the request, off the request's
@@ -140,8 +141,8 @@ class PrefixMemory:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._local: OrderedDict[bytes, dict[int, float]] = OrderedDict()
-        self._pending: dict[int, dict[bytes, float]] = {}
+        self._local: OrderedDict[bytes, dict[str, float]] = OrderedDict()  # block → KV cache → when
+        self._pending: dict[str, dict[bytes, float]] = {}
         self._redis_down_until = 0.0  # monotonic
         self._writer = Worker(self._write_pending, name="prefix-memory")
 
@@ -161,41 +162,44 @@ class PrefixMemory:
         self._pending.clear()
         self._redis_down_until = 0.0
 
-    async def held(self, replica_ids: Sequence[int], hashes: Sequence[bytes]) -> dict[int, int]:
-        """How many of ``hashes``' leading blocks each replica was sent within the TTL."""
+    async def held(self, caches: Sequence[str], hashes: Sequence[bytes]) -> dict[str, int]:
+        """How many of ``hashes``' leading blocks each of these KV caches (``ReplicaRoute.kv_cache``)
+        was sent within the TTL."""
         fresh_after = self._clock() - settings.ROUTING_PREFIX_TTL_SECONDS
-        held = {rid: self._held_locally(rid, hashes, fresh_after) for rid in replica_ids}
+        held = {cache: self._held_locally(cache, hashes, fresh_after) for cache in caches}
         if not hashes or not self.redis_up:
             return held
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT):
                 pipe = async_redis().pipeline(transaction=False)
-                for rid in replica_ids:
-                    pipe.zmscore(keys.prefix_blocks(rid), list[Any](hashes))
+                members: list[Any] = list(hashes)
+                for cache in caches:
+                    pipe.zmscore(keys.prefix_blocks(cache), members)
                 answers = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - any failure, a timeout too: routed without it, never failed
             self._redis_failed("lookup", exc)
             return held
-        for rid, scores in zip(replica_ids, answers, strict=True):
+        for cache, scores in zip(caches, answers, strict=True):
             blocks = 0
             for score in scores or ():
                 if score is None or float(score) < fresh_after:
                     break
                 blocks += 1
-            held[rid] = max(held[rid], blocks)
+            held[cache] = max(held[cache], blocks)
         return held
 
-    def _held_locally(self, replica_id: int, hashes: Sequence[bytes], fresh_after: float) -> int:
+    def _held_locally(self, cache: str, hashes: Sequence[bytes], fresh_after: float) -> int:
         blocks = 0
         for digest in hashes:
             sent = self._local.get(digest)
-            if sent is None or sent.get(replica_id, 0.0) < fresh_after:
+            if sent is None or sent.get(cache, 0.0) < fresh_after:
                 break
             blocks += 1
         return blocks
 
-    def note(self, replica_id: int, hashes: Sequence[bytes]) -> None:
-        """``replica_id`` was sent a prompt starting with these blocks (call on the event loop)."""
+    def note(self, cache: str, hashes: Sequence[bytes]) -> None:
+        """The replica whose KV cache is ``cache`` (``ReplicaRoute.kv_cache``) was sent a prompt
+        starting with these blocks (call on the event loop)."""
         if not hashes:
             return
         now = self._clock()
@@ -203,15 +207,15 @@ class PrefixMemory:
         for digest in hashes:
             sent = local.get(digest)
             if sent is None:
-                local[digest] = {replica_id: now}
+                local[digest] = {cache: now}
             else:
-                sent[replica_id] = now
+                sent[cache] = now
                 local.move_to_end(digest)
         while len(local) > LOCAL_BLOCKS:
             local.popitem(last=False)
         if not self.redis_up:
             return
-        pending = self._pending.setdefault(replica_id, {})
+        pending = self._pending.setdefault(cache, {})
         pending.update(dict.fromkeys(hashes, now))
         self._writer.ensure()
 
@@ -225,8 +229,8 @@ class PrefixMemory:
             cap = settings.ROUTING_PREFIX_BLOCKS_PER_REPLICA
             try:
                 pipe = async_redis().pipeline(transaction=False)
-                for rid, scores in pending.items():
-                    key = keys.prefix_blocks(rid)
+                for cache, scores in pending.items():
+                    key = keys.prefix_blocks(cache)
                     pipe.zadd(key, cast(dict[Any, float], scores))
                     pipe.zremrangebyrank(key, 0, -cap - 1)  # the oldest beyond the cap
                     pipe.expire(key, ttl)

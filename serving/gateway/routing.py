@@ -108,6 +108,13 @@ class ReplicaRoute:
     # An external upstream's replica: the key it takes instead of a replica key, and the name
     # it serves the model under (serving.gateway.engine sends both). None: the platform's own.
     upstream: UpstreamTarget | None = None
+    pid: int | None = None  # its engine process; a restart starts another, with an empty KV cache
+
+    @property
+    def kv_cache(self) -> str:
+        """Names what its engine process holds in its KV cache (``serving.gateway.prefixes``):
+        a restarted replica (a new process) is remembered as holding nothing."""
+        return f"{self.id}.{self.pid or 0}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,11 @@ def load_routing_table() -> RoutingTable:
                 continue  # its key cannot be read (logged): never called with another key
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(
-                id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat), upstream=upstream
+                id=replica.id,
+                endpoint=replica.endpoint,
+                heartbeat_at=_epoch(replica.last_heartbeat),
+                upstream=upstream,
+                pid=replica.pid,
             )
         )
     model_ids = {d.version.model_id for d in deployments}
@@ -592,8 +603,9 @@ class Router:
         how = "load"
         order = self.replica_order(version)
         if settings.ROUTING_PREFIX_AWARE and blocks and len(order) > 1 and all(r.upstream is None for r in order):
-            held = await prefix_memory.held([r.id for r in order], blocks)
-            order = [r for r in self.replica_order(version) if r.id in held]  # the loads as they are now
+            held_by_cache = await prefix_memory.held([r.kv_cache for r in order], blocks)
+            order = [r for r in self.replica_order(version) if r.kv_cache in held_by_cache]  # the loads as now
+            held = {r.id: held_by_cache[r.kv_cache] for r in order}
             order, by_prefix = prefer_by_prefix(
                 order, held, self.in_flight, max_imbalance=settings.ROUTING_PREFIX_MAX_IMBALANCE, id_of=_replica_id
             )

@@ -383,7 +383,7 @@ class InferenceCall(Call):
                             router, replicas, self.endpoint.path, self.payload, stream=False, first_byte_by=deadline
                         )
                     self._ran = True
-                    prefix_memory.note(self._lease.replica.id, self._prompt_blocks)
+                    prefix_memory.note(self._lease.replica.kv_cache, self._prompt_blocks)
                     data = engine.parse_json(router, self._lease.replica, response.content)
                     break
                 except TimeoutError:
@@ -512,7 +512,7 @@ class InferenceCall(Call):
         first_by = asyncio.get_running_loop().time() + settings.ENGINE_FIRST_TOKEN_TIMEOUT
         upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload, first_byte_by=first_by)
         self._upstream, self._lease, self._ran = upstream, upstream.lease, True
-        prefix_memory.note(upstream.replica.id, self._prompt_blocks)
+        prefix_memory.note(upstream.replica.kv_cache, self._prompt_blocks)
         try:
             async with asyncio.timeout_at(first_by):
                 self._first = await anext(upstream)

@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -137,6 +137,11 @@ def version(replicas: int = 3) -> VersionRoute:
 BLOCKS = token_block_hashes(list(range(16 * 8)), 16)  # 8 blocks
 
 
+def cache(v: VersionRoute, replica_id: int) -> str:
+    """The KV cache (``ReplicaRoute.kv_cache``) of one of ``v``'s replicas."""
+    return next(r.kv_cache for r in v.replicas if r.id == replica_id)
+
+
 def busy(router: Router, v: VersionRoute, loads: dict[int, int]) -> None:
     by_id = {r.id: r for r in v.replicas}
     for replica_id, n in loads.items():
@@ -151,12 +156,12 @@ def memory(settings, monkeypatch) -> Iterator[PrefixMemory]:
     monkeypatch.setattr(prefixes, "LOOKUP_TIMEOUT", 5.0)
     settings.ROUTING_PREFIX_AWARE = True
     settings.ROUTING_PREFIX_MAX_IMBALANCE = 1.5
-    ids = [r.id for r in version(4).replicas]
-    sync_redis().delete(*(keys.prefix_blocks(i) for i in ids))
+    caches = [r.kv_cache for r in version(4).replicas]
+    sync_redis().delete(*(keys.prefix_blocks(c) for c in caches))
     prefix_memory.forget()
     yield prefix_memory
     prefix_memory.forget()
-    sync_redis().delete(*(keys.prefix_blocks(i) for i in ids))
+    sync_redis().delete(*(keys.prefix_blocks(c) for c in caches))
 
 
 async def written(memory: PrefixMemory) -> None:
@@ -184,8 +189,8 @@ class TestPick:
     async def test_the_router_prefers_the_replica_that_holds_the_longest_prefix(self, memory):
         router, v = Router(), version()
         a, b, c = (r.id for r in v.replicas)
-        memory.note(a, BLOCKS[:2])
-        memory.note(b, BLOCKS[:6])
+        memory.note(cache(v, a), BLOCKS[:2])
+        memory.note(cache(v, b), BLOCKS[:6])
         await written(memory)
         memory.forget()  # from Redis alone, as another gateway would see it
         busy(router, v, {b: 1, c: 1})  # busier than a, under the bound: ceil(1.5 * 3 / 3) = 2
@@ -193,11 +198,22 @@ class TestPick:
         assert (await router.prefix_order("m", v, BLOCKS[:2]))[0].id == a  # a tie: the less busy
         assert (await router.prefix_order("m", v, token_block_hashes(list(range(1, 200)), 16)))[0].id == a
 
+    async def test_a_restarted_replica_holds_nothing(self, memory):
+        """A new engine process (its pid) starts with an empty KV cache: what the old one was
+        sent does not count for it."""
+        router, v = Router(), version(2)
+        a, b = (r.id for r in v.replicas)
+        memory.note(cache(v, b), BLOCKS)
+        busy(router, v, {b: 1})  # busier than a, under the bound: ceil(1.5 * 2 / 2) = 2
+        assert (await router.prefix_order("m", v, BLOCKS))[0].id == b
+        restarted = replace(v, replicas=tuple(replace(r, pid=4242) if r.id == b else r for r in v.replicas))
+        assert (await router.prefix_order("m", restarted, BLOCKS))[0].id == a
+
     async def test_an_overloaded_replica_is_skipped_for_the_next_longest_match(self, memory):
         router, v = Router(), version()
         a, b, _ = (r.id for r in v.replicas)
-        memory.note(a, BLOCKS[:2])
-        memory.note(b, BLOCKS)
+        memory.note(cache(v, a), BLOCKS[:2])
+        memory.note(cache(v, b), BLOCKS)
         busy(router, v, {b: 4})  # ceil(1.5 * 5 / 3) = 3: 4 is too many
         assert (await router.prefix_order("m", v, BLOCKS))[0].id == a
 
@@ -205,14 +221,14 @@ class TestPick:
         router, v = Router(), version()
         a, b, c = (r.id for r in v.replicas)
         busy(router, v, {a: 2, b: 1})
-        memory.note(a, BLOCKS)
+        memory.note(cache(v, a), BLOCKS)
         assert (await router.prefix_order("m", v, token_block_hashes(list(range(5, 200)), 16)))[0].id == c
 
     async def test_turned_off_it_is_least_busy(self, memory, settings):
         router, v = Router(), version()
         a, b, c = (r.id for r in v.replicas)
         busy(router, v, {a: 1, b: 1})
-        memory.note(a, BLOCKS)
+        memory.note(cache(v, a), BLOCKS)
         assert (await router.prefix_order("m", v, BLOCKS))[0].id == a
         settings.ROUTING_PREFIX_AWARE = False
         assert (await router.prefix_order("m", v, BLOCKS))[0].id == c
@@ -224,7 +240,7 @@ class TestPick:
 
         router, v = Router(), version()
         a, b, c = (r.id for r in v.replicas)
-        memory.note(b, BLOCKS)
+        memory.note(cache(v, b), BLOCKS)
         await written(memory)
         memory.forget()
         busy(router, v, {a: 1, b: 1})
@@ -242,7 +258,7 @@ class TestPick:
         assert time.monotonic() - started < 0.5
         assert len(asked) == 1
         # What this process itself sent where still counts while Redis is away.
-        memory.note(a, BLOCKS)
+        memory.note(cache(v, a), BLOCKS)
         assert (await router.prefix_order("m", v, BLOCKS))[0].id == a
 
     async def test_a_slow_redis_is_not_waited_for(self, memory, monkeypatch):
@@ -266,7 +282,7 @@ class TestPick:
 
     async def test_memory_is_bounded_per_replica_and_forgotten_after_the_ttl(self, memory, settings):
         settings.ROUTING_PREFIX_BLOCKS_PER_REPLICA = 5
-        replica = version().replicas[0].id
+        replica = version().replicas[0].kv_cache
         memory.note(replica, BLOCKS[:3])
         await written(memory)
         await asyncio.sleep(0.01)
@@ -352,7 +368,7 @@ def two_replicas(django_db_setup, django_db_blocker) -> Iterator[TwoReplicas]:
     yield pair
     for process, _ in engines:
         stop_process(process, grace=0)
-    sync_redis().delete(*(keys.prefix_blocks(i) for i in replica_ids))
+    sync_redis().delete(*(keys.prefix_blocks(f"{i}.0") for i in replica_ids))  # no pid: not started by a supervisor
 
 
 SYSTEM = (
@@ -462,7 +478,7 @@ def test_conversations_stay_on_the_replica_that_holds_their_prefix(two_replicas,
 def test_a_redis_error_never_fails_a_request(two_replicas, api_key, spawn_gateway):
     """Prefix keys Redis refuses to read or write (a wrong type): every request is answered, by load."""
     for replica_id in two_replicas.replica_ids:
-        sync_redis().set(keys.prefix_blocks(replica_id), "not a sorted set")
+        sync_redis().set(keys.prefix_blocks(f"{replica_id}.0"), "not a sorted set")  # no pid
     gateway = spawn_gateway(**GATEWAY_ENV)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello " * 50}]
     for stream in (False, True, False):
