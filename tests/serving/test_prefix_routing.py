@@ -5,6 +5,7 @@ prefix caches of their own)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -279,6 +280,21 @@ class TestPick:
         started = time.monotonic()
         await router.prefix_order("m", v, BLOCKS)
         assert time.monotonic() - started < 0.5
+
+    async def test_a_long_prompts_prefix_is_found_from_a_few_probes_within_a_stride(self, memory):
+        assert prefixes.probes(10) == list(range(10))
+        spread = prefixes.probes(256)
+        assert len(spread) == prefixes.LOOKUP_PROBES
+        assert (spread[0], spread[-1]) == (0, 255)
+        stride = max(b - a for a, b in itertools.pairwise(spread))
+        long = token_block_hashes(list(range(16 * 256)), 16)
+        replica = version().replicas[0].kv_cache
+        memory.note(replica, long[:200])
+        await written(memory)
+        memory.forget()
+        held = (await memory.held([replica], long))[replica]
+        assert 200 - stride < held <= 200
+        assert (await memory.held([replica], long[:100]))[replica] == 100  # the last block is always a probe
 
     async def test_memory_is_bounded_per_replica_and_forgotten_after_the_ttl(self, memory, settings):
         settings.ROUTING_PREFIX_BLOCKS_PER_REPLICA = 5
