@@ -104,6 +104,14 @@ def embeddings_cache(digest: str) -> str:
     return namespaced("embcache", digest)
 
 
+def prefix_blocks(kv_cache: str) -> str:
+    """Sorted set of the prompt block hashes a replica's engine process (``<replica id>.<pid>``)
+    was sent, scored by when (unix seconds): what its KV cache most likely holds. Written and read
+    by serving.gateway.prefixes; capped at ROUTING_PREFIX_BLOCKS_PER_REPLICA, expires
+    ROUTING_PREFIX_TTL_SECONDS after its last write."""
+    return namespaced("prefix", kv_cache)
+
+
 def routing_invalidation_channel() -> str:
     """Pub/sub: deployments, weights or prices changed; every gateway reloads its routing table."""
     return namespaced("routing", "invalidate")

@@ -73,6 +73,22 @@ API_KEY_CACHE_SECONDS = envfloat("API_KEY_CACHE_SECONDS", 1.0)
 CIRCUIT_FAILURE_THRESHOLD = envint("CIRCUIT_FAILURE_THRESHOLD", 3)
 #: How long an open circuit stays open before a trial request (seconds).
 CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)
+# Prefix-aware routing (serving.gateway.prefixes): among the replicas of the version a chat or
+# completion request was routed to, prefer the one most likely to hold its prompt's leading
+# blocks in its KV cache, unless that replica has more than its share of this gateway's requests
+# in flight: ceil(ROUTING_PREFIX_MAX_IMBALANCE x (in flight + 1) / replicas), the bounded-load
+# rule. Off: the least busy replica, as before.
+#: Whether chat and completion requests prefer the replica holding their prompt's prefix (a bool).
+ROUTING_PREFIX_AWARE = envbool("ROUTING_PREFIX_AWARE", "true")
+#: How far above its fair share of requests in flight a replica may be and still be preferred (a factor).
+ROUTING_PREFIX_MAX_IMBALANCE = envfloat("ROUTING_PREFIX_MAX_IMBALANCE", 1.5)
+# vLLM's default on GPUs (its CPU backend uses 128: a finer block here still finds the prefix).
+#: Tokens per hashed prompt block, as the engines' KV cache blocks (a count).
+ROUTING_PREFIX_BLOCK_TOKENS = envint("ROUTING_PREFIX_BLOCK_TOKENS", 16)
+#: A replica's remembered block hashes are forgotten this long after it was last sent them (seconds).
+ROUTING_PREFIX_TTL_SECONDS = envfloat("ROUTING_PREFIX_TTL_SECONDS", 600.0)
+#: The most block hashes remembered per replica, newest kept (a count).
+ROUTING_PREFIX_BLOCKS_PER_REPLICA = envint("ROUTING_PREFIX_BLOCKS_PER_REPLICA", 65536)
 # Backpressure: a model refuses a tier's new requests once this many per routable replica
 # are in flight across all gateways (free first, then paid); nothing queues unboundedly.
 #: Free-tier requests in flight per routable replica before new ones are refused (a count).

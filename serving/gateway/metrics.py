@@ -95,6 +95,15 @@ FALLBACKS = Counter(
     "first byte.", ["model", "from_version", "to_version", "reason"],
 )  # fmt: skip
 
+# Prefix-aware routing (serving.gateway.prefixes): how each chat or completion request's replica was
+# chosen among its version's. prefix: it held the longest known run of the prompt's leading
+# blocks, within the load bound; load: the least busy (no replica under the bound held a block,
+# prefix routing is off, or the prompt is shorter than a block).
+PREFIX_ROUTING = Counter(
+    "inference_prefix_routing", "Chat and completion requests by how their replica was chosen: prefix match or load.",
+    ["model", "how"],
+)  # fmt: skip
+
 
 def _monitoring_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     return [ipaddress.ip_network(n, strict=False) for n in settings.METRICS_ALLOWED_NETWORKS]

@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +46,7 @@ from serving.gateway import metrics
 from serving.gateway.engine_kinds import EXTERNAL, PREDICT, kind_of
 from serving.gateway.errors import EngineUnavailable, ModelNotFound
 from serving.gateway.models import CachePolicy, ShadowPolicy
+from serving.gateway.prefixes import prefer_by_prefix, prefix_memory
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,13 @@ class ReplicaRoute:
     # An external upstream's replica: the key it takes instead of a replica key, and the name
     # it serves the model under (serving.gateway.engine sends both). None: the platform's own.
     upstream: UpstreamTarget | None = None
+    pid: int | None = None  # its engine process; a restart starts another, with an empty KV cache
+
+    @property
+    def kv_cache(self) -> str:
+        """Names what its engine process holds in its KV cache (``serving.gateway.prefixes``):
+        a restarted replica (a new process) is remembered as holding nothing."""
+        return f"{self.id}.{self.pid or 0}"
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,11 @@ def load_routing_table() -> RoutingTable:
                 continue  # its key cannot be read (logged): never called with another key
         replicas_by_deployment[replica.deployment_id].append(
             ReplicaRoute(
-                id=replica.id, endpoint=replica.endpoint, heartbeat_at=_epoch(replica.last_heartbeat), upstream=upstream
+                id=replica.id,
+                endpoint=replica.endpoint,
+                heartbeat_at=_epoch(replica.last_heartbeat),
+                upstream=upstream,
+                pid=replica.pid,
             )
         )
     model_ids = {d.version.model_id for d in deployments}
@@ -579,6 +591,31 @@ class Router:
         replicas = self.routable(version)
         random.shuffle(replicas)  # break ties without always favouring the same replica
         return sorted(replicas, key=lambda r: self.in_flight(r.id))
+
+    async def prefix_order(self, model: str, version: VersionRoute, blocks: Sequence[bytes]) -> list[ReplicaRoute]:
+        """Replicas to try for a prompt starting with ``blocks`` (``serving.gateway.prefixes``),
+        best first: the one most likely to hold its longest prefix in its KV cache, unless it is
+        busier than the load bound allows, then the rest least busy first. Only the replica
+        changes: ``version`` was chosen before, as for any request. With ROUTING_PREFIX_AWARE
+        off, no full block, one replica, or an external upstream's: ``replica_order``. Never
+        fails for Redis (the lookup's failure routes by what this process knows, else by load).
+        """
+        how = "load"
+        order = self.replica_order(version)
+        if settings.ROUTING_PREFIX_AWARE and blocks and len(order) > 1 and all(r.upstream is None for r in order):
+            held_by_cache = await prefix_memory.held([r.kv_cache for r in order], blocks)
+            order = [r for r in self.replica_order(version) if r.kv_cache in held_by_cache]  # the loads as now
+            held = {r.id: held_by_cache[r.kv_cache] for r in order}
+            order, by_prefix = prefer_by_prefix(
+                order, held, self.in_flight, max_imbalance=settings.ROUTING_PREFIX_MAX_IMBALANCE, id_of=_replica_id
+            )
+            how = "prefix" if by_prefix else how
+        metrics.PREFIX_ROUTING.labels(model, how).inc()
+        return order
+
+
+def _replica_id(replica: ReplicaRoute) -> int:
+    return replica.id
 
 
 router = Router()

@@ -38,6 +38,7 @@ from serving.gateway.errors import (
 )
 from serving.gateway.model_access import find_model_for
 from serving.gateway.openai_wire import finish_reason_of, note_finish_reasons
+from serving.gateway.prefixes import prefix_memory
 from serving.gateway.routing import ReplicaRoute, router
 from serving.llm.prompts import (
     check_completion_limit,
@@ -45,6 +46,7 @@ from serving.llm.prompts import (
     count_prompts,
     counter_of,
     counting_pool,
+    prompt_blocks,
     refuse_by_lower_bound,
 )
 from serving.llm.replay import ReplayStream, text_pieces
@@ -106,6 +108,7 @@ class InferenceCall(Call):
         self._answer_parts: list[str] = []
         self._finish_reasons: dict[int, str] = {}  # by choice index, as the engine said
         self._final_usage_chunk: dict[str, Any] | None = None
+        self._prompt_blocks: tuple[bytes, ...] = ()  # its leading blocks' hashes (prefix-aware routing)
 
     # --- the script ------------------------------------------------------------------------
 
@@ -201,6 +204,8 @@ class InferenceCall(Call):
                 longest = max(c.tokens for c in per_prompt) if exact else 0
                 per_choice = limit if limit is not None else max(1, max_len - longest)
                 reserved = prompt_bound + prompts * body.n * per_choice
+            if settings.ROUTING_PREFIX_AWARE and len(version.replicas) > 1:
+                self._prompt_blocks = prompt_blocks(body, data, per_prompt)
 
         # Charged at the price in effect when the request arrived (its record's created_at),
         # for the whole request, whatever happens later.
@@ -364,7 +369,7 @@ class InferenceCall(Call):
             return data
         try:
             self._mirror()
-            replicas = router.replica_order(self.version)
+            replicas = await self._replica_order()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.ENGINE_REQUEST_TIMEOUT
             for attempt in (1, 2):
@@ -378,6 +383,7 @@ class InferenceCall(Call):
                             router, replicas, self.endpoint.path, self.payload, stream=False, first_byte_by=deadline
                         )
                     self._ran = True
+                    prefix_memory.note(self._lease.replica.kv_cache, self._prompt_blocks)
                     data = engine.parse_json(router, self._lease.replica, response.content)
                     break
                 except TimeoutError:
@@ -477,7 +483,7 @@ class InferenceCall(Call):
             return
         try:
             self._mirror()
-            replicas = router.replica_order(self.version)
+            replicas = await self._replica_order()
             for attempt in (1, 2):
                 started = time.perf_counter()
                 try:
@@ -492,6 +498,13 @@ class InferenceCall(Call):
             await self.close(self._failed(exc))
             raise
 
+    async def _replica_order(self) -> list[ReplicaRoute]:
+        """The replicas of the chosen version to try, best first: for a chat or completion, the
+        one most likely to hold its prompt's prefix (``Router.prefix_order``), else least busy."""
+        if self.endpoint is EMBEDDINGS:
+            return router.replica_order(self.version)
+        return await router.prefix_order(self.model.name, self.version, self._prompt_blocks)
+
     async def _open_stream(self, replicas: list[ReplicaRoute]) -> None:
         """One attempt: open the stream and take its first event (an error event fails it), both
         within ENGINE_FIRST_TOKEN_TIMEOUT: an engine that never even sends its headers is a
@@ -499,6 +512,7 @@ class InferenceCall(Call):
         first_by = asyncio.get_running_loop().time() + settings.ENGINE_FIRST_TOKEN_TIMEOUT
         upstream = await engine.open_stream(router, replicas, self.endpoint.path, self.payload, first_byte_by=first_by)
         self._upstream, self._lease, self._ran = upstream, upstream.lease, True
+        prefix_memory.note(upstream.replica.kv_cache, self._prompt_blocks)
         try:
             async with asyncio.timeout_at(first_by):
                 self._first = await anext(upstream)

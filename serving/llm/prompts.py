@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -13,6 +14,7 @@ from core.lifecycle import LazyThreadPool
 from serving.gateway.errors import (
     InvalidRequest,
 )
+from serving.gateway.prefixes import BLOCKS_HASHED, TEXT_BYTES_PER_TOKEN, text_block_hashes, token_block_hashes
 from serving.gateway.routing import VersionRoute
 from serving.llm.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from serving.llm.tokens import PromptCount, PromptCounter, prompt_counter
@@ -51,7 +53,40 @@ def count_prompts(counter: PromptCounter, body: Any, data: dict[str, Any]) -> li
         items = cast(list[str] | list[list[int]], body.prompt)
         return [PromptCount(counter.count_prompt(item), counter.exact) for item in items]
     prompt = body.prompt if isinstance(body, CompletionRequest) else body.input
+    if isinstance(body, CompletionRequest) and isinstance(prompt, str) and counter.exact:
+        ids = counter.encode(prompt)
+        return [PromptCount(len(ids), True, ids)]
     return [PromptCount(counter.count_prompt(prompt), counter.exact)]
+
+
+def prompt_blocks(body: Any, data: dict[str, Any], counts: list[PromptCount]) -> tuple[bytes, ...]:
+    """The chained hashes of the prompt's leading blocks, for prefix-aware routing
+    (``serving.gateway.prefixes``): of its token ids where the count made them (the model's own
+    tokenizer and template, as the engine renders it), else of its text in fixed-size chunks: a
+    chat's tools and messages serialised canonically (one JSON object a line, keys sorted: a
+    conversation's next turn starts with the same bytes), a completion's prompt as it is.
+    Empty for several prompts in one request, token-id prompts too large to be ids, embeddings.
+    """
+    block = settings.ROUTING_PREFIX_BLOCK_TOKENS
+    if len(counts) != 1 or isinstance(body, EmbeddingRequest):
+        return ()
+    ids = counts[0].ids
+    if ids is not None:
+        return token_block_hashes(ids, block)
+    if isinstance(body, ChatCompletionRequest):
+        limit = block * TEXT_BYTES_PER_TOKEN * BLOCKS_HASHED
+        text = bytearray(orjson.dumps(data["tools"], option=orjson.OPT_SORT_KEYS) + b"\n" if data.get("tools") else b"")
+        for message in data["messages"]:
+            if len(text) >= limit:
+                break
+            text += orjson.dumps(message, option=orjson.OPT_SORT_KEYS) + b"\n"
+        return text_block_hashes(bytes(text), block)
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return text_block_hashes(prompt.encode(), block)
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return token_block_hashes(prompt, block)
+    return ()
 
 
 def _text_chars(body: Any, data: dict[str, Any]) -> list[int]:

@@ -17,12 +17,21 @@ Other keys of the same body: ``health`` (``ok``, ``hang``: /health never answers
 makes the draws repeatable) and ``latency`` (seconds before any answer: the JSON one, or a
 stream's first chunk), for judging a canary that fails or is slow.
 
+With ``prefix_cache`` true it keeps a prefix cache of its own, as vLLM's: each prompt (a chat's
+messages one JSON object a line, keys sorted; a completion's text) is cut into blocks of
+``BLOCK_BYTES`` bytes (16 "tokens" of 4 bytes), hashed chained, and the blocks it holds from
+the prompts it served (the newest ``prefix_cache_blocks``) count as cached: ``usage`` then says
+``prompt_tokens`` (its bytes / 4) and ``prompt_tokens_details.cached_tokens``, and /metrics
+counts them as vLLM does (``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``).
+``prefix_cache_clear`` true empties it and zeroes the counters. Off (the default) every prompt is
+3 tokens, none cached.
+
 Like vLLM, with ``VLLM_API_KEY`` in its environment (or ``--api-key``) every /v1 request
 needs ``Authorization: Bearer <that key>`` or gets 401; /health, /metrics and the test
 endpoints stay open. ``GET /_env`` lists the names (never the values) of its environment.
 
 ``GET /v1/models`` lists the one model it serves (``--served-model-name``, default ``fake``),
-and /_stats the ``model`` each /v1 request asked for, in order.
+and /_stats the ``model`` and ``user`` of each /v1 request, in order.
 
 Run it as ``python -m tests.support.fake_engine --port N``; it counts requests at /_stats, with the
 requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
@@ -44,12 +53,14 @@ import signal
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 STATE: dict[str, Any] = {
     "mode": "normal", "tokens": 5, "delay": 0.0, "die_after": 2, "requests": 0, "paths": [], "health": "ok",
-    "ignore_sigterm": False, "fail_rate": 0.0, "latency": 0.0, "models": [],
+    "ignore_sigterm": False, "fail_rate": 0.0, "latency": 0.0, "models": [], "users": [], "prefix_cache": False,
+    "prefix_cache_blocks": 100_000,
 }  # fmt: skip
 LOCK = threading.Lock()
 # Draws for fail_rate; ``seed`` in /_control reseeds it.
@@ -62,6 +73,39 @@ API_KEYS: list[str] = []
 SERVED: list[str] = ["fake"]
 # Requests being answered now, by "<stream|json>:<user>" (see /_stats).
 ACTIVE: dict[str, int] = {}
+# The prefix cache (``prefix_cache``): block hash → None, oldest first; what vLLM's counters count.
+BLOCK_BYTES = 64
+PREFIX_BLOCKS: OrderedDict[bytes, None] = OrderedDict()
+PREFIX_COUNTS = {"queries": 0, "hits": 0}
+
+
+def prompt_text(path: str, body: dict[str, Any]) -> bytes:
+    """What the prefix cache cuts into blocks: a chat's messages, a completion's prompt."""
+    if path == "/v1/chat/completions":
+        return b"".join(json.dumps(m, sort_keys=True).encode() + b"\n" for m in body.get("messages") or ())
+    return json.dumps(body.get("prompt")).encode()
+
+
+def prefix_usage(text: bytes) -> tuple[int, int]:
+    """The prompt's tokens and how many of them were cached; the prompt's blocks are cached after."""
+    tokens = max(1, -(-len(text) // 4))
+    hashes, previous = [], b""
+    for i in range(len(text) // BLOCK_BYTES):
+        previous = hashlib.sha256(previous + text[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES]).digest()
+        hashes.append(previous)
+    with LOCK:
+        hit = 0
+        while hit < len(hashes) and hashes[hit] in PREFIX_BLOCKS:
+            hit += 1
+        for digest in hashes:
+            PREFIX_BLOCKS[digest] = None
+            PREFIX_BLOCKS.move_to_end(digest)
+        while len(PREFIX_BLOCKS) > int(STATE["prefix_cache_blocks"]):
+            PREFIX_BLOCKS.popitem(last=False)
+        cached = min(hit * BLOCK_BYTES // 4, tokens - 1)  # as vLLM, the last token is always computed
+        PREFIX_COUNTS["queries"] += tokens
+        PREFIX_COUNTS["hits"] += cached
+    return tokens, cached
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -99,7 +143,12 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self._json(200 if health == "ok" else 503, {})
         elif self.path == "/metrics":
-            body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+            labels = f'{{engine="0",model_name="{SERVED[0]}"}}'
+            body = (
+                "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                f"vllm:prefix_cache_queries_total{labels} {PREFIX_COUNTS['queries']}\n"
+                f"vllm:prefix_cache_hits_total{labels} {PREFIX_COUNTS['hits']}\n"
+            ).encode()
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -115,7 +164,7 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 active = {tag: n for tag, n in ACTIVE.items() if n}
                 self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "models": STATE["models"],
-                                 "active": active, "warm_ups": WARM_UPS})  # fmt: skip
+                                 "users": STATE["users"], "active": active, "warm_ups": WARM_UPS})  # fmt: skip
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -126,6 +175,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/_control":
             with LOCK:
+                if body.pop("prefix_cache_clear", False):
+                    PREFIX_BLOCKS.clear()
+                    PREFIX_COUNTS.update(queries=0, hits=0)
                 STATE.update(body)
                 if "seed" in body:
                     RNG.seed(body["seed"])
@@ -142,6 +194,7 @@ class Handler(BaseHTTPRequestHandler):
             STATE["requests"] += 1
             STATE["paths"].append(self.path)
             STATE["models"].append(body.get("model"))
+            STATE["users"].append(body.get("user"))
             mode, tokens, delay, die_after = STATE["mode"], STATE["tokens"], STATE["delay"], STATE["die_after"]
             fail = RNG.random() < float(STATE["fail_rate"])
             latency = float(STATE["latency"])
@@ -185,6 +238,8 @@ class Handler(BaseHTTPRequestHandler):
                              "usage": {"prompt_tokens": 3, "total_tokens": 3}})  # fmt: skip
             return
         chat = self.path == "/v1/chat/completions"
+        prompt, cached = prefix_usage(prompt_text(self.path, body)) if STATE["prefix_cache"] else (3, 0)
+        details = {"prompt_tokens_details": {"cached_tokens": cached}} if STATE["prefix_cache"] else {}
         if not body.get("stream"):
             if mode == "hang":
                 time.sleep(3600)
@@ -194,7 +249,7 @@ class Handler(BaseHTTPRequestHandler):
                 "finish_reason": "length",
                 **({"message": message} if chat else {"text": "tok " * tokens}),
             }
-            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+            usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens, **details}
             kind = "chat.completion" if chat else "text_completion"
             self._json(
                 200, {"id": "engine-id", "object": kind, "model": body["model"], "choices": [choice], "usage": usage}
@@ -224,12 +279,13 @@ class Handler(BaseHTTPRequestHandler):
                     "model": body["model"],
                     "choices": [choice],
                 }
-                chunk["usage"] = {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i}
+                chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": i + 1, "total_tokens": prompt + i + 1,
+                                  **details}  # fmt: skip
                 self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 if not self._counted:
                     self._count_active()  # mid-stream from now on
                 time.sleep(delay)
-            usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
+            usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens, **details}
             final = {
                 "id": engine_id,
                 "object": "chat.completion.chunk",
