@@ -77,9 +77,10 @@ CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)
 # completion request was routed to, prefer the one most likely to hold its prompt's leading
 # blocks in its KV cache, unless that replica has more than its share of this gateway's requests
 # in flight: ceil(ROUTING_PREFIX_MAX_IMBALANCE x (in flight + 1) / replicas), the bounded-load
-# rule. Off: the least busy replica, as before.
+# rule. Off (the default until bench/prefix_routing.py has measured it on real engines): the
+# least busy replica, as before.
 #: Whether chat and completion requests prefer the replica holding their prompt's prefix (a bool).
-ROUTING_PREFIX_AWARE = envbool("ROUTING_PREFIX_AWARE", "true")
+ROUTING_PREFIX_AWARE = envbool("ROUTING_PREFIX_AWARE", "false")
 #: How far above its fair share of requests in flight a replica may be and still be preferred (a factor).
 ROUTING_PREFIX_MAX_IMBALANCE = envfloat("ROUTING_PREFIX_MAX_IMBALANCE", 1.5)
 # vLLM's default on GPUs (its CPU backend uses 128: a finer block here still finds the prefix).

@@ -495,7 +495,7 @@ def test_a_redis_error_never_fails_a_request(two_replicas, api_key, spawn_gatewa
     """Prefix keys Redis refuses to read or write (a wrong type): every request is answered, by load."""
     for replica_id in two_replicas.replica_ids:
         sync_redis().set(keys.prefix_blocks(f"{replica_id}.0"), "not a sorted set")  # no pid
-    gateway = spawn_gateway(**GATEWAY_ENV)
+    gateway = spawn_gateway(ROUTING_PREFIX_AWARE="true", **GATEWAY_ENV)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello " * 50}]
     for stream in (False, True, False):
         answer = httpx.post(
