@@ -64,16 +64,21 @@ def replicas_of(model: str) -> list[tuple[int, str]]:
     ]
 
 
-def scale_to_two(model: str, timeout: float) -> list[tuple[int, str]]:
+def scale_to_two(model: str, timeout: float, *, drain_others: bool = False) -> list[tuple[int, str]]:
     """Keep the model's running deployment at two replicas at least (its autoscaler bounds:
     min 2, so no scale-in during the run; supervisors with free slots start the second), and
-    wait until two are ready."""
+    wait until two are ready. ``drain_others``: drain every other running deployment first, so
+    a host with two slots (this 2-core box: the bundled embedding model holds one) frees one."""
     from registry.models import Deployment
-    from registry.services import SystemActor, deployment_bounds_set
+    from registry.services import SystemActor, deployment_bounds_set, deployment_transition
 
     deployment = Deployment.objects.filter(version__model__name=model, status="running").first()
     if deployment is None:
         raise SystemExit(f"{model} has no running deployment")
+    if drain_others:
+        for other in Deployment.objects.filter(status="running").exclude(pk=deployment.pk):
+            deployment_transition(deployment=other, status=Deployment.Status.DRAINING)
+            print(f"  deployment {other.pk} ({other.version}) drained to free its slot", flush=True)
     if deployment.min_replicas < 2:
         deployment_bounds_set(actor=SystemActor("bench/prefix_routing.py"), deployment=deployment, min_replicas=2,
                               max_replicas=max(2, deployment.max_replicas))  # fmt: skip
@@ -221,6 +226,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start-platform", action="store_true", help="run manage.py runplatform for the benchmark")
     parser.add_argument("--scale", action="store_true", help="set the deployment's min_replicas to 2 and wait for both")
+    parser.add_argument(
+        "--drain-others", action="store_true", help="with --scale: drain every other running deployment (frees a slot)"
+    )
     parser.add_argument("--scale-timeout", type=float, default=900.0, help="seconds to wait for two ready replicas")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rounds", type=int, default=3, help="each round runs both policies, alternating first")
@@ -241,7 +249,10 @@ def main() -> None:
             print(f"starting the platform (log: {workdir / 'platform.log'}); loading models takes minutes", flush=True)
             platform_proc, _ = start_platform(workdir)
         django_setup()
-        replicas = scale_to_two(args.model, args.scale_timeout) if args.scale else replicas_of(args.model)
+        if args.scale:
+            replicas = scale_to_two(args.model, args.scale_timeout, drain_others=args.drain_others)
+        else:
+            replicas = replicas_of(args.model)
         if len(replicas) < 2:
             raise SystemExit(f"{args.model} has {len(replicas)} ready replica(s): two are needed (--scale)")
         endpoints = [endpoint for _, endpoint in replicas[:2]]
