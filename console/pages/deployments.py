@@ -193,8 +193,9 @@ def _outlook(deployment: Deployment) -> str:
     """What a predictive policy expects: the busiest moment of the next day, or why nothing."""
     if not (deployment.autoscale.get("enabled") and deployment.autoscale.get("predictive")):
         return ""
-    profile = demand_profile(deployment, now=timezone.now())
-    peak = profile.peak(timezone.now()) if profile is not None else None
+    now = timezone.now()
+    profile = demand_profile(deployment, now=now)
+    peak = profile.peak(now) if profile is not None else None
     if peak is None:
         return "predictive: no forecast until a day of usage is rolled up"
     return f"predictive: busiest next {peak.in_flight:.3g} in flight, {peak.at:%a %H:%M} UTC"

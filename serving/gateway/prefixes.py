@@ -39,7 +39,7 @@ import math
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
@@ -117,31 +117,26 @@ R = TypeVar("R")
 
 
 def prefer_by_prefix(
-    order: Sequence[R],
-    held: Mapping[int, int],
-    in_flight: Callable[[int], int],
-    *,
-    max_imbalance: float,
-    id_of: Callable[[R], int],
+    order: Sequence[R], held: Sequence[int], loads: Sequence[int], *, max_imbalance: float
 ) -> tuple[list[R], bool]:
-    """``order`` (least busy first) with the replica to prefer first, and whether a prefix decided.
+    """``order`` (least busy first) with the replica to prefer first, and whether a prefix decided;
+    ``held`` and ``loads`` are each replica's leading blocks held and requests in flight, in
+    ``order``'s order.
 
-    The preferred replica holds the most leading blocks (``held``, by replica id) among those
-    under the bound, the less busy on a tie. The bound is consistent hashing's with bounded
-    loads (Mirrokni, Thorup and Zadimoghaddam, 2018; HAProxy's ``hash-balance-factor``): a
-    replica is preferred only while its requests in flight are fewer than
-    ceil(max_imbalance x (all in flight + 1) / replicas), so once it is sent this request it
-    holds at most that many: never more than max_imbalance times its fair share, rounded up.
-    No replica under the bound holding a block: ``order`` as it is (least busy first).
+    The preferred replica holds the most leading blocks among those under the bound, the less
+    busy on a tie. The bound is consistent hashing's with bounded loads (Mirrokni, Thorup and
+    Zadimoghaddam, 2018; HAProxy's ``hash-balance-factor``): a replica is preferred only while
+    its requests in flight are fewer than ceil(max_imbalance x (all in flight + 1) / replicas),
+    so once it is sent this request it holds at most that many: never more than max_imbalance
+    times its fair share, rounded up. No replica under the bound holding a block: ``order`` as
+    it is (least busy first).
     """
     if len(order) < 2:
         return list(order), False
-    loads = [in_flight(id_of(r)) for r in order]
     capacity = math.ceil(max_imbalance * (sum(loads) + 1) / len(order))
     best: int | None = None
-    for i, replica in enumerate(order):
-        blocks = held.get(id_of(replica), 0)
-        if blocks > 0 and loads[i] < capacity and (best is None or blocks > held.get(id_of(order[best]), 0)):
+    for i, blocks in enumerate(held):
+        if blocks > 0 and loads[i] < capacity and (best is None or blocks > held[best]):
             best = i
     if best is None:
         return list(order), False

@@ -605,17 +605,15 @@ class Router:
         if settings.ROUTING_PREFIX_AWARE and blocks and len(order) > 1 and all(r.upstream is None for r in order):
             held_by_cache = await prefix_memory.held([r.kv_cache for r in order], blocks)
             order = [r for r in self.replica_order(version) if r.kv_cache in held_by_cache]  # the loads as now
-            held = {r.id: held_by_cache[r.kv_cache] for r in order}
             order, by_prefix = prefer_by_prefix(
-                order, held, self.in_flight, max_imbalance=settings.ROUTING_PREFIX_MAX_IMBALANCE, id_of=_replica_id
+                order,
+                [held_by_cache[r.kv_cache] for r in order],
+                [self.in_flight(r.id) for r in order],
+                max_imbalance=settings.ROUTING_PREFIX_MAX_IMBALANCE,
             )
             how = "prefix" if by_prefix else how
         metrics.PREFIX_ROUTING.labels(model, how).inc()
         return order
-
-
-def _replica_id(replica: ReplicaRoute) -> int:
-    return replica.id
 
 
 router = Router()

@@ -172,20 +172,25 @@ async def written(memory: PrefixMemory) -> None:
         await task
 
 
+def pick(order: list[int], held: dict[int, int], loads: dict[int, int]) -> tuple[list[int], bool]:
+    """prefer_by_prefix over replica ids, with what each holds and runs given by id."""
+    return prefer_by_prefix(order, [held.get(r, 0) for r in order], [loads[r] for r in order], max_imbalance=1.5)
+
+
 class TestPick:
     def test_the_longest_match_wins_the_less_busy_on_a_tie(self):
         order = [1, 2, 3]
         loads = {1: 0, 2: 1, 3: 1}
-        assert prefer_by_prefix(order, {2: 3, 3: 5}, loads.get, max_imbalance=1.5, id_of=int) == ([3, 1, 2], True)
-        assert prefer_by_prefix(order, {2: 5, 3: 5}, loads.get, max_imbalance=1.5, id_of=int) == ([2, 1, 3], True)
+        assert pick(order, {2: 3, 3: 5}, loads) == ([3, 1, 2], True)
+        assert pick(order, {2: 5, 3: 5}, loads) == ([2, 1, 3], True)
 
     def test_the_bound_is_ceil_of_the_factor_times_the_fair_share_after_placing(self):
         held = {1: 4}
         # 2 replicas, 3 in flight: ceil(1.5 * 4 / 2) = 3, so a replica with 2 may take one more, with 3 not.
-        assert prefer_by_prefix([2, 1], held, {1: 2, 2: 1}.get, max_imbalance=1.5, id_of=int)[0][0] == 1
-        assert prefer_by_prefix([2, 1], held, {1: 3, 2: 0}.get, max_imbalance=1.5, id_of=int) == ([2, 1], False)
+        assert pick([2, 1], held, {1: 2, 2: 1})[0][0] == 1
+        assert pick([2, 1], held, {1: 3, 2: 0}) == ([2, 1], False)
         # At low load the preferred replica may be busier than the idle one: (1, 0) → ceil(1.5) = 2.
-        assert prefer_by_prefix([2, 1], held, {1: 1, 2: 0}.get, max_imbalance=1.5, id_of=int)[0][0] == 1
+        assert pick([2, 1], held, {1: 1, 2: 0})[0][0] == 1
 
     async def test_the_router_prefers_the_replica_that_holds_the_longest_prefix(self, memory):
         router, v = Router(), version()
