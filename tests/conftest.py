@@ -61,6 +61,25 @@ def _always_the_default_database() -> None:
 _always_the_default_database()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse transactional tests. ``transactional_db`` (``django_db(transaction=True)``,
+    ``live_server``) empties every table when it ends, and pytest-django runs such tests before
+    the ones that only use committed writes: the bundled models, committed once per session,
+    were gone for every browser test after (CI of 2026-11-28: 14 failed). Commit what another
+    process must see with ``tests.support.gateway.committed`` instead."""
+    flushing = [
+        item.nodeid
+        for item in items
+        if {"transactional_db", "live_server"} & set(getattr(item, "fixturenames", ()))
+        or any(mark.kwargs.get("transaction") for mark in item.iter_markers("django_db"))
+    ]
+    if flushing:
+        raise pytest.UsageError(
+            "transactional tests empty the shared test database when they end; commit with "
+            "tests.support.gateway.committed instead: " + ", ".join(flushing[:5])
+        )
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None) -> None:
     from django.db import connection

@@ -242,7 +242,7 @@ class TestTestRunLeftovers:
             group = wait_for(lambda: len(members := group_members(child)) == 2 and members, 10, "child and grandchild")
             run.kill()
             run.wait(5)
-            wait_for(lambda: not group_members(child), 10, f"the end of the child's group {group}")
+            wait_for(lambda: not group_members(child), 30, f"the end of the child's group {group}")
         finally:
             processes.stop_process(run, grace=0)
             for pid in group:

@@ -461,7 +461,6 @@ def routed(gateway: Gateway, model: str, how: str) -> float:
 GATEWAY_ENV = {"REPLICA_STALE_AFTER": "86400", "ROUTING_REFRESH_SECONDS": "0.2"}
 
 
-@pytest.mark.django_db(transaction=True)
 def test_conversations_stay_on_the_replica_that_holds_their_prefix(two_replicas, api_key, spawn_gateway):
     """The same workload through a prefix-aware gateway and a least-busy one (fresh prompts and
     emptied engine caches each): the engines find clearly more of the prompts cached with prefix
@@ -495,7 +494,6 @@ def test_conversations_stay_on_the_replica_that_holds_their_prefix(two_replicas,
     assert shares["true"] > shares["false"] + 0.08, shares
 
 
-@pytest.mark.django_db(transaction=True)
 def test_a_redis_error_never_fails_a_request(two_replicas, api_key, spawn_gateway):
     """Prefix keys Redis refuses to read or write (a wrong type): every request is answered, by load."""
     for replica_id in two_replicas.replica_ids:

@@ -82,28 +82,32 @@ def end_groups(groups: dict[int, tuple[float, str]]) -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-class RunEnded(Exception):
-    pass
-
-
 def reap(parent: int) -> None:
-    def ended(signum: int, frame: object) -> None:
-        raise RunEnded
+    # The signals only set a flag, read between short waits: an exception raised from a handler
+    # could land between a read and the parsing of what it read, and lose a group's line.
+    ended = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal ended
+        ended = True
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, ended)
+        signal.signal(sig, on_signal)
     groups: dict[int, tuple[float, str]] = {}
     pending = b""
 
     def read(until: float | None) -> None:
-        """Take the lines on stdin until its end (the run's write end closed), or ``until``
-        (monotonic time; None: no limit). Raw reads: nothing is left in a buffer unseen."""
+        """Take the lines on stdin until its end (the run's write end closed), ``until``
+        (monotonic time; None: no limit), or, without ``until``, the run's death signal. Raw
+        reads: nothing is left in a buffer unseen."""
         nonlocal pending
         fd = sys.stdin.fileno()
-        while True:
-            wait = None if until is None else max(0.0, until - time.monotonic())
+        while until is not None or not ended:
+            wait = 0.2 if until is None else max(0.0, until - time.monotonic())
             if not select.select([fd], [], [], wait)[0]:
-                return
+                if until is not None:
+                    return
+                continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 return
@@ -115,14 +119,11 @@ def reap(parent: int) -> None:
                 elif line.startswith(b"-"):
                     groups.pop(int(line[1:]), None)
 
-    try:
-        # A run that ended before this reaper got going (a slow start on a busy machine) has
-        # still written its lines: they wait in the pipe, whose end is then the end of them.
-        with contextlib.suppress(SystemExit):
-            bind_to_parent(parent)
-        read(until=None)
-    except RunEnded:
-        pass
+    # A run that ended before this reaper got going (a slow start on a busy machine) has
+    # still written its lines: they wait in the pipe, whose end is then the end of them.
+    with contextlib.suppress(SystemExit):
+        bind_to_parent(parent)
+    read(until=None)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     # The run's death signal can come before its last lines were read: they are still in the
