@@ -18,7 +18,6 @@ it admitted is settled exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import importlib
 import logging
@@ -312,41 +311,46 @@ async def serve(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 async def _serve(request: ApiRequest, route: Route | None, receive: Receive, send: Send) -> None:
+    """Answer in this task (the server's own); one more task per request, the disconnect watcher,
+    which cancels this one if the client goes away while it is answered."""
     request_id = request.request_id
     # What the closers settle a call with if the call did not settle itself: the client
     # went away (499), or something failed in sending (500).
     ending = 500
+    this = asyncio.current_task()
+    assert this is not None
+    answering, gone = True, False
 
-    async def respond() -> None:
-        response = await handle(request, route)
-        await _send_response(response, send)
+    async def watch() -> None:
+        nonlocal gone
+        await _until_disconnect(receive)
+        # `answering` turns false, with no await between, the moment the answer is out: a
+        # cancel sent from here always lands inside the answer, never in what follows it.
+        if answering:
+            gone = True
+            this.cancel()
 
-    responding = asyncio.ensure_future(respond())
-    watching = asyncio.ensure_future(_until_disconnect(receive))
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        done, _ = await asyncio.wait({responding, watching}, return_when=asyncio.FIRST_COMPLETED)
-        if responding in done:
-            watching.cancel()
-            try:
-                responding.result()
-            except ClientStalled:
-                # Settled as the client going away, with what it was sent; the server closes
-                # the connection when this returns without finishing the response.
-                ending = CLIENT_CLOSED
-                logger.warning("request %s: the client stopped reading for %g s; closed", request_id,
-                               settings.CLIENT_SEND_TIMEOUT)  # fmt: skip
-            return
-        # The client went away: cancelling closes our stream generator (aclosing), which
-        # closes the engine connection and settles the request with the tokens produced.
+        try:
+            response = await handle(request, route)
+            await _send_response(response, send)
+        finally:
+            answering = False
+            watcher.cancel()
+    except ClientStalled:
+        # Settled as the client going away, with what it was sent; the server closes
+        # the connection when this returns without finishing the response.
         ending = CLIENT_CLOSED
-        responding.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await responding
+        logger.warning("request %s: the client stopped reading for %g s; closed", request_id,
+                       settings.CLIENT_SEND_TIMEOUT)  # fmt: skip
     except asyncio.CancelledError:
+        # The client went away (the watcher's cancel: taken back, the request ends here) or the
+        # server is stopping (passed on). Cancelling closed our stream generator (aclosing),
+        # which closes the engine connection and settles the request with the tokens produced.
         ending = CLIENT_CLOSED
-        responding.cancel()
-        watching.cancel()
-        raise
+        if not gone or this.uncancel() > 0:
+            raise
     finally:
         if request.closers:
             # One shielded gather: a cancellation arriving now cannot skip any of them.
