@@ -30,6 +30,7 @@ from registry.audit_selectors import audit_entries
 from registry.models import SMALL_COUNT_MAX, AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 from registry.selectors import deployments_with_replicas, models_with_deployments
 from registry.services import (
+    MAX_ADAPTERS_PER_BATCH,
     VersionConflict,
     deployment_bounds_set,
     deployment_create,
@@ -198,6 +199,12 @@ class DeploymentResourcesSerializer(serializers.Serializer[Any]):
         help_text="warm standby replicas kept loaded beside the serving ones, never routed; promoted first on "
         "scale-up, a failed replica or a hot-swap",
     )  # fmt: skip
+    max_adapters = serializers.IntegerField(
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, required=False, default=0,
+        help_text="LoRA adapters each engine runs in one batch (vLLM --max-loras); 0: its engines take none. Only "
+        "a chat or completion model on the platform's vLLM engines; the adapters of its version are loaded into "
+        "its replicas while they run",
+    )  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         replicas = attrs["replicas"]
@@ -348,7 +355,9 @@ def deployment_collection(request: Request) -> Response:
         if not Model.objects.filter(name=data["model_name"]).exists():
             raise ValidationError({"model_name": [f"No model named {data['model_name']!r}."]})
         raise ValidationError({"version": [f"{data['model_name']} has no version {data['version']!r}."]})
-    resources = data.get("resources") or {"replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0}
+    resources = data.get("resources") or {
+        "replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0, "max_adapters": 0,
+    }  # fmt: skip
     try:
         deployment = deployment_create(
             actor=request.user,
@@ -359,9 +368,13 @@ def deployment_collection(request: Request) -> Response:
             max_replicas=resources["max_replicas"],
             gpu_type=resources.get("gpu_type", version.gpu_type),
             standby=resources.get("standby", 0),
+            max_adapters=resources.get("max_adapters", 0),
         )
     except InvalidInput as exc:
-        refused_fields = {"traffic_weight": "traffic_percent", "replicas": "resources", "standby": "resources"}
+        refused_fields = {
+            "traffic_weight": "traffic_percent", "replicas": "resources", "standby": "resources",
+            "max_adapters": "resources",
+        }  # fmt: skip
         raise refused(exc, refused_fields) from exc
     created = deployments_with_replicas().get(pk=deployment.pk)
     return Response(DeploymentSerializer(created).data, status=status.HTTP_201_CREATED)

@@ -97,6 +97,10 @@ class Deployment(models.Model):
     # Warm standby replicas kept beside ``replicas``: loaded, ready, heart-beaten, never routed;
     # promoted first when the deployment needs one more serving replica (registry.warm_pool).
     standby = models.PositiveSmallIntegerField(default=0)
+    # LoRA adapters one engine of this deployment runs in a batch (vLLM --enable-lora
+    # --max-loras); 0: its engines take none. Adapters of its version are loaded into its
+    # ready replicas at run time (serving.supervisor.adapters), never by a restart.
+    max_adapters = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -150,6 +154,26 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment.version} @ {self.host} ({self.state})"
+
+
+class LoadedAdapter(models.Model):
+    """A LoRA adapter version loaded into a replica's engine (of its base version, whose
+    deployment takes adapters): requests for the adapter are routed to that replica under the
+    adapter's ``lora_name``. Written by the replica's supervisor after the engine said yes;
+    gone with the replica."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="loaded_adapters")
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="loaded_on")
+    # The engine process it was loaded into: once the replica's engine is another (restarted,
+    # empty), the row no longer routes anything, and the supervisor loads the adapter again.
+    pid = models.PositiveIntegerField()
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["replica", "version"], name="adapter_loaded_once")]
+
+    def __str__(self) -> str:
+        return f"{self.version} on replica {self.replica_id}"
 
 
 class Upstream(models.Model):

@@ -18,12 +18,14 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
+from registry.adapters import is_adapter_framework
 from registry.artifacts import get_artifact_store
 from registry.models import (
     SMALL_COUNT_MAX,
     AuditEntry,
     Deployment,
     HostLease,
+    LoadedAdapter,
     Model,
     ModelVersion,
     Replica,
@@ -402,6 +404,24 @@ def standby_check(standby: object) -> None:
         raise InvalidInput("standby", f"Must be a whole number between 0 and {MAX_STANDBY}.")
 
 
+MAX_ADAPTERS_PER_BATCH = 64
+
+
+def adapters_check(version: ModelVersion, max_adapters: int) -> None:
+    """``max_adapters`` for a deployment of ``version``: 0, or up to MAX_ADAPTERS_PER_BATCH for a
+    generative model the platform's vLLM engines serve (the only engines that take adapters)."""
+    if not 0 <= max_adapters <= MAX_ADAPTERS_PER_BATCH:
+        raise InvalidInput("max_adapters", f"Must be between 0 and {MAX_ADAPTERS_PER_BATCH}.")
+    if max_adapters and (
+        version.model.task not in (Task.CHAT, Task.COMPLETION)
+        or is_predict_framework(version.framework)
+        or is_upstream_framework(version.framework)
+    ):
+        raise InvalidInput(
+            "max_adapters", "Only a chat or completion model served by the platform's own vLLM engines takes adapters."
+        )
+
+
 def deployment_create(
     *,
     version: ModelVersion,
@@ -412,6 +432,7 @@ def deployment_create(
     is_canary: bool = False,
     gpu_type: str = "",
     standby: int = 0,
+    max_adapters: int = 0,
     actor: Actor = None,
 ) -> Deployment:
     """Deploy ``version``: audited, and the gateways reload their routing table once it commits.
@@ -419,16 +440,28 @@ def deployment_create(
     ``standby``: warm standby replicas kept beside ``replicas`` (``registry.warm_pool``). A
     deployment with no serving replica (``replicas`` 0, ``min_replicas`` 0) is a warm pool only,
     e.g. the new version readied before a hot-swap: it needs ``standby`` ≥ 1.
+
+    ``max_adapters``: LoRA adapters each engine runs in one batch (0: its engines take none).
+    A LoRA adapter's own deployment has no replicas: it is served by the ready replicas of its
+    base's deployments that take adapters (``serving.supervisor.adapters`` loads it there), so
+    its replica counts are 0 whatever was asked.
     """
     if not 0 <= traffic_weight <= 100:
         raise InvalidInput("traffic_weight", "Must be between 0 and 100.")
     standby_check(standby)
-    if replicas < 1 and not (replicas == 0 and standby >= 1):
-        raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
-    if not min_replicas <= replicas <= max_replicas:
-        raise InvalidInput(
-            "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
-        )
+    if is_adapter_framework(version.framework):
+        if standby or max_adapters:
+            field = "standby" if standby else "max_adapters"
+            raise InvalidInput(field, "A LoRA adapter runs on its base's replicas; set this on the base's deployment.")
+        replicas = min_replicas = max_replicas = 0
+    else:
+        if replicas < 1 and not (replicas == 0 and standby >= 1):
+            raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
+        if not min_replicas <= replicas <= max_replicas:
+            raise InvalidInput(
+                "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
+            )
+        adapters_check(version, max_adapters)
     with transaction.atomic():
         deployment = Deployment.objects.create(
             version=version,
@@ -439,6 +472,7 @@ def deployment_create(
             is_canary=is_canary,
             gpu_type=gpu_type,
             standby=standby,
+            max_adapters=max_adapters,
         )
         audit_record(
             actor=actor,
@@ -482,6 +516,34 @@ def replica_claim(
         if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
             model_version_transition(version=version, status=ModelVersion.Status.LOADING)
     return replica
+
+
+def adapter_loaded(*, replica_id: int, version_id: int, pid: int) -> bool:
+    """Record that the replica's engine process ``pid`` holds the adapter ``version_id`` (its
+    supervisor asked the engine, which said yes): the adapter's requests may go there. Its
+    version becomes active and its pending deployments running, as a replica's first ready
+    does for a model of its own. False when the replica is gone meanwhile (nothing written).
+    The caller announces the routing change (a supervisor does so off its loop)."""
+    with transaction.atomic():
+        if not Replica.objects.filter(pk=replica_id).exists():
+            return False
+        LoadedAdapter.objects.update_or_create(replica_id=replica_id, version_id=version_id, defaults={"pid": pid})
+        version = ModelVersion.objects.select_for_update().get(pk=version_id)
+        if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
+            model_version_transition(version=version, status=ModelVersion.Status.LOADING)
+        if version.status == ModelVersion.Status.LOADING:
+            model_version_transition(version=version, status=ModelVersion.Status.ACTIVE)
+        for deployment in Deployment.objects.select_for_update().filter(
+            version_id=version_id, status=Deployment.Status.PENDING
+        ):
+            deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
+    return True
+
+
+def adapter_unloaded(*, replica_id: int, version_id: int) -> bool:
+    """The replica's engine no longer holds the adapter: its row goes. True when there was one."""
+    deleted, _ = LoadedAdapter.objects.filter(replica_id=replica_id, version_id=version_id).delete()
+    return deleted > 0
 
 
 def replica_surplus(*, deployment: Deployment) -> int:
@@ -796,6 +858,7 @@ def deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
         "is_canary": deployment.is_canary,
         "gpu_type": deployment.gpu_type,
         "standby": deployment.standby,
+        "max_adapters": deployment.max_adapters,
         "status": deployment.status,
     }
 
