@@ -10,7 +10,8 @@ from django.db.models import Prefetch, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
+from registry.adapters import GENERATIVE_TASKS, base_refusal
+from registry.models import Adapter, AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
 from registry.upstreams import SealBroken, UpstreamTarget, unseal
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,31 @@ def upstream_targets(*, version_ids: list[int]) -> dict[int, UpstreamTarget]:
 def upstream_of(*, version: ModelVersion) -> Upstream | None:
     """An external version's upstream row (its key still sealed); None for any other version."""
     return Upstream.objects.filter(version=version).first()
+
+
+def adapter_of(*, version: ModelVersion) -> Adapter | None:
+    """An adapter version's row, with its base; None for any other version."""
+    return Adapter.objects.select_related("base__model").filter(version=version).first()
+
+
+def adapters_on(*, version: ModelVersion) -> list[Adapter]:
+    """The adapters registered on ``version`` as their base, by model name and version."""
+    return list(
+        Adapter.objects.select_related("version__model")
+        .filter(base=version)
+        .order_by("version__model__name", "version__version")
+    )
+
+
+def adapter_bases() -> list[ModelVersion]:
+    """The versions an adapter may name as its base (``registry.adapters.clean_base`` accepts
+    them), by model name, newest version first."""
+    candidates = (
+        ModelVersion.objects.select_related("model")
+        .filter(model__task__in=GENERATIVE_TASKS)
+        .order_by("model__name", "-created_at", "-id")
+    )
+    return [version for version in candidates if base_refusal(version) is None]
 
 
 def heartbeat_fresh_after(now: datetime | None = None) -> datetime:
@@ -99,7 +125,7 @@ def host_lease_held(*, host: str) -> HostLease | None:
 def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:
     """Models (or the one named) with their versions, newest first, and each version's deployments."""
     versions = (
-        ModelVersion.objects.select_related("upstream")
+        ModelVersion.objects.select_related("upstream", "adapter__base__model")
         .order_by("-created_at", "-id")
         .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.order_by("id")))
     )
