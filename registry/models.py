@@ -196,6 +196,24 @@ class Upstream(models.Model):
         return f"{self.version} -> {self.url} ({self.served_model})"
 
 
+class Adapter(models.Model):
+    """A version whose artifact is a LoRA adapter (framework ``lora``, ``registry.adapters``),
+    and the base version it applies to. An engine serving the base loads it beside the base
+    under ``registry.adapters.lora_name``. A base that carries adapters cannot be deleted.
+    """
+
+    version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE, related_name="adapter")
+    base = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="adapters")
+    rank = models.PositiveSmallIntegerField(help_text="the LoRA rank r")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["base_id", "version_id"]
+
+    def __str__(self) -> str:
+        return f"{self.version} (LoRA r={self.rank}) on {self.base}"
+
+
 class HostLease(models.Model):
     """A host's engine supervisor holds this while it runs: one supervisor per host name.
 

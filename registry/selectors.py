@@ -11,7 +11,7 @@ from django.db.models import F, Prefetch, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from registry.adapters import lora_name
+from registry.adapters import GENERATIVE_TASKS, base_refusal, lora_name
 from registry.models import (
     Adapter,
     AuditEntry,
@@ -63,6 +63,31 @@ def upstream_of(*, version: ModelVersion) -> Upstream | None:
     return Upstream.objects.filter(version=version).first()
 
 
+def adapter_of(*, version: ModelVersion) -> Adapter | None:
+    """An adapter version's row, with its base; None for any other version."""
+    return Adapter.objects.select_related("base__model").filter(version=version).first()
+
+
+def adapters_on(*, version: ModelVersion) -> list[Adapter]:
+    """The adapters registered on ``version`` as their base, by model name and version."""
+    return list(
+        Adapter.objects.select_related("version__model")
+        .filter(base=version)
+        .order_by("version__model__name", "version__version")
+    )
+
+
+def adapter_bases() -> list[ModelVersion]:
+    """The versions an adapter may name as its base (``registry.adapters.clean_base`` accepts
+    them), by model name, newest version first."""
+    candidates = (
+        ModelVersion.objects.select_related("model")
+        .filter(model__task__in=GENERATIVE_TASKS)
+        .order_by("model__name", "-created_at", "-id")
+    )
+    return [version for version in candidates if base_refusal(version) is None]
+
+
 def heartbeat_fresh_after(now: datetime | None = None) -> datetime:
     """The oldest heartbeat a replica may show and still count as alive (routed, promoted, counted
     ready): REPLICA_STALE_AFTER before ``now``. (The gateway's routing table applies the same
@@ -97,7 +122,7 @@ def adapter_replicas(*, version_ids: list[int]) -> dict[int, list[tuple[Replica,
     return held
 
 
-def adapter_bases(*, version_ids: list[int]) -> dict[int, ModelVersion]:
+def bases_of_adapters(*, version_ids: list[int]) -> dict[int, ModelVersion]:
     """The base version of each of these adapter versions, by the adapter's version id."""
     return {
         a.version_id: a.base for a in Adapter.objects.filter(version_id__in=version_ids).select_related("base__model")
@@ -175,7 +200,7 @@ def host_lease_held(*, host: str) -> HostLease | None:
 def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:
     """Models (or the one named) with their versions, newest first, and each version's deployments."""
     versions = (
-        ModelVersion.objects.select_related("upstream")
+        ModelVersion.objects.select_related("upstream", "adapter__base__model")
         .order_by("-created_at", "-id")
         .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.order_by("id")))
     )

@@ -18,10 +18,18 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
-from registry.adapters import is_adapter_framework
+from registry.adapters import (
+    ADAPTER_FRAMEWORK,
+    AdapterFacts,
+    base_label,
+    clean_base,
+    is_adapter_framework,
+    read_adapter,
+)
 from registry.artifacts import get_artifact_store
 from registry.models import (
     SMALL_COUNT_MAX,
+    Adapter,
     AuditEntry,
     Deployment,
     HostLease,
@@ -223,10 +231,15 @@ def model_version_create(
 
 def _refuse_upstream_framework(framework: str) -> None:
     """An artifact's version is never of the external kind: that one has an upstream instead
-    (``upstream_version_create``), and without it no replica could ever serve."""
+    (``upstream_version_create``), and without it no replica could ever serve. Nor is it an
+    adapter, which is registered with its base (``adapter_version_create``)."""
     if is_upstream_framework(framework):
         raise InvalidInput(
             "framework", f"An {UPSTREAM_FRAMEWORK} version has no artifact: register it with its upstream (URL, model)."
+        )
+    if is_adapter_framework(framework):
+        raise InvalidInput(
+            "framework", f"A {ADAPTER_FRAMEWORK} version is an adapter: register it with its base version (base)."
         )
 
 
@@ -337,6 +350,106 @@ def upstream_version_create(
                                    ("config", existing.config, config)) if a != b]  # fmt: skip
     if not _seals(upstream.api_key_sealed, api_key):
         differing.append("upstream.api_key")
+    if differing:
+        raise VersionConflict(existing, differing)
+    return existing, False
+
+
+def _adapter_config(config: dict[str, Any], facts: AdapterFacts, base: ModelVersion) -> dict[str, Any]:
+    """An adapter version's config: what was given, and what the registry read of the adapter."""
+    return {
+        **config,
+        "lora_rank": facts.rank,
+        "lora_alpha": facts.alpha,
+        "target_modules": list(facts.target_modules),
+        "base": base_label(base),
+    }
+
+
+def adapter_register(
+    *,
+    model: Model,
+    version: str,
+    artifact_uri: str,
+    artifact_sha256: str,
+    artifact_size: int,
+    base: ModelVersion,
+    config: dict[str, Any],
+) -> ModelVersion:
+    """Register a LoRA adapter version (``registry.adapters``) on ``base`` from an artifact the
+    caller stored and hashed (the bundled import), or refresh the artifact fields of an existing
+    one, as ``model_version_register`` does for a full model. The adapter is read and its base
+    checked first; the version and its ``Adapter`` row are written in one transaction."""
+    clean_base(base)
+    facts = read_adapter(get_artifact_store().local_path(artifact_uri))
+    values: dict[str, Any] = {
+        "framework": ADAPTER_FRAMEWORK,
+        "artifact_uri": artifact_uri,
+        "artifact_sha256": artifact_sha256,
+        "artifact_size": artifact_size,
+        "config": _adapter_config(config, facts, base),
+    }
+    with transaction.atomic():
+        obj, created = ModelVersion.objects.get_or_create(model=model, version=version, defaults=values)
+        if not created:
+            for field, value in values.items():
+                setattr(obj, field, value)
+            obj.save(update_fields=list(values))
+        Adapter.objects.update_or_create(version=obj, defaults={"base": base, "rank": facts.rank})
+    return obj
+
+
+def adapter_version_create(
+    *,
+    actor: Actor,
+    name: str,
+    version: str,
+    artifact_uri: str,
+    base: ModelVersion,
+    config: dict[str, Any],
+    task: str | None = None,
+) -> tuple[ModelVersion, bool]:
+    """Register ``name``:``version`` as a LoRA adapter on ``base`` from an adapter folder already
+    in the store; True when created. Audited like ``model_version_create``.
+
+    ``base`` must carry adapters (``registry.adapters.clean_base``: a chat or completion model
+    served from an artifact); the folder must be a PEFT LoRA adapter of a rank the engines
+    accept (``read_adapter``). A new model gets ``task`` (default: the base's). Registering
+    again with the same artifact, base and config returns the existing version (False); with
+    others it raises ``VersionConflict``.
+    """
+    if task is not None and task not in Task.values:
+        raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    clean_base(base)
+    sha256, size = _artifact_digest(artifact_uri)
+    facts = read_adapter(get_artifact_store().local_path(artifact_uri))
+    values: dict[str, Any] = {
+        "framework": ADAPTER_FRAMEWORK,
+        "artifact_uri": artifact_uri,
+        "artifact_sha256": sha256,
+        "artifact_size": size,
+        "config": _adapter_config(config, facts, base),
+    }
+    try:
+        with transaction.atomic():
+            model = _model_for_version(actor=actor, name=name, task=task or base.model.task)
+            if model.task != base.model.task:
+                raise InvalidInput("task", f"{name} is a {model.task} model; its base {base} is {base.model.task}.")
+            existing = ModelVersion.objects.filter(model=model, version=version).select_related("model").first()
+            if existing is None:
+                created = ModelVersion.objects.create(model=model, version=version, **values)
+                Adapter.objects.create(version=created, base=base, rank=facts.rank)
+                audit_record(
+                    actor=actor, action="model_version.register", target_type="model_version", target=str(created),
+                    before=None, after={**_version_snapshot(created), "base": base_label(base)},
+                )  # fmt: skip
+                return created, True
+    except IntegrityError:  # a concurrent registration of the same version committed first
+        existing = ModelVersion.objects.select_related("model").get(model__name=name, version=version)
+    differing = [field for field, value in values.items() if getattr(existing, field) != value]
+    adapter = Adapter.objects.filter(version=existing).first()
+    if adapter is None or adapter.base_id != base.pk:
+        differing.append("base")
     if differing:
         raise VersionConflict(existing, differing)
     return existing, False

@@ -31,8 +31,8 @@ from core.formats import MISSING
 from registry.adapters import is_adapter_framework
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
-    adapter_replicas,
     SCALE_ACTIONS,
+    adapter_replicas,
     deployment_board,
     deployment_with_version,
     deployments_live,

@@ -41,7 +41,13 @@ from core.redis import async_redis
 from registry.adapters import is_adapter_framework
 from registry.artifacts import ArtifactUnavailable, get_artifact_store
 from registry.models import ModelVersion
-from registry.selectors import adapter_bases, adapter_replicas, ready_replicas, serving_deployments, upstream_targets
+from registry.selectors import (
+    adapter_replicas,
+    bases_of_adapters,
+    ready_replicas,
+    serving_deployments,
+    upstream_targets,
+)
 from registry.signatures import Signature
 from registry.upstreams import UpstreamTarget
 from serving.gateway import metrics
@@ -186,7 +192,7 @@ def load_routing_table() -> RoutingTable:
     adapters = {d.id: d.version_id for d in deployments if is_adapter_framework(d.version.framework)}
     bases: dict[int, ModelVersion] = {}
     if adapters:
-        bases = adapter_bases(version_ids=list(set(adapters.values())))
+        bases = bases_of_adapters(version_ids=list(set(adapters.values())))
         # An adapter's replicas: its base's ready replicas whose engine holds it, under its lora name.
         held = adapter_replicas(version_ids=list(set(adapters.values())))
         for deployment_id, version_id in adapters.items():

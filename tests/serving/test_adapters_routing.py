@@ -230,6 +230,7 @@ def test_an_adapter_version_shares_its_models_traffic_with_the_base_version(
         Deployment.objects.create(version=tuned, status="running", traffic_weight=50, replicas=0, min_replicas=0,
                                   max_replicas=0)  # fmt: skip
         replica = Replica.objects.get(deployment__version=base)
+        assert replica.pid is not None
         LoadedAdapter.objects.create(replica=replica, version=tuned, pid=replica.pid)
         return lora_name(tuned)
 

@@ -112,10 +112,9 @@ def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator
     """The session's real engines (the ``engines`` fixture, defined in tests/conftest.py so that
     every directory shares one: a second instance would be a second supervisor of the same host,
     and the two would release each other's replicas)."""
+    from registry.adapters import is_adapter_framework
     from registry.models import Deployment
     from registry.services import deployment_create
-
-    from registry.adapters import is_adapter_framework
 
     # A bundled LoRA adapter has no engine of its own (a test deploys it onto SmolLM2's, whose
     # engine takes adapters: SESSION_MAX_ADAPTERS).
