@@ -347,7 +347,7 @@ def deploy(request: HttpRequest, name: str) -> HttpResponse:
                 deployment = deployment_create(
                     actor=request.user, version=version, traffic_weight=form.cleaned_data["traffic_percent"],
                     replicas=replicas, min_replicas=1, max_replicas=replicas, gpu_type=version.gpu_type,
-                    max_adapters=form.cleaned_data["max_adapters"],
+                    max_adapters=form.cleaned_data["max_adapters"] or 0,
                 )  # fmt: skip
             except InvalidInput as exc:
                 refuse(form, exc, {"traffic_weight": "traffic_percent"})

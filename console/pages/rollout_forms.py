@@ -36,7 +36,7 @@ class DeployForm(forms.Form):
         min_value=1, max_value=SMALLINT, initial=1, help_text="ignored for a LoRA adapter: it runs on its base's"
     )  # fmt: skip
     max_adapters = forms.IntegerField(
-        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, initial=0, label="LoRA adapters per batch",
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, initial=0, required=False, label="LoRA adapters per batch",
         help_text="0: its engines take none; a chat or completion model only",
     )  # fmt: skip
 

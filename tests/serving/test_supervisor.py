@@ -1044,6 +1044,8 @@ class TestAdapters:
         assert version.pk not in adapter_replicas(version_ids=[version.pk])  # never routed to the empty engine
         step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).state == "ready")
         restarted = Replica.objects.get(pk=replica.pk)
+        assert restarted.pid is not None
+        assert restarted.pid != replica.pid
         step_until(supervisor, lambda: LoadedAdapter.objects.filter(replica=replica, pid=restarted.pid).exists())
         assert loaded_on(restarted) == ["lora-restart@1"]
 
