@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
+from registry.models import Adapter, AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
 
 
 class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
@@ -61,6 +61,23 @@ class UpstreamAdmin(admin.ModelAdmin[Upstream]):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Upstream | None = None) -> bool:
+        return False
+
+
+@admin.register(Adapter)
+class AdapterAdmin(admin.ModelAdmin[Adapter]):
+    """Read-only: an adapter is registered with its base through the management API
+    (``registry.services.adapter_version_create``) or the bundled import, read and checked there."""
+
+    list_display = ("version", "base", "rank", "created_at")
+    search_fields = ("version__model__name", "base__model__name")
+    fields = ("version", "base", "rank", "created_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Adapter | None = None) -> bool:
         return False
 
 

@@ -26,11 +26,14 @@ from rest_framework.response import Response
 
 from accounts.permissions import IsPlatformAdmin
 from core.errors import InvalidInput
+from registry.adapters import ADAPTER_FRAMEWORK, is_adapter_framework, lora_name
 from registry.audit_selectors import audit_entries
 from registry.models import SMALL_COUNT_MAX, AuditEntry, Deployment, Model, ModelVersion, Replica, Task
 from registry.selectors import deployments_with_replicas, models_with_deployments
 from registry.services import (
+    MAX_ADAPTERS_PER_BATCH,
     VersionConflict,
+    adapter_version_create,
     deployment_bounds_set,
     deployment_create,
     deployment_scale,
@@ -95,17 +98,40 @@ class UpstreamSerializer(serializers.Serializer[Any]):
         return bool(getattr(upstream, "api_key_sealed", ""))
 
 
+class BaseVersionSerializer(serializers.Serializer[Any]):
+    """The base version a LoRA adapter applies to."""
+
+    model = serializers.CharField(max_length=255, help_text="the base's model name")
+    version = serializers.CharField(max_length=50, help_text="the base's version")
+
+
+class AdapterSerializer(serializers.Serializer[Any]):
+    """A LoRA adapter version's base (``registry.adapters``)."""
+
+    base = serializers.SerializerMethodField(help_text="the version it applies to")
+    rank = serializers.IntegerField(read_only=True, help_text="the LoRA rank r")
+    lora_name = serializers.SerializerMethodField(help_text="the name engines serving the base will know it by")
+
+    @extend_schema_field(BaseVersionSerializer)
+    def get_base(self, adapter: Any) -> dict[str, str]:
+        return {"model": adapter.base.model.name, "version": adapter.base.version}
+
+    def get_lora_name(self, adapter: Any) -> str:
+        return lora_name(adapter.version)
+
+
 class ModelVersionSerializer(serializers.ModelSerializer[ModelVersion]):
     name = serializers.CharField(source="model.name", read_only=True, help_text="the public model name")
     gpu_requirements = GpuRequirementsSerializer(source="*", read_only=True)
     deployments = DeploymentSummarySerializer(many=True, read_only=True)
     upstream = serializers.SerializerMethodField(help_text="where an external version is served; null otherwise")
+    adapter = serializers.SerializerMethodField(help_text="a LoRA adapter's base and rank; null otherwise")
 
     class Meta:
         model = ModelVersion
         fields = [
             "id", "name", "version", "framework", "artifact_uri", "artifact_sha256", "artifact_size",
-            "gpu_requirements", "config", "status", "created_at", "deployments", "upstream",
+            "gpu_requirements", "config", "status", "created_at", "deployments", "upstream", "adapter",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -113,6 +139,13 @@ class ModelVersionSerializer(serializers.ModelSerializer[ModelVersion]):
     def get_upstream(self, version: ModelVersion) -> dict[str, Any] | None:
         upstream = getattr(version, "upstream", None)
         return UpstreamSerializer(upstream).data if upstream is not None else None
+
+    @extend_schema_field(AdapterSerializer(allow_null=True))
+    def get_adapter(self, version: ModelVersion) -> dict[str, Any] | None:
+        if not is_adapter_framework(version.framework):
+            return None  # no query for the versions that cannot have one
+        adapter = getattr(version, "adapter", None)
+        return AdapterSerializer(adapter).data if adapter is not None else None
 
 
 class RegistryModelSerializer(serializers.ModelSerializer[Model]):
@@ -134,6 +167,10 @@ class ModelVersionRegisterSerializer(serializers.Serializer[Any]):
         max_length=1024, required=False, help_text="an artifact already in the store (not for openai-upstream)"
     )
     upstream = UpstreamSerializer(required=False, help_text="for openai-upstream only: where it is served")
+    base = BaseVersionSerializer(
+        required=False,
+        help_text="for lora only: the registered version the adapter applies to (a chat or completion LLM)",
+    )
     gpu_requirements = GpuRequirementsSerializer(required=False)
     config = serializers.DictField(required=False, default=dict, help_text="e.g. max_seq_len, vocab_size")
     task = serializers.ChoiceField(
@@ -160,6 +197,13 @@ class ModelVersionRegisterSerializer(serializers.Serializer[Any]):
                 errors.setdefault("upstream", [f"Only an {UPSTREAM_FRAMEWORK} version has an upstream."])
             if not external and "artifact_uri" not in data:
                 errors.setdefault("artifact_uri", ["This field is required."])
+            adapter = isinstance(framework, str) and is_adapter_framework(framework)
+            if adapter and data.get("base") is None:
+                errors.setdefault("base", [f"A {ADAPTER_FRAMEWORK} version names its base: {{model, version}}."])
+            if not adapter and "base" in data:
+                errors.setdefault("base", [f"Only a {ADAPTER_FRAMEWORK} (adapter) version has a base."])
+            if adapter and "gpu_requirements" in data:
+                errors.setdefault("gpu_requirements", ["An adapter runs on its base's replicas, with their GPUs."])
         if errors:
             raise ValidationError(errors)
         return value
@@ -197,6 +241,12 @@ class DeploymentResourcesSerializer(serializers.Serializer[Any]):
         min_value=0, max_value=SMALL_COUNT_MAX, required=False, default=0,
         help_text="warm standby replicas kept loaded beside the serving ones, never routed; promoted first on "
         "scale-up, a failed replica or a hot-swap",
+    )  # fmt: skip
+    max_adapters = serializers.IntegerField(
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, required=False, default=0,
+        help_text="LoRA adapters each engine runs in one batch (vLLM --max-loras); 0: its engines take none. Only "
+        "a chat or completion model on the platform's vLLM engines; the adapters of its version are loaded into "
+        "its replicas while they run",
     )  # fmt: skip
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +309,8 @@ _TRAFFIC_SPLIT: dict[str, Any] = {
     methods=["POST"],
     tags=["registry"],
     description="Register a version from an artifact already in the artifact store, which is checked and hashed "
-    "(a 400 naming artifact_uri when it is missing or unreadable). A new model name creates the model.",
+    "(a 400 naming artifact_uri when it is missing or unreadable). A new model name creates the model. "
+    "A LoRA adapter (framework lora) names its base version; its artifact is a PEFT adapter folder.",
     request=ModelVersionRegisterSerializer,
     responses={
         201: ModelVersionSerializer,
@@ -277,7 +328,12 @@ def model_collection(request: Request) -> Response:
     body.is_valid(raise_exception=True)
     data = body.validated_data
     try:
-        if is_upstream_framework(data["framework"]):
+        if is_adapter_framework(data["framework"]):
+            version, created = adapter_version_create(
+                actor=request.user, name=data["name"], version=data["version"], artifact_uri=data["artifact_uri"],
+                base=_base_version(data["base"]), config=data["config"], task=data.get("task"),
+            )  # fmt: skip
+        elif is_upstream_framework(data["framework"]):
             upstream = data["upstream"]
             version, created = upstream_version_create(
                 actor=request.user, name=data["name"], version=data["version"], url=upstream["url"],
@@ -302,6 +358,16 @@ def model_collection(request: Request) -> Response:
     return Response(
         ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
     )
+
+
+def _base_version(base: Mapping[str, str]) -> ModelVersion:
+    """The registered version an adapter names as its base, or a 400 naming ``base``."""
+    found = (
+        ModelVersion.objects.select_related("model").filter(model__name=base["model"], version=base["version"]).first()
+    )
+    if found is None:
+        raise InvalidInput("base", f"There is no registered version {base['model']}:{base['version']}.")
+    return found
 
 
 @extend_schema(tags=["registry"], responses={200: RegistryModelSerializer})
@@ -348,7 +414,9 @@ def deployment_collection(request: Request) -> Response:
         if not Model.objects.filter(name=data["model_name"]).exists():
             raise ValidationError({"model_name": [f"No model named {data['model_name']!r}."]})
         raise ValidationError({"version": [f"{data['model_name']} has no version {data['version']!r}."]})
-    resources = data.get("resources") or {"replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0}
+    resources = data.get("resources") or {
+        "replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0, "max_adapters": 0,
+    }  # fmt: skip
     try:
         deployment = deployment_create(
             actor=request.user,
@@ -359,9 +427,13 @@ def deployment_collection(request: Request) -> Response:
             max_replicas=resources["max_replicas"],
             gpu_type=resources.get("gpu_type", version.gpu_type),
             standby=resources.get("standby", 0),
+            max_adapters=resources.get("max_adapters", 0),
         )
     except InvalidInput as exc:
-        refused_fields = {"traffic_weight": "traffic_percent", "replicas": "resources", "standby": "resources"}
+        refused_fields = {
+            "traffic_weight": "traffic_percent", "replicas": "resources", "standby": "resources",
+            "max_adapters": "resources",
+        }  # fmt: skip
         raise refused(exc, refused_fields) from exc
     created = deployments_with_replicas().get(pk=deployment.pk)
     return Response(DeploymentSerializer(created).data, status=status.HTTP_201_CREATED)

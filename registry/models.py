@@ -97,6 +97,10 @@ class Deployment(models.Model):
     # Warm standby replicas kept beside ``replicas``: loaded, ready, heart-beaten, never routed;
     # promoted first when the deployment needs one more serving replica (registry.warm_pool).
     standby = models.PositiveSmallIntegerField(default=0)
+    # LoRA adapters one engine of this deployment runs in a batch (vLLM --enable-lora
+    # --max-loras); 0: its engines take none. Adapters of its version are loaded into its
+    # ready replicas at run time (serving.supervisor.adapters), never by a restart.
+    max_adapters = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -152,6 +156,26 @@ class Replica(models.Model):
         return f"{self.deployment.version} @ {self.host} ({self.state})"
 
 
+class LoadedAdapter(models.Model):
+    """A LoRA adapter version loaded into a replica's engine (of its base version, whose
+    deployment takes adapters): requests for the adapter are routed to that replica under the
+    adapter's ``lora_name``. Written by the replica's supervisor after the engine said yes;
+    gone with the replica."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="loaded_adapters")
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="loaded_on")
+    # The engine process it was loaded into: once the replica's engine is another (restarted,
+    # empty), the row no longer routes anything, and the supervisor loads the adapter again.
+    pid = models.PositiveIntegerField()
+    loaded_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["replica", "version"], name="adapter_loaded_once")]
+
+    def __str__(self) -> str:
+        return f"{self.version} on replica {self.replica_id}"
+
+
 class Upstream(models.Model):
     """Where a version of the external engine kind is served: an OpenAI-compatible server the
     platform does not run (a vLLM or SGLang server, a router or gateway in front of several).
@@ -170,6 +194,24 @@ class Upstream(models.Model):
 
     def __str__(self) -> str:
         return f"{self.version} -> {self.url} ({self.served_model})"
+
+
+class Adapter(models.Model):
+    """A version whose artifact is a LoRA adapter (framework ``lora``, ``registry.adapters``),
+    and the base version it applies to. An engine serving the base loads it beside the base
+    under ``registry.adapters.lora_name``. A base that carries adapters cannot be deleted.
+    """
+
+    version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE, related_name="adapter")
+    base = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="adapters")
+    rank = models.PositiveSmallIntegerField(help_text="the LoRA rank r")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["base_id", "version_id"]
+
+    def __str__(self) -> str:
+        return f"{self.version} (LoRA r={self.rank}) on {self.base}"
 
 
 class HostLease(models.Model):

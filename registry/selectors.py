@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db.models import F, Prefetch, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
+from registry.adapters import GENERATIVE_TASKS, base_refusal, lora_name
+from registry.models import (
+    Adapter,
+    AuditEntry,
+    Deployment,
+    HostLease,
+    LoadedAdapter,
+    Model,
+    ModelVersion,
+    Replica,
+    Upstream,
+)
 from registry.upstreams import SealBroken, UpstreamTarget, unseal
 
 logger = logging.getLogger(__name__)
@@ -51,6 +63,31 @@ def upstream_of(*, version: ModelVersion) -> Upstream | None:
     return Upstream.objects.filter(version=version).first()
 
 
+def adapter_of(*, version: ModelVersion) -> Adapter | None:
+    """An adapter version's row, with its base; None for any other version."""
+    return Adapter.objects.select_related("base__model").filter(version=version).first()
+
+
+def adapters_on(*, version: ModelVersion) -> list[Adapter]:
+    """The adapters registered on ``version`` as their base, by model name and version."""
+    return list(
+        Adapter.objects.select_related("version__model")
+        .filter(base=version)
+        .order_by("version__model__name", "version__version")
+    )
+
+
+def adapter_bases() -> list[ModelVersion]:
+    """The versions an adapter may name as its base (``registry.adapters.clean_base`` accepts
+    them), by model name, newest version first."""
+    candidates = (
+        ModelVersion.objects.select_related("model")
+        .filter(model__task__in=GENERATIVE_TASKS)
+        .order_by("model__name", "-created_at", "-id")
+    )
+    return [version for version in candidates if base_refusal(version) is None]
+
+
 def heartbeat_fresh_after(now: datetime | None = None) -> datetime:
     """The oldest heartbeat a replica may show and still count as alive (routed, promoted, counted
     ready): REPLICA_STALE_AFTER before ``now``. (The gateway's routing table applies the same
@@ -63,6 +100,70 @@ def ready_replicas(*, deployment_ids: list[int]) -> QuerySet[Replica]:
     return Replica.objects.filter(deployment_id__in=deployment_ids, state=Replica.State.READY, standby=False).order_by(
         "id"
     )
+
+
+def adapter_replicas(*, version_ids: list[int]) -> dict[int, list[tuple[Replica, str]]]:
+    """Where each of these adapter versions can be routed: the ready, routed replicas (of a
+    serving deployment of its base) whose engine holds it, each with the adapter's name there."""
+    serving = [Deployment.Status.PENDING, Deployment.Status.RUNNING]
+    held: dict[int, list[tuple[Replica, str]]] = {}
+    for loaded in (
+        LoadedAdapter.objects.filter(
+            version_id__in=version_ids,
+            replica__state=Replica.State.READY,
+            replica__standby=False,
+            replica__deployment__status__in=serving,
+            replica__pid=F("pid"),  # loaded into the engine running now, not one that restarted since
+        )
+        .select_related("replica", "version__model")
+        .order_by("replica_id")
+    ):
+        held.setdefault(loaded.version_id, []).append((loaded.replica, lora_name(loaded.version)))
+    return held
+
+
+def bases_of_adapters(*, version_ids: list[int]) -> dict[int, ModelVersion]:
+    """The base version of each of these adapter versions, by the adapter's version id."""
+    return {
+        a.version_id: a.base for a in Adapter.objects.filter(version_id__in=version_ids).select_related("base__model")
+    }
+
+
+@dataclass(frozen=True)
+class AdapterWanted:
+    """An adapter version some serving deployment wants, on the base version it needs."""
+
+    version_id: int
+    base_id: int
+    lora_name: str
+    artifact_uri: str
+
+
+def adapters_wanted(*, base_ids: list[int]) -> list[AdapterWanted]:
+    """The adapters of these base versions that a serving (pending or running) deployment wants."""
+    serving = [Deployment.Status.PENDING, Deployment.Status.RUNNING]
+    rows = (
+        Adapter.objects.filter(base_id__in=base_ids, version__deployments__status__in=serving)
+        .select_related("version__model")
+        .distinct()
+        .order_by("version_id")
+    )
+    return [AdapterWanted(a.version_id, a.base_id, lora_name(a.version), a.version.artifact_uri) for a in rows]
+
+
+@dataclass(frozen=True)
+class AdapterHeld:
+    pid: int  # the engine process it was loaded into
+    lora_name: str
+
+
+def adapters_loaded(*, replica_ids: list[int]) -> dict[int, dict[int, AdapterHeld]]:
+    """The adapter versions each of these replicas' engines was given (the rows its supervisor
+    wrote), by version id: into which engine process, under which name."""
+    loaded: dict[int, dict[int, AdapterHeld]] = {replica_id: {} for replica_id in replica_ids}
+    for row in LoadedAdapter.objects.filter(replica_id__in=replica_ids).select_related("version__model"):
+        loaded[row.replica_id][row.version_id] = AdapterHeld(row.pid, lora_name(row.version))
+    return loaded
 
 
 def replica_states(*, replica_ids: list[int]) -> dict[int, str]:
@@ -99,7 +200,7 @@ def host_lease_held(*, host: str) -> HostLease | None:
 def models_with_deployments(*, name: str | None = None) -> QuerySet[Model]:
     """Models (or the one named) with their versions, newest first, and each version's deployments."""
     versions = (
-        ModelVersion.objects.select_related("upstream")
+        ModelVersion.objects.select_related("upstream", "adapter__base__model")
         .order_by("-created_at", "-id")
         .prefetch_related(Prefetch("deployments", queryset=Deployment.objects.order_by("id")))
     )

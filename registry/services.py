@@ -18,12 +18,22 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from core.transitions import transition
+from registry.adapters import (
+    ADAPTER_FRAMEWORK,
+    AdapterFacts,
+    base_label,
+    clean_base,
+    is_adapter_framework,
+    read_adapter,
+)
 from registry.artifacts import get_artifact_store
 from registry.models import (
     SMALL_COUNT_MAX,
+    Adapter,
     AuditEntry,
     Deployment,
     HostLease,
+    LoadedAdapter,
     Model,
     ModelVersion,
     Replica,
@@ -221,10 +231,15 @@ def model_version_create(
 
 def _refuse_upstream_framework(framework: str) -> None:
     """An artifact's version is never of the external kind: that one has an upstream instead
-    (``upstream_version_create``), and without it no replica could ever serve."""
+    (``upstream_version_create``), and without it no replica could ever serve. Nor is it an
+    adapter, which is registered with its base (``adapter_version_create``)."""
     if is_upstream_framework(framework):
         raise InvalidInput(
             "framework", f"An {UPSTREAM_FRAMEWORK} version has no artifact: register it with its upstream (URL, model)."
+        )
+    if is_adapter_framework(framework):
+        raise InvalidInput(
+            "framework", f"A {ADAPTER_FRAMEWORK} version is an adapter: register it with its base version (base)."
         )
 
 
@@ -340,6 +355,106 @@ def upstream_version_create(
     return existing, False
 
 
+def _adapter_config(config: dict[str, Any], facts: AdapterFacts, base: ModelVersion) -> dict[str, Any]:
+    """An adapter version's config: what was given, and what the registry read of the adapter."""
+    return {
+        **config,
+        "lora_rank": facts.rank,
+        "lora_alpha": facts.alpha,
+        "target_modules": list(facts.target_modules),
+        "base": base_label(base),
+    }
+
+
+def adapter_register(
+    *,
+    model: Model,
+    version: str,
+    artifact_uri: str,
+    artifact_sha256: str,
+    artifact_size: int,
+    base: ModelVersion,
+    config: dict[str, Any],
+) -> ModelVersion:
+    """Register a LoRA adapter version (``registry.adapters``) on ``base`` from an artifact the
+    caller stored and hashed (the bundled import), or refresh the artifact fields of an existing
+    one, as ``model_version_register`` does for a full model. The adapter is read and its base
+    checked first; the version and its ``Adapter`` row are written in one transaction."""
+    clean_base(base)
+    facts = read_adapter(get_artifact_store().local_path(artifact_uri))
+    values: dict[str, Any] = {
+        "framework": ADAPTER_FRAMEWORK,
+        "artifact_uri": artifact_uri,
+        "artifact_sha256": artifact_sha256,
+        "artifact_size": artifact_size,
+        "config": _adapter_config(config, facts, base),
+    }
+    with transaction.atomic():
+        obj, created = ModelVersion.objects.get_or_create(model=model, version=version, defaults=values)
+        if not created:
+            for field, value in values.items():
+                setattr(obj, field, value)
+            obj.save(update_fields=list(values))
+        Adapter.objects.update_or_create(version=obj, defaults={"base": base, "rank": facts.rank})
+    return obj
+
+
+def adapter_version_create(
+    *,
+    actor: Actor,
+    name: str,
+    version: str,
+    artifact_uri: str,
+    base: ModelVersion,
+    config: dict[str, Any],
+    task: str | None = None,
+) -> tuple[ModelVersion, bool]:
+    """Register ``name``:``version`` as a LoRA adapter on ``base`` from an adapter folder already
+    in the store; True when created. Audited like ``model_version_create``.
+
+    ``base`` must carry adapters (``registry.adapters.clean_base``: a chat or completion model
+    served from an artifact); the folder must be a PEFT LoRA adapter of a rank the engines
+    accept (``read_adapter``). A new model gets ``task`` (default: the base's). Registering
+    again with the same artifact, base and config returns the existing version (False); with
+    others it raises ``VersionConflict``.
+    """
+    if task is not None and task not in Task.values:
+        raise InvalidInput("task", f"Must be one of {', '.join(Task.values)}.")
+    clean_base(base)
+    sha256, size = _artifact_digest(artifact_uri)
+    facts = read_adapter(get_artifact_store().local_path(artifact_uri))
+    values: dict[str, Any] = {
+        "framework": ADAPTER_FRAMEWORK,
+        "artifact_uri": artifact_uri,
+        "artifact_sha256": sha256,
+        "artifact_size": size,
+        "config": _adapter_config(config, facts, base),
+    }
+    try:
+        with transaction.atomic():
+            model = _model_for_version(actor=actor, name=name, task=task or base.model.task)
+            if model.task != base.model.task:
+                raise InvalidInput("task", f"{name} is a {model.task} model; its base {base} is {base.model.task}.")
+            existing = ModelVersion.objects.filter(model=model, version=version).select_related("model").first()
+            if existing is None:
+                created = ModelVersion.objects.create(model=model, version=version, **values)
+                Adapter.objects.create(version=created, base=base, rank=facts.rank)
+                audit_record(
+                    actor=actor, action="model_version.register", target_type="model_version", target=str(created),
+                    before=None, after={**_version_snapshot(created), "base": base_label(base)},
+                )  # fmt: skip
+                return created, True
+    except IntegrityError:  # a concurrent registration of the same version committed first
+        existing = ModelVersion.objects.select_related("model").get(model__name=name, version=version)
+    differing = [field for field, value in values.items() if getattr(existing, field) != value]
+    adapter = Adapter.objects.filter(version=existing).first()
+    if adapter is None or adapter.base_id != base.pk:
+        differing.append("base")
+    if differing:
+        raise VersionConflict(existing, differing)
+    return existing, False
+
+
 def upstream_key_set(*, actor: Actor, version: ModelVersion, api_key: str) -> Upstream:
     """Replace an external version's API key (a rotation: the same upstream, so the same version).
     Gateways and supervisors use the new key from their next routing snapshot, announced now."""
@@ -402,6 +517,24 @@ def standby_check(standby: object) -> None:
         raise InvalidInput("standby", f"Must be a whole number between 0 and {MAX_STANDBY}.")
 
 
+MAX_ADAPTERS_PER_BATCH = 64
+
+
+def adapters_check(version: ModelVersion, max_adapters: int) -> None:
+    """``max_adapters`` for a deployment of ``version``: 0, or up to MAX_ADAPTERS_PER_BATCH for a
+    generative model the platform's vLLM engines serve (the only engines that take adapters)."""
+    if not 0 <= max_adapters <= MAX_ADAPTERS_PER_BATCH:
+        raise InvalidInput("max_adapters", f"Must be between 0 and {MAX_ADAPTERS_PER_BATCH}.")
+    if max_adapters and (
+        version.model.task not in (Task.CHAT, Task.COMPLETION)
+        or is_predict_framework(version.framework)
+        or is_upstream_framework(version.framework)
+    ):
+        raise InvalidInput(
+            "max_adapters", "Only a chat or completion model served by the platform's own vLLM engines takes adapters."
+        )
+
+
 def deployment_create(
     *,
     version: ModelVersion,
@@ -412,6 +545,7 @@ def deployment_create(
     is_canary: bool = False,
     gpu_type: str = "",
     standby: int = 0,
+    max_adapters: int = 0,
     actor: Actor = None,
 ) -> Deployment:
     """Deploy ``version``: audited, and the gateways reload their routing table once it commits.
@@ -419,16 +553,28 @@ def deployment_create(
     ``standby``: warm standby replicas kept beside ``replicas`` (``registry.warm_pool``). A
     deployment with no serving replica (``replicas`` 0, ``min_replicas`` 0) is a warm pool only,
     e.g. the new version readied before a hot-swap: it needs ``standby`` ≥ 1.
+
+    ``max_adapters``: LoRA adapters each engine runs in one batch (0: its engines take none).
+    A LoRA adapter's own deployment has no replicas: it is served by the ready replicas of its
+    base's deployments that take adapters (``serving.supervisor.adapters`` loads it there), so
+    its replica counts are 0 whatever was asked.
     """
     if not 0 <= traffic_weight <= 100:
         raise InvalidInput("traffic_weight", "Must be between 0 and 100.")
     standby_check(standby)
-    if replicas < 1 and not (replicas == 0 and standby >= 1):
-        raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
-    if not min_replicas <= replicas <= max_replicas:
-        raise InvalidInput(
-            "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
-        )
+    if is_adapter_framework(version.framework):
+        if standby or max_adapters:
+            field = "standby" if standby else "max_adapters"
+            raise InvalidInput(field, "A LoRA adapter runs on its base's replicas; set this on the base's deployment.")
+        replicas = min_replicas = max_replicas = 0
+    else:
+        if replicas < 1 and not (replicas == 0 and standby >= 1):
+            raise InvalidInput("replicas", "Must be at least 1 (or 0 with at least one standby replica).")
+        if not min_replicas <= replicas <= max_replicas:
+            raise InvalidInput(
+                "replicas", f"Must lie between min_replicas ({min_replicas}) and max_replicas ({max_replicas})."
+            )
+        adapters_check(version, max_adapters)
     with transaction.atomic():
         deployment = Deployment.objects.create(
             version=version,
@@ -439,6 +585,7 @@ def deployment_create(
             is_canary=is_canary,
             gpu_type=gpu_type,
             standby=standby,
+            max_adapters=max_adapters,
         )
         audit_record(
             actor=actor,
@@ -482,6 +629,34 @@ def replica_claim(
         if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
             model_version_transition(version=version, status=ModelVersion.Status.LOADING)
     return replica
+
+
+def adapter_loaded(*, replica_id: int, version_id: int, pid: int) -> bool:
+    """Record that the replica's engine process ``pid`` holds the adapter ``version_id`` (its
+    supervisor asked the engine, which said yes): the adapter's requests may go there. Its
+    version becomes active and its pending deployments running, as a replica's first ready
+    does for a model of its own. False when the replica is gone meanwhile (nothing written).
+    The caller announces the routing change (a supervisor does so off its loop)."""
+    with transaction.atomic():
+        if not Replica.objects.filter(pk=replica_id).exists():
+            return False
+        LoadedAdapter.objects.update_or_create(replica_id=replica_id, version_id=version_id, defaults={"pid": pid})
+        version = ModelVersion.objects.select_for_update().get(pk=version_id)
+        if version.status in (ModelVersion.Status.REGISTERED, ModelVersion.Status.DEPRECATED):
+            model_version_transition(version=version, status=ModelVersion.Status.LOADING)
+        if version.status == ModelVersion.Status.LOADING:
+            model_version_transition(version=version, status=ModelVersion.Status.ACTIVE)
+        for deployment in Deployment.objects.select_for_update().filter(
+            version_id=version_id, status=Deployment.Status.PENDING
+        ):
+            deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
+    return True
+
+
+def adapter_unloaded(*, replica_id: int, version_id: int) -> bool:
+    """The replica's engine no longer holds the adapter: its row goes. True when there was one."""
+    deleted, _ = LoadedAdapter.objects.filter(replica_id=replica_id, version_id=version_id).delete()
+    return deleted > 0
 
 
 def replica_surplus(*, deployment: Deployment) -> int:
@@ -796,6 +971,7 @@ def deployment_snapshot(deployment: Deployment) -> dict[str, Any]:
         "is_canary": deployment.is_canary,
         "gpu_type": deployment.gpu_type,
         "standby": deployment.standby,
+        "max_adapters": deployment.max_adapters,
         "status": deployment.status,
     }
 

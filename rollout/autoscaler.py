@@ -48,6 +48,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from core.errors import InvalidInput
+from registry.adapters import is_adapter_framework
 from registry.models import AuditEntry, Deployment
 from registry.services import AUTOSCALER, Actor, audit_record, deployment_scale
 
@@ -396,6 +397,8 @@ def deployment_autoscale_set(*, actor: Actor, deployment: Deployment, autoscale:
     """Set a deployment's autoscaling policy (the keys of ``AutoscalePolicy``),
     checked first: a bad value is an InvalidInput naming the key. Audited."""
     policy = AutoscalePolicy.from_json(autoscale)
+    if policy.enabled and is_adapter_framework(deployment.version.framework):
+        raise InvalidInput("enabled", "A LoRA adapter runs on its base's replicas: autoscale the base's deployment.")
     with transaction.atomic():
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         before = {"autoscale": locked.autoscale}

@@ -28,9 +28,11 @@ from console.pages.nav import CONSOLE, NavItem
 from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm
 from core.errors import InvalidInput
 from core.formats import MISSING
+from registry.adapters import is_adapter_framework
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
     SCALE_ACTIONS,
+    adapter_replicas,
     deployment_board,
     deployment_with_version,
     deployments_live,
@@ -109,14 +111,21 @@ def live_cells(deployment: Deployment, served: ServedSummary) -> dict[str, str]:
     ready = sum(1 for r in replicas if r.state == Replica.State.READY and not r.standby)
     warm = sum(1 for r in replicas if r.state == Replica.State.READY and r.standby)
     restarting = sum(1 for r in replicas if r.restart_requested_at is not None)
+    replicas_cell = (
+        f"{ready}/{deployment.replicas} ready"
+        + (f", {warm}/{deployment.standby} standby" if deployment.standby or warm else "")
+        + (f", {restarting} restarting" if restarting else "")
+    )
+    if is_adapter_framework(deployment.version.framework):
+        # No replica of its own: the base's replicas whose engine holds it.
+        held = len(adapter_replicas(version_ids=[deployment.version_id]).get(deployment.version_id, ()))
+        replicas_cell = f"on {held} base replica{'s' if held != 1 else ''}"
     rate = served.per_second
     error_percent = served.error_percent
     return {
         "status": deployment.get_status_display(),
         "state": deployment.status,
-        "replicas": f"{ready}/{deployment.replicas} ready"
-        + (f", {warm}/{deployment.standby} standby" if deployment.standby or warm else "")
-        + (f", {restarting} restarting" if restarting else ""),
+        "replicas": replicas_cell,
         "rate": MISSING if not served.requests else f"{rate:.2f}/s" if rate < 10 else f"{rate:,.0f}/s",
         "p99": MISSING if served.p99_latency_ms is None else f"{served.p99_latency_ms:,} ms",
         "errors": MISSING if error_percent is None else f"{error_percent:.1f} %",
@@ -338,6 +347,7 @@ def deploy(request: HttpRequest, name: str) -> HttpResponse:
                 deployment = deployment_create(
                     actor=request.user, version=version, traffic_weight=form.cleaned_data["traffic_percent"],
                     replicas=replicas, min_replicas=1, max_replicas=replicas, gpu_type=version.gpu_type,
+                    max_adapters=form.cleaned_data["max_adapters"] or 0,
                 )  # fmt: skip
             except InvalidInput as exc:
                 refuse(form, exc, {"traffic_weight": "traffic_percent"})

@@ -33,11 +33,15 @@ from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.overview_data import replica_in_flight
 from core.errors import InvalidInput
+from registry.adapters import ADAPTER_FRAMEWORK, is_adapter_framework
 from registry.audit_selectors import AuditTarget, audit_actions, audit_actors, audit_entries
 from registry.batching import BatcherConfig
 from registry.bundled_import import bundled_import_start, bundled_models_status, import_state
 from registry.models import ModelVersion, Replica, Task
 from registry.selectors import (
+    adapter_bases,
+    adapter_of,
+    adapters_on,
     model_version_frameworks,
     model_version_with_replicas,
     model_versions_listed,
@@ -47,6 +51,7 @@ from registry.selectors import (
 from registry.services import (
     SYSTEM_ACTOR_NAMES,
     VersionConflict,
+    adapter_version_create,
     model_version_create,
     model_version_create_from_upload,
 )
@@ -136,6 +141,8 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
         **_small_model_context(found, [row.replica for rows in replicas.values() for row in rows]),
         "version": found,
         "upstream": upstream_of(version=found),
+        "adapter": adapter_of(version=found),
+        "adapters": adapters_on(version=found),
         "now": now,
         "try_url": _try_url(found, now),
         "config": _pretty_json(found.config),
@@ -210,6 +217,12 @@ class RegisterVersionForm(forms.Form):
     task = forms.ChoiceField(
         label="Task", required=False, choices=[("", "Chat for a new model, else the model's"), *Task.choices]
     )
+    base = forms.ChoiceField(
+        label="Base version (adapters only)",
+        required=False,
+        help_text=f"For framework {ADAPTER_FRAMEWORK}: the version the LoRA adapter applies to (a chat or "
+        "completion model served from its artifact).",
+    )
     config = forms.JSONField(
         label="Config (JSON)",
         required=False,
@@ -217,6 +230,12 @@ class RegisterVersionForm(forms.Form):
         help_text='A JSON object, e.g. {"max_seq_len": 8192}.',
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false"}),
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bases = {str(version.pk): version for version in adapter_bases()}
+        choices = [("", "None: not an adapter"), *((pk, str(version)) for pk, version in self.bases.items())]
+        self.fields["base"].choices = choices  # type: ignore[attr-defined]
 
     def clean_config(self) -> dict[str, Any]:
         config = self.cleaned_data.get("config")
@@ -226,6 +245,15 @@ class RegisterVersionForm(forms.Form):
             raise forms.ValidationError("Must be a JSON object, e.g. {}.")
         return config
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        adapter = is_adapter_framework(data.get("framework") or "")
+        if adapter and not data.get("base"):
+            self.add_error("base", f"A {ADAPTER_FRAMEWORK} version names the base version it applies to.")
+        if not adapter and data.get("base"):
+            self.add_error("base", f"Only a {ADAPTER_FRAMEWORK} (adapter) version has a base; leave it empty.")
+        return data
+
 
 @platform_admin_required
 def model_version_register(request: HttpRequest) -> HttpResponse:
@@ -233,15 +261,22 @@ def model_version_register(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            version, created = model_version_create(
-                actor=request.user,
-                name=data["name"],
-                version=data["version"],
-                framework=data["framework"],
-                artifact_uri=data["artifact_uri"],
-                config=data["config"],
-                task=data["task"] or None,
-            )
+            if data["base"]:
+                version, created = adapter_version_create(
+                    actor=request.user, name=data["name"], version=data["version"],
+                    artifact_uri=data["artifact_uri"], base=form.bases[data["base"]], config=data["config"],
+                    task=data["task"] or None,
+                )  # fmt: skip
+            else:
+                version, created = model_version_create(
+                    actor=request.user,
+                    name=data["name"],
+                    version=data["version"],
+                    framework=data["framework"],
+                    artifact_uri=data["artifact_uri"],
+                    config=data["config"],
+                    task=data["task"] or None,
+                )
         except InvalidInput as exc:
             refuse(form, exc)
         except VersionConflict as exc:

@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 
+from registry.services import MAX_ADAPTERS_PER_BATCH
 from rollout.autoscaler import AutoscalePolicy
 from rollout.canary import DEFAULT_MIN_SAMPLES, DEFAULT_STEPS, MAX_INTERVAL_SECONDS
 
@@ -31,7 +32,13 @@ class DeployForm(forms.Form):
         min_value=0, max_value=100, initial=0, label="Traffic %",
         help_text="its weight at once; set the whole split in the editor",
     )  # fmt: skip
-    replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, initial=1)
+    replicas = forms.IntegerField(
+        min_value=1, max_value=SMALLINT, initial=1, help_text="ignored for a LoRA adapter: it runs on its base's"
+    )  # fmt: skip
+    max_adapters = forms.IntegerField(
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, initial=0, required=False, label="LoRA adapters per batch",
+        help_text="0: its engines take none; a chat or completion model only",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

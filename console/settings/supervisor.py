@@ -6,6 +6,8 @@ import os
 import socket
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from core import embedded
 
 from .env import envfloat, envint, envlist
@@ -57,6 +59,15 @@ VLLM_GPU_MEMORY_UTILIZATION = envfloat("VLLM_GPU_MEMORY_UTILIZATION", 0.85)
 # The model's own max_seq_len applies when smaller.
 #: Upper bound on a replica's context (tokens).
 ENGINE_MAX_MODEL_LEN = envint("ENGINE_MAX_MODEL_LEN", 8192)
+# vLLM's --max-lora-rank takes only these values; an adapter of a higher rank is refused at
+# registration (registry.adapters.read_adapter), so every registered adapter can be loaded.
+#: The highest LoRA adapter rank accepted and served (vLLM's --max-lora-rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512).
+LORA_MAX_RANK = envint("LORA_MAX_RANK", 16)
+if LORA_MAX_RANK not in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+    raise ImproperlyConfigured(
+        f"LORA_MAX_RANK must be one of vLLM's --max-lora-rank values (1, 8, 16, 32, 64, 128, 256, 320, 512), "
+        f"not {LORA_MAX_RANK}"
+    )
 #: Extra command-line arguments for every vLLM replica (a shell-quoted string).
 ENGINE_EXTRA_ARGS = os.environ.get("ENGINE_EXTRA_ARGS", "")
 # "priority" lets interactive requests (priority 0) go before batch jobs' lines

@@ -182,6 +182,8 @@ async def _send(replica: ReplicaRoute, path: str, payload: dict[str, Any] | RawB
     upstream = replica.upstream
     if upstream is None:
         authorization: dict[str, str] = {"authorization": f"Bearer {replica_api_key(replica.id)}"}
+        if replica.lora is not None and isinstance(payload, dict):  # an adapter: its name in the base's engine
+            payload = {**payload, "model": replica.lora}
     else:  # an external upstream: its own key, its own name for the model, no vLLM scheduling hint
         authorization = upstream.auth_headers
         if isinstance(payload, dict):

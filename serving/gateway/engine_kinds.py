@@ -107,6 +107,12 @@ def _vllm_command(deployment: Deployment, port: int, path: Path) -> list[str]:
     ]  # fmt: skip
     if model.task == "embedding":
         command += ["--runner", "pooling"]
+    elif deployment.max_adapters > 0:
+        # LoRA adapters of this version, loaded while it runs (serving.supervisor.adapters).
+        command += [
+            "--enable-lora", "--max-loras", str(deployment.max_adapters),
+            "--max-lora-rank", str(settings.LORA_MAX_RANK),
+        ]  # fmt: skip
     # Interactive requests before batch jobs' lines (serving.batches sends theirs a priority).
     command += ["--scheduling-policy", settings.ENGINE_SCHEDULING_POLICY]
     if settings.WORKER_DEVICE == "cpu":

@@ -38,8 +38,16 @@ from core.db import run_db
 from core.errors import InvalidInput
 from core.lifecycle import Worker, unobserved
 from core.redis import async_redis
+from registry.adapters import is_adapter_framework
 from registry.artifacts import ArtifactUnavailable, get_artifact_store
-from registry.selectors import ready_replicas, serving_deployments, upstream_targets
+from registry.models import ModelVersion
+from registry.selectors import (
+    adapter_replicas,
+    bases_of_adapters,
+    ready_replicas,
+    serving_deployments,
+    upstream_targets,
+)
 from registry.signatures import Signature
 from registry.upstreams import UpstreamTarget
 from serving.gateway import metrics
@@ -109,12 +117,17 @@ class ReplicaRoute:
     # it serves the model under (serving.gateway.engine sends both). None: the platform's own.
     upstream: UpstreamTarget | None = None
     pid: int | None = None  # its engine process; a restart starts another, with an empty KV cache
+    # A LoRA adapter's route: the name the base replica's engine knows the adapter by, sent as
+    # the request's model (serving.gateway.engine). None: the replica's own model.
+    lora: str | None = None
 
     @property
     def kv_cache(self) -> str:
         """Names what its engine process holds in its KV cache (``serving.gateway.prefixes``):
-        a restarted replica (a new process) is remembered as holding nothing."""
-        return f"{self.id}.{self.pid or 0}"
+        a restarted replica (a new process) is remembered as holding nothing, and an adapter's
+        blocks apart from its base's (the engine keys them by adapter too)."""
+        own = f"{self.id}.{self.pid or 0}"
+        return own if self.lora is None else f"{own}.{self.lora}"
 
 
 @dataclass(frozen=True)
@@ -176,7 +189,24 @@ def load_routing_table() -> RoutingTable:
     external = {d.id: d.version_id for d in deployments if kind_of(d.version.framework) is EXTERNAL}
     targets = upstream_targets(version_ids=list(external.values())) if external else {}
     replicas_by_deployment: dict[int, list[ReplicaRoute]] = defaultdict(list)
-    for replica in ready_replicas(deployment_ids=[d.id for d in deployments]):
+    adapters = {d.id: d.version_id for d in deployments if is_adapter_framework(d.version.framework)}
+    bases: dict[int, ModelVersion] = {}
+    if adapters:
+        bases = bases_of_adapters(version_ids=list(set(adapters.values())))
+        # An adapter's replicas: its base's ready replicas whose engine holds it, under its lora name.
+        held = adapter_replicas(version_ids=list(set(adapters.values())))
+        for deployment_id, version_id in adapters.items():
+            replicas_by_deployment[deployment_id] = [
+                ReplicaRoute(
+                    id=replica.id,
+                    endpoint=replica.endpoint,
+                    heartbeat_at=_epoch(replica.last_heartbeat),
+                    pid=replica.pid,
+                    lora=lora,
+                )
+                for replica, lora in held.get(version_id, ())
+            ]
+    for replica in ready_replicas(deployment_ids=[d.id for d in deployments if d.id not in adapters]):
         upstream = None
         if replica.deployment_id in external:
             upstream = targets.get(external[replica.deployment_id])
@@ -209,16 +239,18 @@ def load_routing_table() -> RoutingTable:
     for deployment in deployments:
         version = deployment.version
         model = version.model
+        # An adapter is served by its base's engines: their context, tokenizer and defaults.
+        engine_version = bases.get(version.id, version)
         versions_by_model[model.name].append(
             VersionRoute(
                 id=version.id,
                 version=version.version,
                 deployment_id=deployment.id,
                 weight=deployment.traffic_weight,
-                max_model_len=kind_of(version.framework).context_length(version.config),
+                max_model_len=kind_of(engine_version.framework).context_length(engine_version.config),
                 artifact_uri=version.artifact_uri,
                 replicas=tuple(replicas_by_deployment.get(deployment.id, ())),
-                tokenizer_dir=(tokenizer := _tokenizer_dir(version.artifact_uri)),
+                tokenizer_dir=(tokenizer := _tokenizer_dir(engine_version.artifact_uri)),
                 prices=tuple(q for q in prices_by_model[model.id] if q.version_id in (None, version.id)),
                 default_temperature=_default_temperature(tokenizer),
                 **_predict_fields(version.framework, version.config),

@@ -73,6 +73,8 @@ class EngineProcess:
     kind: EngineKind = VLLM  # what runs: its command line, probes and busy metrics
     artifact: str = ""  # its version's artifact URI (held on this host while the engine is ours)
     version: str = ""
+    version_id: int = 0
+    max_adapters: int = 0  # LoRA adapters it runs in a batch (its deployment's); 0: none (supervisor.adapters)
     port: int = 0
     popen: subprocess.Popen[bytes] | None = None
     # starting | ready | draining | stopping (SIGTERM sent) | backoff (waiting to restart)
@@ -167,6 +169,9 @@ def engine_env(slot: str, *, replica_id: int, host: str) -> dict[str, str]:
         if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)) and name not in ENGINE_ENV_DENIED
     }
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    # vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (behind its API key, like every
+    # /v1 route): how the supervisor puts adapters into a running engine (supervisor.adapters).
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     # vLLM reads its --api-key from here: in the environment it is readable only by this
     # user, where the command line is world-readable (ps).
     env["VLLM_API_KEY"] = env["WORKER_API_KEY"] = replica_api_key(replica_id)

@@ -59,6 +59,7 @@ from django.utils import timezone
 
 from core.events import publish_routing_change_now
 from core.transitions import IllegalTransition
+from registry.adapters import is_adapter_framework
 from registry.models import Deployment, Replica
 from registry.selectors import (
     deployment_with_version,
@@ -85,6 +86,7 @@ from registry.warm_pool import deployments_promote_standbys, replica_surplus_pic
 from rollout.hotswap import swap_step
 from serving.gateway.engine_kinds import PROCESS_MARKS, EngineKind, kind_of
 from serving.gateway.metrics import REPLICA_LOAD_SECONDS
+from serving.supervisor.adapters import AdapterLoads
 from serving.supervisor.engines import (
     EngineProcess,
     engine_env,
@@ -143,12 +145,14 @@ class Supervisor(LeaseKeeping):
     _announcement: Future[None] | None = field(default=None, init=False)
     _swaps_checked_at: float = field(default=-SWAP_STEP_SECONDS, init=False)
     weights: Weights = field(init=False)  # artifacts fetched beside the loop, held while used
+    adapters: AdapterLoads = field(init=False)  # LoRA adapters put into its engines
 
     def __post_init__(self) -> None:
         self._http = httpx.Client(timeout=self.probe_timeout)
         self._probes = ThreadPoolExecutor(max_workers=max(4, len(self.slots)), thread_name_prefix="engine-probe")
         self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="routing-announce")
         self.weights = Weights(self.report)
+        self.adapters = AdapterLoads(self.report, self.weights)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -203,6 +207,7 @@ class Supervisor(LeaseKeeping):
                 host_lease_release(host=self.host, holder=self.holder)
         self._probes.shutdown(wait=False, cancel_futures=True)
         self._announcer.shutdown(wait=False, cancel_futures=True)
+        self.adapters.close()
         self.weights.close()
         self._http.close()
 
@@ -277,6 +282,7 @@ class Supervisor(LeaseKeeping):
             self._record_pending()
             self._write_heartbeats()
             if not self.stopping:
+                self._routing_changed |= self.adapters.step(self.engines.values(), now)
                 self._step_swaps(now)
                 self._take_restart_requests()
                 self._restart_due(now)
@@ -451,6 +457,8 @@ class Supervisor(LeaseKeeping):
         # A serving replica failed, stopped or was lost: a ready standby takes its place first.
         self._promoted(deployments_promote_standbys(deployment_ids=list(wanted_ids)))
         for deployment in deployments:
+            if is_adapter_framework(deployment.version.framework):
+                continue  # no engine of its own: loaded into its base's (self.adapters)
             mine = [
                 e
                 for e in self.engines.values()
@@ -480,12 +488,15 @@ class Supervisor(LeaseKeeping):
                     slot=free[0],
                     model=deployment.version.model.name,
                     version=deployment.version.version,
+                    version_id=deployment.version_id,
+                    max_adapters=deployment.max_adapters,
                     kind=kind,
                     artifact=deployment.version.artifact_uri if kind.runs_process else "",
                 )
                 self.engines[replica.id] = engine
                 self._start(engine, deployment)
-        self.weights.release_unused((e.artifact for e in self.engines.values() if e.artifact), time.monotonic())
+        in_use = {e.artifact for e in self.engines.values() if e.artifact} | self.adapters.in_use()
+        self.weights.release_unused(in_use, time.monotonic())
 
     def _promoted(self, replica_ids: list[int]) -> None:
         if replica_ids:

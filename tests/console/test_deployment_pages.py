@@ -186,6 +186,27 @@ class TestDeployAndScale:
         assert (created.replicas, created.traffic_weight, created.status) == (2, 0, "pending")
         assert "Deployed gpt-tiny:v3" in admin_client.get(response["Location"]).content.decode()
 
+    def test_it_deploys_a_base_that_takes_adapters_and_refuses_them_where_they_cannot_run(
+        self, admin_client, chat_model
+    ):
+        prefix = f"deploy-{chat_model.pk}"
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/deploy/",
+            {f"{prefix}-version": "v3", f"{prefix}-traffic_percent": "0", f"{prefix}-replicas": "1",
+             f"{prefix}-max_adapters": "4"},
+        )  # fmt: skip
+        assert response.status_code == 302
+        assert deployment_of(chat_model, "v3").max_adapters == 4
+        chat_model.task = "embedding"
+        chat_model.save(update_fields=["task"])
+        response = admin_client.post(
+            f"/console/deployments/models/{chat_model.name}/deploy/",
+            {f"{prefix}-version": "v3", f"{prefix}-traffic_percent": "0", f"{prefix}-replicas": "1",
+             f"{prefix}-max_adapters": "2"},
+        )  # fmt: skip
+        assert response.status_code == 200
+        assert "Only a chat or completion model" in response.content.decode()
+
     def test_a_bad_deploy_shows_field_errors(self, admin_client, chat_model):
         response = admin_client.post(
             f"/console/deployments/models/{chat_model.name}/deploy/",

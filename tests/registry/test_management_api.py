@@ -173,7 +173,7 @@ class TestDeploymentCreate:
         assert (created["model_name"], created["version"], created["status"]) == ("gpt-tiny", "v3", "pending")
         assert created["traffic_percent"] == 10
         assert created["resources"] == {
-            "gpu": "A100", "replicas": 4, "min_replicas": 1, "max_replicas": 4, "standby": 0,
+            "gpu": "A100", "replicas": 4, "min_replicas": 1, "max_replicas": 4, "standby": 0, "max_adapters": 0,
         }  # fmt: skip
         assert created["replicas"] == []
         deployment = Deployment.objects.get(pk=created["id"])
@@ -200,15 +200,34 @@ class TestDeploymentCreate:
         response = ml.post("/api/v1/deployments", body, format="json")
         assert response.status_code == 201, response.content
         assert response.json()["resources"] == {"gpu": "", "replicas": 0, "min_replicas": 0, "max_replicas": 1,
-                                                "standby": 1}  # fmt: skip
+                                                "standby": 1, "max_adapters": 0}  # fmt: skip
 
     def test_resources_default_to_one_replica_on_the_versions_gpu(self, ml, chat_model):
         ModelVersion.objects.filter(model=chat_model, version="v3").update(gpu_type="L4")
         response = ml.post("/api/v1/deployments", {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0})
         assert response.status_code == 201, response.content
         assert response.json()["resources"] == {
-            "gpu": "L4", "replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0,
+            "gpu": "L4", "replicas": 1, "min_replicas": 1, "max_replicas": 1, "standby": 0, "max_adapters": 0,
         }  # fmt: skip
+
+    def test_a_base_that_takes_lora_adapters(self, ml, chat_model):
+        body = {"model_name": "gpt-tiny", "version": "v3", "traffic_percent": 0,
+                "resources": {"replicas": 1, "max_adapters": 4}}  # fmt: skip
+        response = ml.post("/api/v1/deployments", body, format="json")
+        assert response.status_code == 201, response.content
+        assert response.json()["resources"]["max_adapters"] == 4
+        assert Deployment.objects.get(pk=response.json()["id"]).max_adapters == 4
+        assert (
+            AuditEntry.objects.get(action="deployment.create", target=str(response.json()["id"])).after["max_adapters"]
+            == 4
+        )
+        body["resources"]["max_adapters"] = 65
+        assert ml.post("/api/v1/deployments", body, format="json").status_code == 400
+        Model.objects.filter(pk=chat_model.pk).update(task="embedding")
+        body["resources"]["max_adapters"] = 2
+        response = ml.post("/api/v1/deployments", body, format="json")
+        assert response.status_code == 400
+        assert "Only a chat or completion model" in str(response.json()["resources"])
 
     def test_deployments_are_listed_with_their_replicas_states(self, ml, chat_model):
         deployment = Deployment.objects.get(version=version_of(chat_model, "v1"))

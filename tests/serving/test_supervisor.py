@@ -958,3 +958,133 @@ class TestOnePlatform:
             with pytest.raises(AlreadyRunning, match="is taken by another program"):
                 claim_platform(lock_path=tmp_path / "3.lock", host="127.0.0.1", port=taken.getsockname()[1],
                                worker_host=unique_host())  # fmt: skip
+
+
+# --- LoRA adapters loaded into running engines (serving.supervisor.adapters) ----------------------
+
+
+@pytest.fixture
+def adapter_store(settings, tmp_path):
+    """A throw-away artifact store: each adapter's folder (an adapter_config.json) lives there.
+    Asked for before the supervisor, which takes the store there is when it is made."""
+    from registry import artifacts
+
+    settings.ARTIFACT_STORE = {
+        "BACKEND": "registry.artifacts.LocalArtifactStore",
+        "OPTIONS": {"root": str(tmp_path / "store")},
+    }
+    artifacts.get_artifact_store.cache_clear()
+    yield artifacts.get_artifact_store()
+    artifacts.get_artifact_store.cache_clear()
+
+
+def create_adapter(store, base: ModelVersion, name: str, *, valid: bool = True) -> tuple[ModelVersion, Deployment]:
+    """An adapter version on ``base`` (its files in ``store``) and its deployment."""
+    from registry.models import Adapter
+
+    OURS.add(name)
+    source = Path(store.root) / ".." / f"src-{name}"
+    source.mkdir(parents=True)
+    (source / ("adapter_config.json" if valid else "config.json")).write_text('{"peft_type": "LORA", "r": 8}')
+    stored = store.put_directory(source=source, key=f"{name}/1")
+    model = Model.objects.create(name=name, task="chat")
+    version = ModelVersion.objects.create(
+        model=model, version="1", framework="lora", artifact_uri=stored.uri, artifact_sha256=stored.sha256,
+        artifact_size=stored.size, config={},
+    )  # fmt: skip
+    Adapter.objects.create(version=version, base=base, rank=8)
+    return version, deployment_create(version=version)
+
+
+def loaded_on(replica: Replica) -> list[str]:
+    return httpx.get(f"{replica.endpoint}/_stats", timeout=5).json()["loras"]
+
+
+class TestAdapters:
+    @pytest.fixture
+    def base(self) -> Deployment:
+        OURS.add("lora-base")
+        model = Model.objects.create(name="lora-base", task="chat")
+        version = ModelVersion.objects.create(
+            model=model, version="1", framework="fake", artifact_uri="local://lora-base/1", artifact_sha256="0" * 64,
+            artifact_size=1, config={"max_seq_len": 512},
+        )  # fmt: skip
+        return deployment_create(version=version, max_adapters=2)
+
+    def test_an_adapter_is_loaded_into_the_running_base_and_routed_there(self, adapter_store, supervisor, base):
+        from registry.adapters import lora_name
+        from registry.models import LoadedAdapter
+        from registry.selectors import adapter_replicas
+
+        step_until(supervisor, lambda: len(ready_replicas(base)) == 1)
+        replica = ready_replicas(base)[0]
+        version, deployment = create_adapter(adapter_store, base.version, "lora-pirate")
+        assert (deployment.replicas, deployment.max_replicas) == (0, 0)  # no engine of its own
+        step_until(supervisor, lambda: LoadedAdapter.objects.filter(replica=replica, version=version).exists())
+        assert loaded_on(replica) == [lora_name(version)]
+        assert Replica.objects.filter(deployment=deployment).count() == 0
+        assert [(r.pk, name) for r, name in adapter_replicas(version_ids=[version.pk])[version.pk]] == [
+            (replica.pk, lora_name(version))
+        ]
+        deployment.refresh_from_db()
+        version.refresh_from_db()
+        assert (deployment.status, version.status) == ("running", "active")
+        assert supervisor.engines[replica.pk].popen.pid == replica.pid  # the same engine: never restarted
+
+    def test_a_restarted_engine_is_given_its_adapters_again(self, adapter_store, supervisor, base):
+        from registry.models import LoadedAdapter
+        from registry.selectors import adapter_replicas
+
+        step_until(supervisor, lambda: len(ready_replicas(base)) == 1)
+        replica = ready_replicas(base)[0]
+        version, _ = create_adapter(adapter_store, base.version, "lora-restart")
+        step_until(supervisor, lambda: LoadedAdapter.objects.filter(replica=replica, version=version).exists())
+        os.killpg(replica.pid, signal.SIGKILL)
+        step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).state == "failed")
+        assert version.pk not in adapter_replicas(version_ids=[version.pk])  # never routed to the empty engine
+        step_until(supervisor, lambda: Replica.objects.get(pk=replica.pk).state == "ready")
+        restarted = Replica.objects.get(pk=replica.pk)
+        assert restarted.pid is not None
+        assert restarted.pid != replica.pid
+        step_until(supervisor, lambda: LoadedAdapter.objects.filter(replica=replica, pid=restarted.pid).exists())
+        assert loaded_on(restarted) == ["lora-restart@1"]
+
+    def test_an_adapter_no_deployment_wants_is_unloaded(self, adapter_store, supervisor, base):
+        from registry.models import LoadedAdapter
+
+        step_until(supervisor, lambda: len(ready_replicas(base)) == 1)
+        replica = ready_replicas(base)[0]
+        version, deployment = create_adapter(adapter_store, base.version, "lora-leaving")
+        kept, _ = create_adapter(adapter_store, base.version, "lora-staying")
+        step_until(supervisor, lambda: LoadedAdapter.objects.filter(replica=replica).count() == 2)
+        deployment_transition(deployment=deployment, status="draining")
+        step_until(supervisor, lambda: not LoadedAdapter.objects.filter(version=version).exists())
+        assert loaded_on(replica) == ["lora-staying@1"]
+        assert LoadedAdapter.objects.filter(version=kept, replica=replica).exists()
+
+    def test_an_adapter_the_engine_refuses_is_reported_and_never_routed(
+        self, adapter_store, make_supervisor, base, monkeypatch
+    ):
+        from registry.models import LoadedAdapter
+        from serving.supervisor import adapters
+
+        monkeypatch.setattr(adapters, "RETRY_SECONDS", 0.5)
+        said: list[str] = []
+        sup = make_supervisor(report=said.append)
+        step_until(sup, lambda: len(ready_replicas(base)) == 1)
+        version, _ = create_adapter(adapter_store, base.version, "lora-broken", valid=False)
+        step_until(sup, lambda: sum("could not load adapter lora-broken@1" in m for m in said) >= 2)  # tried again
+        assert not LoadedAdapter.objects.filter(version=version).exists()
+        assert loaded_on(ready_replicas(base)[0]) == []
+
+    def test_a_base_that_takes_no_adapters_is_never_asked(self, adapter_store, supervisor, deployment):
+        from registry.models import LoadedAdapter
+
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        create_adapter(adapter_store, deployment.version, "lora-nowhere")
+        for _ in range(10):
+            supervisor.step()
+            time.sleep(0.05)
+        assert not LoadedAdapter.objects.exists()
+        assert "loras" not in httpx.get(f"{replica.endpoint}/_stats", timeout=5).json() or loaded_on(replica) == []

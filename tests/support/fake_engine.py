@@ -33,6 +33,15 @@ endpoints stay open. ``GET /_env`` lists the names (never the values) of its env
 ``GET /v1/models`` lists the one model it serves (``--served-model-name``, default ``fake``),
 and /_stats the ``model`` and ``user`` of each /v1 request, in order.
 
+Started with ``--enable-lora`` it takes LoRA adapters at run time as vLLM does with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``POST /v1/load_lora_adapter`` (``lora_name``,
+``lora_path``: a folder with an adapter_config.json, else 400; loaded already: 400 "has already
+been loaded") and ``/v1/unload_lora_adapter`` (unknown: 404 "not found"); /v1/models lists them
+after the base, and a request for a model it serves under neither name is a 404 as vLLM's (without
+``--enable-lora`` any model name is answered, as the base). An adapter's
+answer says which it is: each token is ``<lora name>`` instead of ``tok`` (``t<i>`` streamed
+becomes ``<lora name><i>``). /_stats lists the adapters loaded under ``loras``.
+
 Run it as ``python -m tests.support.fake_engine --port N``; it counts requests at /_stats, with the
 requests being answered right now under ``active`` by ``<stream|json>:<the body's user>`` (a
 stream once it has sent its first chunk: mid-stream), so a test can kill it mid-answer. A
@@ -71,6 +80,8 @@ WARM_UPS: list[str] = []
 API_KEYS: list[str] = []
 # The name it serves its model under (``--served-model-name``), listed at /v1/models.
 SERVED: list[str] = ["fake"]
+# LoRA adapters loaded (``--enable-lora``): name → path; None: LoRA off (no adapter routes).
+LORAS: dict[str, str] | None = None
 # Requests being answered now, by "<stream|json>:<user>" (see /_stats).
 ACTIVE: dict[str, int] = {}
 # The prefix cache (``prefix_cache``): block hash → None, oldest first; what vLLM's counters count.
@@ -156,7 +167,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             # Like vLLM: the served model name (``--served-model-name``), the model path otherwise.
             # Unhealthy (``health`` error) it answers 503 here too; ``hang`` hangs only /health.
-            listed = {"object": "list", "data": [{"id": SERVED[0], "object": "model", "owned_by": "fake"}]}
+            names = [SERVED[0], *(LORAS or {})]
+            listed = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake"} for name in names]}
             self._json(503 if STATE["health"] == "error" else 200, listed)
         elif self.path == "/_env":
             self._json(200, {"names": sorted(os.environ)})
@@ -164,7 +176,8 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 active = {tag: n for tag, n in ACTIVE.items() if n}
                 self._json(200, {"requests": STATE["requests"], "paths": STATE["paths"], "models": STATE["models"],
-                                 "users": STATE["users"], "active": active, "warm_ups": WARM_UPS})  # fmt: skip
+                                 "users": STATE["users"], "active": active, "warm_ups": WARM_UPS,
+                                 "loras": sorted(LORAS or {})})  # fmt: skip
         else:
             self._json(404, {"error": {"message": "not found"}})
 
@@ -183,12 +196,20 @@ class Handler(BaseHTTPRequestHandler):
                     RNG.seed(body["seed"])
             self._json(200, STATE)
             return
+        if self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            self._adapters(body)
+            return
         if self.headers.get("x-platform-warm-up"):  # the supervisor's, before routing: not counted as a request
             with LOCK:
                 WARM_UPS.append(self.path)
             self._json(200, {"id": "warm-up", "object": "text_completion", "model": body.get("model"),
                              "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})  # fmt: skip
+            return
+        model = body.get("model")
+        if LORAS is not None and model not in (SERVED[0], *LORAS):  # vLLM's answer to a model it does not serve
+            self._json(404, {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                                       "param": "model", "code": 404}})  # fmt: skip
             return
         with LOCK:
             STATE["requests"] += 1
@@ -208,6 +229,32 @@ class Handler(BaseHTTPRequestHandler):
             if self._counted:
                 with LOCK:
                     ACTIVE[self._active_as] -= 1
+
+    def _adapters(self, body: dict[str, Any]) -> None:
+        """vLLM's runtime LoRA routes (only with ``--enable-lora``)."""
+        if LORAS is None:
+            self._json(404, {"detail": "Not Found"})
+            return
+        name = str(body.get("lora_name") or "")
+        with LOCK:
+            if self.path == "/v1/unload_lora_adapter":
+                if LORAS.pop(name, None) is None:
+                    self._json(404, {"error": {"message": f"The lora adapter '{name}' cannot be found.",
+                                               "type": "NotFoundError", "code": 404}})  # fmt: skip
+                    return
+                self._json(200, f"Success: LoRA adapter '{name}' removed successfully.")
+                return
+            if name in LORAS:
+                self._json(400, {"error": {"message": f"The lora adapter '{name}' has already been loaded.",
+                                           "type": "InvalidUserInput", "code": 400}})  # fmt: skip
+                return
+            path = str(body.get("lora_path") or "")
+            if not name or not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                self._json(400, {"error": {"message": f"No adapter found for {path}", "type": "BadRequestError",
+                                           "code": 400}})  # fmt: skip
+                return
+            LORAS[name] = path
+        self._json(200, f"Success: LoRA adapter '{name}' added successfully.")
 
     def _count_active(self) -> None:
         with LOCK:
@@ -240,14 +287,15 @@ class Handler(BaseHTTPRequestHandler):
         chat = self.path == "/v1/chat/completions"
         prompt, cached = prefix_usage(prompt_text(self.path, body)) if STATE["prefix_cache"] else (3, 0)
         details = {"prompt_tokens_details": {"cached_tokens": cached}} if STATE["prefix_cache"] else {}
+        word = body["model"] if body["model"] in (LORAS or {}) else "tok"
         if not body.get("stream"):
             if mode == "hang":
                 time.sleep(3600)
-            message = {"role": "assistant", "content": "tok " * tokens} if chat else None
+            message = {"role": "assistant", "content": f"{word} " * tokens} if chat else None
             choice = {
                 "index": 0,
                 "finish_reason": "length",
-                **({"message": message} if chat else {"text": "tok " * tokens}),
+                **({"message": message} if chat else {"text": f"{word} " * tokens}),
             }
             usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens, **details}
             kind = "chat.completion" if chat else "text_completion"
@@ -271,8 +319,9 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 if mode == "bad_event" and i == die_after:
                     self._chunk(b"data: [1, 2, 3]\n\n")
-                delta = {"content": f"t{i} "} if chat else None
-                choice = {"index": 0, "finish_reason": None, **({"delta": delta} if chat else {"text": f"t{i} "})}
+                piece = f"t{i} " if word == "tok" else f"{word}{i} "
+                delta = {"content": piece} if chat else None
+                choice = {"index": 0, "finish_reason": None, **({"delta": delta} if chat else {"text": piece})}
                 chunk = {
                     "id": engine_id,
                     "object": "chat.completion.chunk",
@@ -331,7 +380,10 @@ def main() -> None:
     parser.add_argument("--model")
     parser.add_argument("--served-model-name")
     parser.add_argument("--api-key", action="append", default=[])
+    parser.add_argument("--enable-lora", action="store_true")
     args, _unknown = parser.parse_known_args()
+    global LORAS
+    LORAS = {} if args.enable_lora else None
     # vLLM's precedence: --api-key wins over VLLM_API_KEY.
     API_KEYS.extend(key for key in args.api_key or [os.environ.get("VLLM_API_KEY", "")] if key)
     SERVED[0] = args.served_model_name or args.model or SERVED[0]

@@ -103,20 +103,29 @@ def wait_for_ready_replicas(django_db_blocker: Any, deployment_ids: list[int], t
     raise TimeoutError(f"replicas not ready within {timeout} s")
 
 
+# LoRA adapters the session's chat engine (SmolLM2) runs in a batch: its engine starts with LoRA
+# on, so tests/serving/test_adapters_real.py can load adapters into it while it runs.
+SESSION_MAX_ADAPTERS = 2
+
+
 def run_engines(bundled_models, django_db_blocker, tmp_path_factory) -> Iterator[Engines]:
     """The session's real engines (the ``engines`` fixture, defined in tests/conftest.py so that
     every directory shares one: a second instance would be a second supervisor of the same host,
     and the two would release each other's replicas)."""
+    from registry.adapters import is_adapter_framework
     from registry.models import Deployment
     from registry.services import deployment_create
 
-    versions = bundled_models["versions"]
+    # A bundled LoRA adapter has no engine of its own (a test deploys it onto SmolLM2's, whose
+    # engine takes adapters: SESSION_MAX_ADAPTERS).
+    versions = {n: v for n, v in bundled_models["versions"].items() if not is_adapter_framework(v.framework)}
 
     def deployments() -> dict[str, int]:
         out = {}
         for name, version in versions.items():
             existing = Deployment.objects.filter(version=version).first()
-            out[name] = (existing or deployment_create(version=version)).pk
+            adapters = SESSION_MAX_ADAPTERS if version.model.task == "chat" else 0
+            out[name] = (existing or deployment_create(version=version, max_adapters=adapters)).pk
         return out
 
     deployment_ids = committed(django_db_blocker, deployments)

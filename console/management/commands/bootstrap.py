@@ -94,8 +94,11 @@ class Command(BaseCommand):
         self.stdout.write(f"  (kept for local use in {_credentials_file()})")
 
     def _ensure_default_deployments(self) -> None:
-        """One replica of each bundled model, unless the model already has a deployment."""
+        """One replica of each bundled model, unless the model already has a deployment. Never
+        of a bundled adapter: it is served beside its base (engines do not load adapters yet)."""
         for bundled in BUNDLED_MODELS:
+            if bundled.is_adapter:
+                continue
             version = ModelVersion.objects.filter(model__name=bundled.name, version=bundled.version).first()
             if version is None or Deployment.objects.filter(version__model=version.model).exists():
                 continue
