@@ -109,4 +109,6 @@ async def test_a_client_gone_after_the_answer_changes_nothing(monkeypatch):
     client.gone.set()
     await asyncio.sleep(0.05)
     assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
-    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    this = asyncio.current_task()
+    assert this is not None
+    assert this.cancelling() == 0
