@@ -5,7 +5,17 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from registry.models import Adapter, AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica, Upstream
+from registry.models import (
+    Adapter,
+    AuditEntry,
+    Deployment,
+    HostLease,
+    LoadedAdapter,
+    Model,
+    ModelVersion,
+    Replica,
+    Upstream,
+)
 
 
 class ModelVersionInline(admin.TabularInline[ModelVersion, Model]):
@@ -78,6 +88,23 @@ class AdapterAdmin(admin.ModelAdmin[Adapter]):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Adapter | None = None) -> bool:
+        return False
+
+
+@admin.register(LoadedAdapter)
+class LoadedAdapterAdmin(admin.ModelAdmin[LoadedAdapter]):
+    """Read-only: written by the replica's supervisor once its engine loaded the adapter
+    (``serving.supervisor.adapters``); a row by hand would route requests to an engine without it."""
+
+    list_display = ("version", "replica", "pid", "loaded_at")
+    search_fields = ("version__model__name",)
+    fields = ("version", "replica", "pid", "loaded_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: LoadedAdapter | None = None) -> bool:
         return False
 
 
