@@ -223,7 +223,7 @@ class TestRegistrationApi:
         configured = ml.post("/api/v1/models", adapter_body(stored_adapter.uri, config={}), format="json")
         assert configured.status_code == 409
         assert "config" in configured.json()["detail"]
-        assert Adapter.objects.get().base == base
+        assert Adapter.objects.get(version__model__name="pirate").base == base
 
     def refused(self, ml, body: dict[str, Any], field: str) -> str:
         response = ml.post("/api/v1/models", body, format="json")
