@@ -10,12 +10,14 @@ Isolated like the other suites: its own database, Redis database and artifact st
 
 ``engine``: the platform as ``make run`` starts it (``manage.py runplatform``, real vLLM serving
 SmolLM2 on this machine's CPU) and, on its one replica: interactive streamed chat requests
-(``--clients`` at a time, each prompt new, the semantic cache bypassed) measured alone, again
-while a ``--lines``-line batch of the same model runs, and alone once more after it; TTFT
-p50/p99 of each, the batch's lines per second, and its counts.
+(``--clients`` at a time, each prompt new, the semantic cache bypassed) measured alone and
+while a ``--lines``-line batch of the same model runs, alternating ``--rounds`` times, and alone
+once more at the end; TTFT p50/p99 of each phase, each batch phase's ratio to the alone phases
+either side of it (and how far those two differ: the machine's noise), the batches' lines per
+second, and their counts.
 
     .venv/bin/python bench/batch_suite.py fake --lines 10000 --workers 2
-    .venv/bin/python bench/batch_suite.py engine --lines 200 --clients 2 --requests 40
+    .venv/bin/python bench/batch_suite.py engine --lines 200 --clients 2 --requests 200 --rounds 3
 
 Writes bench/results/batch-<part>-<time>.json; docs/performance.md has a run's figures.
 """
@@ -236,49 +238,75 @@ def quantiles(times: list[tuple[float, float]]) -> dict[str, float]:
     }  # fmt: skip
 
 
+def _batch_round(base: str, key: str, args: argparse.Namespace, phase: str) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+    """A batch of ``args.lines`` created, ``args.settle`` s for it to run at its share, then the
+    interactive requests while it runs; waits for the batch to end. (TTFTs, the batch's figures)"""
+    import threading
+
+    content = chat_lines(args.model, args.lines, max_tokens=16)
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: outcome.update(run_batch(base, key, content, poke=False,
+                                                                      timeout=args.timeout)))  # fmt: skip
+    runner.start()
+    time.sleep(args.settle)  # the batch validated and running at its share
+    during = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, phase))
+    during_ended = time.time()
+    runner.join()
+    outcome.update(metering_counts(outcome["batch"], args.lines))
+    outcome.pop("usage_events_on_stream")  # the platform's own persister has taken them
+    # The figure counts only if the batch ran the whole time the "during" requests did.
+    outcome["ran_through_the_measurement"] = outcome["seconds_total"] + outcome["created_at"] >= during_ended
+    return during, outcome
+
+
 def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """``--rounds`` alternations of alone / with a batch, and alone once more at the end: each
+    batch phase is judged against the alone phases on either side of it (the machine's drift
+    between them is the noise to read the ratio against)."""
     from engine_suite import start_platform
 
     os.environ["ENGINE_SCHEDULING_POLICY"] = args.policy
     os.environ["BATCH_MIN_SLOTS"] = str(args.min_slots)
     proc, base = start_platform(workdir / "runplatform.log")
+    alone: list[dict[str, float]] = []
+    rounds: list[dict[str, Any]] = []
     try:
         key = mock_suite.bench_key()
         time.sleep(args.settle)  # the platform's other engines and workers done starting
         asyncio.run(ttft_run(base, key, args.model, args.clients, 10, "warm-up"))
-        alone = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, "alone"))
-        content = chat_lines(args.model, args.lines, max_tokens=16)
-        import threading
-
-        outcome: dict[str, Any] = {}
-        runner = threading.Thread(
-            target=lambda: outcome.update(run_batch(base, key, content, poke=False, timeout=args.timeout))
-        )
-        runner.start()
-        time.sleep(args.settle)  # the batch validated and running at its share
-        during = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, "during"))
-        during_ended = time.time()
-        runner.join()
-        after = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, "after"))
-        outcome.update(metering_counts(outcome["batch"], args.lines))
-        outcome.pop("usage_events_on_stream")  # the platform's own persister has taken them
-        # The figure counts only if the batch ran the whole time the "during" requests did.
-        outcome["ran_through_the_measurement"] = outcome["seconds_total"] + outcome["created_at"] >= during_ended
+        for i in range(args.rounds):
+            alone.append(quantiles(asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests,
+                                                        f"alone-{i}"))))  # fmt: skip
+            during, outcome = _batch_round(base, key, args, f"during-{i}")
+            rounds.append({"with_batch": quantiles(during), "batch": outcome})
+        alone.append(quantiles(asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, "alone-end"))))
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(120)
+    for i, one in enumerate(rounds):
+        before, after = alone[i], alone[i + 1]
+        for figure in ("p50_ms", "p99_ms", "p99_steady_ms"):
+            # Against the mean of the alone phases either side; and how far those two differ.
+            one[f"{figure}_ratio"] = round(one["with_batch"][figure] / ((before[figure] + after[figure]) / 2), 3)
+            one[f"{figure}_alone_drift"] = round(
+                max(before[figure], after[figure]) / min(before[figure], after[figure]), 3
+            )
+    summary = {
+        f"{figure}_ratio": {
+            "median": round(statistics.median(r[f"{figure}_ratio"] for r in rounds), 3),
+            "min": min(r[f"{figure}_ratio"] for r in rounds), "max": max(r[f"{figure}_ratio"] for r in rounds),
+            "alone_drift_median": round(statistics.median(r[f"{figure}_alone_drift"] for r in rounds), 3),
+        }
+        for figure in ("p50_ms", "p99_ms", "p99_steady_ms")
+    }  # fmt: skip
     return {
         "policy": args.policy,
         "min_slots": args.min_slots,
         "clients": args.clients,
-        "ttft_alone": quantiles(alone),
-        "ttft_with_batch": quantiles(during),
-        "ttft_alone_after": quantiles(after),
-        "p99_ratio": round(quantiles(during)["p99_ms"] / quantiles(alone)["p99_ms"], 3),
-        "p99_ratio_to_after": round(quantiles(during)["p99_ms"] / quantiles(after)["p99_ms"], 3),
-        "p50_ratio": round(quantiles(during)["p50_ms"] / quantiles(alone)["p50_ms"], 3),
-        "p99_steady_ratio": round(quantiles(during)["p99_steady_ms"] / quantiles(alone)["p99_steady_ms"], 3),
-        "batch": outcome,
+        "requests_per_phase": args.requests,
+        "ttft_alone": alone,
+        "rounds": rounds,
+        "summary": summary,
     }
 
 
@@ -297,6 +325,9 @@ def main() -> None:
     two.add_argument("--requests", type=int, default=40)
     two.add_argument("--policy", choices=["priority", "fcfs"], default="priority")
     two.add_argument("--min-slots", type=int, default=0)
+    two.add_argument(
+        "--rounds", type=int, default=3, help="alternations of alone / with a batch (then alone once more)"
+    )
     two.add_argument("--settle", type=float, default=10.0, help="seconds to wait before measuring (after start-up, "
                      "and after the batch starts)")  # fmt: skip
     two.add_argument("--timeout", type=float, default=3600)

@@ -175,8 +175,10 @@ local function admit(KEYS, ARGV)
     level.ut, level.rt, level.us, level.rs = ut, rt, us, rs
     levels[i] = level
   end
+  local model_was_idle = false
   if spec.model_key ~= "" then
     local busy = live_count(spec.model_key, now)
+    model_was_idle = busy == 0
     if busy >= spec.model_limit then
       return cjson.encode({ok = false, code = "model_overloaded", scope = "model", limit = "queue",
         value = spec.model_limit, retry = 1})
@@ -226,6 +228,11 @@ local function admit(KEYS, ARGV)
   if spec.model_key ~= "" then
     redis.call("ZADD", spec.model_key, int(expiry), rid)
     redis.call("PEXPIREAT", spec.model_key, int(expiry * 1000 + 60000))
+    -- The first interactive request of a burst: batch workers stop the model's lines now,
+    -- before this request reaches an engine, rather than at their next look.
+    if model_was_idle and spec.arrivals ~= "" then
+      redis.call("PUBLISH", spec.arrivals, spec.model)
+    end
   end
 
   -- What settlement needs to undo the reservation, kept with the in-flight entry.

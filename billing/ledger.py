@@ -447,6 +447,8 @@ async def admit(
         "ttl": int(settings.ENGINE_REQUEST_TIMEOUT) + 60,
         "org": grant.organization_id,
         "model_key": "" if batch else keys.model_queue(draft.model),
+        "model": draft.model,
+        "arrivals": keys.model_arrivals_channel(),
         "model_limit": model_limit,
         "rpm_paid": rpm_paid,
     }

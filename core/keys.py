@@ -117,6 +117,12 @@ def routing_invalidation_channel() -> str:
     return namespaced("routing", "invalidate")
 
 
+def model_arrivals_channel() -> str:
+    """Pub/sub: the name of a model whose interactive requests in flight went from none to one
+    (published by the ledger's admission); batch workers stop that model's lines at once."""
+    return namespaced("model", "arrivals")
+
+
 def key_invalidation_channel() -> str:
     """Pub/sub: the SHA-256 of an API key whose grants changed; every gateway drops it."""
     return namespaced("keys", "invalidate")

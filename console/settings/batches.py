@@ -42,7 +42,9 @@ BATCH_YIELD_SECONDS = envfloat("BATCH_YIELD_SECONDS", 2.0)
 #: Lines of a model kept in flight whatever the interactive load (a count).
 BATCH_MIN_SLOTS = envint("BATCH_MIN_SLOTS", 0)
 # Lines beyond the share when interactive requests arrive stop at once (their engine request
-# is cancelled, vLLM aborts it) and run again later, uncounted as a failure.
+# is cancelled, vLLM aborts it) and run again later, uncounted as a failure. A model's first
+# interactive request is published at its admission (serving.batches.worker.listen_for_arrivals);
+# the poll below is the fallback.
 #: Whether batch lines beyond their share are preempted for interactive requests (a bool).
 BATCH_PREEMPT = envbool("BATCH_PREEMPT", "true")
 #: How often a worker with lines in flight looks for interactive requests on their models (seconds).

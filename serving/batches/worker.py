@@ -304,6 +304,7 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
                     _yield_to_interactive(model, tasks, await batch_share(model))
 
     watcher = asyncio.ensure_future(watch())
+    listener = asyncio.ensure_future(listen_for_arrivals(running))
     try:
         while loop.time() < deadline:
             now = loop.time()
@@ -356,6 +357,7 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
         await run_db(deliver_webhooks)
     finally:
         watcher.cancel()
+        listener.cancel()
         left = [task for tasks in running.values() for task in tasks]
         for task in left:
             task.cancel()
@@ -363,15 +365,43 @@ async def work(*, seconds: float, owner: str | None = None) -> int:
     return ran
 
 
-def _yield_to_interactive(model: str, tasks: dict[asyncio.Task[None], float], share: int) -> None:
-    """Interactive requests came and the model's lines in flight exceed its share: the newest
-    (the least work lost) stop at once, their engine requests cancelled, to run again later
-    (``_put_back``: not counted as a failure)."""
-    if not settings.BATCH_PREEMPT or not _interactive_now.get(model):
+def _yield_to_interactive(
+    model: str, tasks: dict[asyncio.Task[None], float], share: int, *, arrived: bool = False
+) -> None:
+    """Interactive requests came (``arrived``: one was just admitted) and the model's lines in
+    flight exceed its share: the newest (the least work lost) stop at once, their engine
+    requests cancelled, to run again later (``_put_back``: not counted as a failure)."""
+    if not settings.BATCH_PREEMPT or not (arrived or _interactive_now.get(model)):
         return
     live = [task for task in tasks if not task.cancelling() and not task.done()]
     for task in sorted(live, key=tasks.__getitem__, reverse=True)[: max(0, len(live) - share)]:
         task.cancel()
+
+
+async def listen_for_arrivals(running: dict[str, dict[asyncio.Task[None], float]]) -> None:
+    """The ledger publishes a model's first interactive request in flight at its admission
+    (``keys.model_arrivals_channel``): the model's lines in flight beyond its share stop then,
+    before that request reaches an engine, not at the watcher's next look (which is what is
+    left while this subscription is down)."""
+    while True:
+        pubsub = async_redis().pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(keys.model_arrivals_channel())
+            async for message in pubsub.listen():
+                if message["type"] == "message":
+                    model = message["data"].decode()
+                    # The arrival is an interactive request in flight, whatever the count says
+                    # by the time we look (a short one may have ended).
+                    _interactive_seen[model] = time.monotonic()
+                    _interactive_now[model] = max(1, _interactive_now.get(model, 0))
+                    if tasks := running.get(model):
+                        _yield_to_interactive(model, tasks, await batch_share(model), arrived=True)
+        except Exception:
+            logger.warning("interactive arrivals subscription lost; reconnecting", exc_info=True)
+            await asyncio.sleep(1)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 def _forget(tasks: dict[asyncio.Task[None], float], done: asyncio.Task[None]) -> None:

@@ -132,6 +132,38 @@ class TestAdmission:
         [event] = _events_for(draft.request_id)
         assert UsageEvent.from_fields(event) == replace(draft, status_code=200, completion_tokens=5)
 
+    async def test_a_models_first_interactive_request_in_flight_is_published(self):
+        """Batch workers stop a model's lines when its interactive requests go from none to one
+        in flight: the ledger publishes the model's name then, and only then (not for a second
+        request in flight, nor for a batch line)."""
+        grant = _grant(concurrent=None)
+        pubsub = sync_redis().pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(keys.model_arrivals_channel())
+
+        def published() -> list[bytes]:
+            messages = []
+            while (message := pubsub.get_message(timeout=0.3)) is not None:
+                messages.append(message["data"])
+            return messages
+
+        try:
+            first, second = _draft(grant), _draft(grant)
+            line = replace(_draft(grant), batch=True)
+            await ledger.admit(grant=grant, draft=line, tokens=10, spend=Decimal(0), model_limit=10)
+            assert published() == []  # batch lines never join the model's queue
+            await ledger.admit(grant=grant, draft=first, tokens=10, spend=Decimal(0), model_limit=10)
+            await ledger.admit(grant=grant, draft=second, tokens=10, spend=Decimal(0), model_limit=10)
+            assert published() == [first.model.encode()]
+            await ledger.settle(replace(first, status_code=200))
+            await ledger.settle(replace(second, status_code=200))
+            again = _draft(grant)
+            await ledger.admit(grant=grant, draft=again, tokens=10, spend=Decimal(0), model_limit=10)
+            assert published() == [again.model.encode()]  # the next burst's first request
+            await ledger.settle(replace(again, status_code=200))
+            assert await ledger.release(line.request_id)
+        finally:
+            pubsub.close()
+
     async def test_a_refusal_charges_nothing(self):
         grant = _grant(concurrent=1)
         await ledger.admit(grant=grant, draft=_draft(grant), tokens=100, spend=Decimal(0), model_limit=10)

@@ -104,3 +104,59 @@ async def test_the_batch_share_yields_to_interactive_requests(monkeypatch, setti
     settings.BATCH_MIN_SLOTS = 1
     in_flight["n"] = 5
     assert await batch_worker.batch_share(model) == 1  # at least the minimum
+
+
+async def test_an_interactive_arrival_stops_the_models_lines_without_waiting_for_a_look(monkeypatch, settings):
+    """The ledger publishes a model's first interactive request at admission; the worker's
+    listener stops that model's lines in flight beyond its share then (here its one replica's
+    whole share), with its watcher and loop never looking, and leaves other models' lines be."""
+    import uuid
+    from dataclasses import replace
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from accounts.grants import KeyGrant, ScopeLimits
+    from billing import ledger
+    from billing.ledger import UsageEvent
+    from core import keys
+    from core.redis import async_redis
+
+    settings.BATCH_SLOTS_PER_REPLICA, settings.BATCH_MIN_SLOTS, settings.BATCH_PREEMPT = 4, 0, True
+
+    async def find(name: str) -> object:
+        return type("Route", (), {"versions": ["v1"]})()
+
+    monkeypatch.setattr(batch_worker, "find_model", find)
+    monkeypatch.setattr(batch_worker.router, "routable", lambda version: ["r1"])
+    ident = 10**9 + uuid.uuid4().int % 10**8
+    unlimited = ScopeLimits(None, None, None, None, None, 80)
+    grant = KeyGrant(
+        key_id=ident, organization_id=ident, prefix="sk-test", allowed_models=frozenset(), tier="paid",
+        key_limits=unlimited, org_limits=unlimited, expires_at=None,
+    )  # fmt: skip
+    model, other = f"arrivals-{ident}", f"arrivals-other-{ident}"
+    lines = [asyncio.ensure_future(asyncio.sleep(3600)) for _ in range(3)]
+    running = {model: {lines[0]: 1.0, lines[1]: 2.0}, other: {lines[2]: 1.0}}
+    listener = asyncio.ensure_future(batch_worker.listen_for_arrivals(running))
+    try:
+        channel = keys.model_arrivals_channel()
+        for _ in range(100):  # subscribed
+            if dict(await async_redis().pubsub_numsub(channel)).get(channel.encode()):
+                break
+            await asyncio.sleep(0.05)
+        draft = UsageEvent(
+            request_id=uuid.uuid4(), api_key_id=ident, organization_id=ident, model=model, model_version="1",
+            endpoint="chat", prompt_tokens=10, completion_tokens=0, cached_tokens=0, latency_ms=0, ttft_ms=None,
+            status_code=0, created_at=datetime.now(UTC),
+        )  # fmt: skip
+        await ledger.admit(grant=grant, draft=draft, tokens=10, spend=Decimal(0), model_limit=10)
+        done, _ = await asyncio.wait(lines[:2], timeout=10)
+        assert len(done) == 2
+        assert all(line.cancelled() for line in done)
+        assert not lines[2].done()  # another model's line runs on
+        await ledger.settle(replace(draft, status_code=200))
+    finally:
+        listener.cancel()
+        for line in lines:
+            line.cancel()
+        await asyncio.gather(listener, *lines, return_exceptions=True)
