@@ -64,11 +64,14 @@ def replicas_of(model: str) -> list[tuple[int, str]]:
     ]
 
 
-def scale_to_two(model: str, timeout: float, *, drain_others: bool = False) -> list[tuple[int, str]]:
+def scale_to_two(
+    model: str, timeout: float, *, drain_others: bool = False, drained: list[int] | None = None
+) -> list[tuple[int, str]]:
     """Keep the model's running deployment at two replicas at least (its autoscaler bounds:
     min 2, so no scale-in during the run; supervisors with free slots start the second), and
     wait until two are ready. ``drain_others``: drain every other running deployment first, so
-    a host with two slots (this 2-core box: the bundled embedding model holds one) frees one."""
+    a host with two slots (this 2-core box: the bundled embedding model holds one) frees one;
+    their ids go to ``drained`` (``restore`` runs them again)."""
     from registry.models import Deployment
     from registry.services import SystemActor, deployment_bounds_set, deployment_transition
 
@@ -78,6 +81,8 @@ def scale_to_two(model: str, timeout: float, *, drain_others: bool = False) -> l
     if drain_others:
         for other in Deployment.objects.filter(status="running").exclude(pk=deployment.pk):
             deployment_transition(deployment=other, status=Deployment.Status.DRAINING)
+            if drained is not None:
+                drained.append(other.pk)
             print(f"  deployment {other.pk} ({other.version}) drained to free its slot", flush=True)
     if deployment.min_replicas < 2:
         deployment_bounds_set(actor=SystemActor("bench/prefix_routing.py"), deployment=deployment, min_replicas=2,
@@ -91,6 +96,17 @@ def scale_to_two(model: str, timeout: float, *, drain_others: bool = False) -> l
         print(f"  {len(ready)} of 2 replicas of {model} ready; waiting", flush=True)
         time.sleep(10)
     raise SystemExit(f"{model} did not get two ready replicas in {timeout:g} s")
+
+
+def restore(drained: list[int]) -> None:
+    """Run again the deployments ``scale_to_two`` drained (the platform is not ready without
+    them: the next ``make run`` would wait for their replicas)."""
+    from registry.models import Deployment
+    from registry.services import deployment_transition
+
+    for deployment in Deployment.objects.filter(pk__in=drained, status=Deployment.Status.DRAINING):
+        deployment_transition(deployment=deployment, status=Deployment.Status.RUNNING)
+        print(f"  deployment {deployment.pk} ({deployment.version}) running again", flush=True)
 
 
 def start_platform(workdir: Path) -> tuple[Any, str]:
@@ -244,13 +260,14 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="prefix-routing-"))
     platform_proc = None
     gateways: list[Gateway] = []
+    drained: list[int] = []
     try:
         if args.start_platform:
             print(f"starting the platform (log: {workdir / 'platform.log'}); loading models takes minutes", flush=True)
             platform_proc, _ = start_platform(workdir)
         django_setup()
         if args.scale:
-            replicas = scale_to_two(args.model, args.scale_timeout, drain_others=args.drain_others)
+            replicas = scale_to_two(args.model, args.scale_timeout, drain_others=args.drain_others, drained=drained)
         else:
             replicas = replicas_of(args.model)
         if len(replicas) < 2:
@@ -291,6 +308,8 @@ def main() -> None:
     finally:
         for gateway in gateways:
             gateway.stop()
+        if drained:
+            restore(drained)
         if platform_proc is not None:
             os.killpg(platform_proc.pid, signal.SIGTERM)
 
