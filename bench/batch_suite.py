@@ -238,7 +238,9 @@ def quantiles(times: list[tuple[float, float]]) -> dict[str, float]:
     }  # fmt: skip
 
 
-def _batch_round(base: str, key: str, args: argparse.Namespace, phase: str) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+def _batch_round(
+    base: str, key: str, args: argparse.Namespace, phase: str
+) -> tuple[list[tuple[float, float]], dict[str, Any]]:
     """A batch of ``args.lines`` created, ``args.settle`` s for it to run at its share, then the
     interactive requests while it runs; waits for the batch to end. (TTFTs, the batch's figures)"""
     import threading

@@ -77,7 +77,8 @@ CIRCUIT_OPEN_SECONDS = envfloat("CIRCUIT_OPEN_SECONDS", 10.0)
 # completion request was routed to, prefer the one most likely to hold its prompt's leading
 # blocks in its KV cache, unless that replica has more than its share of this gateway's requests
 # in flight: ceil(ROUTING_PREFIX_MAX_IMBALANCE x (in flight + 1) / replicas), the bounded-load
-# rule. Off (the default until bench/prefix_routing.py has measured it on real engines): the
+# rule. Off by default (bench/prefix_routing.py on two real replicas, docs/performance.md:
+# TTFT p50 1.05-1.25x better and more prefix-cache hits, but a worse p99 in one of two runs): the
 # least busy replica, as before.
 #: Whether chat and completion requests prefer the replica holding their prompt's prefix (a bool).
 ROUTING_PREFIX_AWARE = envbool("ROUTING_PREFIX_AWARE", "false")
