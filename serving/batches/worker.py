@@ -390,10 +390,9 @@ async def listen_for_arrivals(running: dict[str, dict[asyncio.Task[None], float]
             async for message in pubsub.listen():
                 if message["type"] == "message":
                     model = message["data"].decode()
-                    # The arrival is an interactive request in flight, whatever the count says
-                    # by the time we look (a short one may have ended).
+                    # An interactive request was in flight, whatever the count says by the time
+                    # we look (a short one may have ended): the gap after it is not idle either.
                     _interactive_seen[model] = time.monotonic()
-                    _interactive_now[model] = max(1, _interactive_now.get(model, 0))
                     if tasks := running.get(model):
                         _yield_to_interactive(model, tasks, await batch_share(model), arrived=True)
         except Exception:

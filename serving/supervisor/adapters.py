@@ -22,7 +22,6 @@ refuses (a rank above its limit, files it cannot read) is reported and tried aga
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,8 +65,12 @@ class AdapterLoads:
         carriers = {
             e.replica_id: e for e in engines if e.max_adapters > 0 and e.phase == "ready" and e.recorded and e.pid
         }
-        changed = self._settle(carriers)
+        changed = self._settle(carriers, now)
         self._held = {replica_id: uris for replica_id, uris in self._held.items() if replica_id in carriers}
+        # Retries of engines gone or restarted (another pid) are moot: the new engine is asked afresh.
+        self._retry_at = {
+            key: at for key, at in self._retry_at.items() if key[0] in carriers and carriers[key[0]].pid == key[1]
+        }
         if not carriers:
             return changed
         wanted_by_base: dict[int, list[AdapterWanted]] = {}
@@ -133,7 +136,7 @@ class AdapterLoads:
             return None
         return f"HTTP {response.status_code}: {text}"
 
-    def _settle(self, carriers: dict[int, EngineProcess]) -> bool:
+    def _settle(self, carriers: dict[int, EngineProcess], now: float) -> bool:
         changed = False
         for call, future in list(self._calls.items()):
             if not future.done():
@@ -143,7 +146,7 @@ class AdapterLoads:
             engine = carriers.get(call.replica_id)
             current = engine is not None and engine.pid == call.pid
             if failure is not None:
-                self._retry_at[(call.replica_id, call.pid, call.version_id)] = time.monotonic() + RETRY_SECONDS
+                self._retry_at[(call.replica_id, call.pid, call.version_id)] = now + RETRY_SECONDS
                 what = "load" if call.load else "unload"
                 self.report(
                     f"replica {call.replica_id}: could not {what} adapter {call.lora_name} ({failure}); "
