@@ -5,9 +5,10 @@ from __future__ import annotations
 import uuid
 from datetime import date, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from billing import outcomes
 from billing.models import BudgetAlert, FailedAttempt, Invoice, Price, Reconciliation, UsageRecord
 
 # A price that ended this recently is still loaded: a request admitted just before a switch
@@ -81,6 +82,73 @@ def usage_record_for(*, request_id: uuid.UUID, organization_id: int | None = Non
     if organization_id is not None:
         found = found.filter(organization_id=organization_id)
     return found.first()
+
+
+# How a request ended, as the request log filters it (billing.outcomes: a cancel is no error).
+OUTCOMES = {
+    "answered": "Answered",
+    "error": "Errors (any)",
+    "client-error": "Refused (4xx)",
+    "server-error": "Failed (5xx)",
+    "cancelled": "Cancelled by the client",
+}
+
+
+def _outcome_filter(outcome: str) -> Q:
+    cancelled = Q(status_code=outcomes.CLIENT_CLOSED)
+    answered = Q(status_code__gte=200, status_code__lt=300)
+    return {
+        "answered": answered,
+        "error": ~answered & ~cancelled,
+        "client-error": Q(status_code__gte=400, status_code__lt=500) & ~cancelled,
+        "server-error": Q(status_code__gte=500),
+        "cancelled": cancelled,
+    }[outcome]
+
+
+def usage_records_listed(
+    *,
+    organization_id: int | None = None,
+    api_key_id: int | None = None,
+    model: str = "",
+    model_version: str = "",
+    outcome: str = "",
+    cache: str = "",
+    slower_than_ms: int | None = None,
+    before: UsageRecord | None = None,
+    limit: int = 50,
+) -> list[UsageRecord]:
+    """The request log: the newest requests first (``limit`` of them) that match every filter
+    given, older than ``before`` when given (a cursor: pages never count the whole table).
+    ``organization_id`` scopes it to one organisation (a customer never sees another's);
+    ``outcome`` is one of ``OUTCOMES``. Usage records hold no prompt or answer."""
+    found = UsageRecord.objects.select_related("api_key", "organization")
+    if organization_id is not None:
+        found = found.filter(organization_id=organization_id)
+    if api_key_id is not None:
+        found = found.filter(api_key_id=api_key_id)
+    if model:
+        found = found.filter(model=model)
+    if model_version:
+        found = found.filter(model_version=model_version)
+    if outcome:
+        found = found.filter(_outcome_filter(outcome))
+    if cache:
+        found = found.filter(cache=cache)
+    if slower_than_ms is not None:
+        found = found.filter(latency_ms__gt=slower_than_ms)
+    if before is not None:
+        found = found.filter(Q(created_at__lt=before.created_at) | Q(created_at=before.created_at, pk__lt=before.pk))
+    return list(found.order_by("-created_at", "-pk")[:limit])
+
+
+def usage_record_cursor(*, record_id: int, organization_id: int | None = None) -> UsageRecord | None:
+    """The record a request log's page starts after (its ``before``), in ``organization_id``
+    only when given."""
+    found = UsageRecord.objects.filter(pk=record_id)
+    if organization_id is not None:
+        found = found.filter(organization_id=organization_id)
+    return found.only("pk", "created_at").first()
 
 
 def failed_attempt_for(*, request_id: uuid.UUID) -> FailedAttempt | None:

@@ -34,6 +34,11 @@ def model_list_with_versions() -> QuerySet[Model]:
     ).order_by("name")
 
 
+def model_names() -> list[str]:
+    """Every registered model's name, in order (a filter's choices)."""
+    return list(Model.objects.order_by("name").values_list("name", flat=True))
+
+
 def serving_deployments() -> QuerySet[Deployment]:
     """Deployments that should be serving (pending ones are starting up), with their version and model."""
     return (
