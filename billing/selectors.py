@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import date, timedelta
+from decimal import Decimal
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from billing import outcomes
-from billing.models import BudgetAlert, FailedAttempt, Invoice, Price, Reconciliation, UsageRecord
+from billing import invoicing, outcomes
+from billing.models import BudgetAlert, FailedAttempt, Invoice, Price, Reconciliation, UsageRecord, UsageRollup
 
 # A price that ended this recently is still loaded: a request admitted just before a switch
 # is priced at its admission time, and the routing table it reads may have been reloaded
@@ -22,6 +23,17 @@ def prices_in_effect_or_later(*, model_ids: list[int]) -> QuerySet[Price]:
     hour (the routing table keeps them all and picks by each request's admission time)."""
     since = timezone.now() - RECENTLY_ENDED
     return Price.objects.filter(model_id__in=model_ids).exclude(effective_to__lte=since).order_by("-effective_from")
+
+
+def month_so_far(*, today: date) -> tuple[Decimal, int]:
+    """Every organisation's usage cost in the UTC month of ``today`` so far (from the daily
+    rollups, rebuilt every minute: exact, not yet invoiced), and the budget alerts crossed."""
+    first = invoicing.month_start(today)
+    cost = UsageRollup.objects.filter(period=UsageRollup.Period.DAY, start__date__gte=first).aggregate(
+        total=Sum("cost")
+    )["total"]
+    alerts = BudgetAlert.objects.filter(month=invoicing.period_label(first)).count()
+    return Decimal(cost or 0), alerts
 
 
 def budget_alerts_of(*, organization_id: int, month: str) -> QuerySet[BudgetAlert]:

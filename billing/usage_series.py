@@ -80,6 +80,16 @@ class Bucket:
         self.output_tokens += int(row["output_tokens_sum"] or 0)
         self.cache_hits += int(row["cache_hits_sum"] or 0)
 
+    def absorb(self, other: Bucket) -> None:
+        """Add ``other``'s figures (the same bucket of another version) to these."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.cancelled += other.cancelled
+        self.output_tokens += other.output_tokens
+        self.cache_hits += other.cache_hits
+        sketch.merge([other.latency], into=self.latency)
+        sketch.merge([other.ttft], into=self.ttft)
+
     def add_distribution(self, kind: str, histogram: sketch.Histogram) -> None:
         sketch.merge([histogram], into=self.latency if kind == "latency" else self.ttft)
 
@@ -133,7 +143,27 @@ class VersionSeries:
 
     @property
     def label(self) -> str:
-        return f"{self.model}:{self.version}"
+        return f"{self.model}:{self.version}" if self.version else self.model
+
+
+def busiest(series: list[VersionSeries], keep: int) -> tuple[list[VersionSeries], VersionSeries | None]:
+    """The ``keep`` versions with the most requests (in their usual order), and the rest
+    merged into one series (None when nothing is left): its rates are sums, its percentiles
+    those of the merged distributions. ``model`` names how many it holds."""
+    if len(series) <= keep:
+        return list(series), None
+    ranked = sorted(series, key=lambda s: (-(s.total.requests if s.total else 0), s.label))
+    top = {id(s) for s in ranked[:keep]}
+    rest = [s for s in series if id(s) not in top]
+    other = VersionSeries(model=f"{len(rest)} other versions", version="")
+    other.buckets = [Bucket(start=b.start, seconds=b.seconds) for b in rest[0].buckets]
+    other.total = Bucket(start=rest[0].total.start, seconds=rest[0].total.seconds) if rest[0].total else None
+    for one in rest:
+        for mine, theirs in zip(other.buckets, one.buckets, strict=True):
+            mine.absorb(theirs)
+        if other.total is not None and one.total is not None:
+            other.total.absorb(one.total)
+    return [s for s in series if id(s) in top], other
 
 
 @dataclass

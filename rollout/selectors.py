@@ -50,6 +50,11 @@ def swap_latest_id(*, deployment_id: int) -> int | None:
     )
 
 
+def canaries_live_count() -> int:
+    """Canaries running or paused now (every model's)."""
+    return Canary.objects.filter(status__in=[Canary.Status.RUNNING, Canary.Status.PAUSED]).count()
+
+
 def canary_arm_at(*, model: str, version: str, at: datetime) -> tuple[Canary, str] | None:
     """The canary of ``model`` running at ``at`` in which ``version`` was an arm, and which arm
     ("canary" or "base"); None when no canary of the model ran then."""

@@ -1,5 +1,6 @@
 """What every chart shares: one colour per model on every chart (its versions in shades of
-it), and one layout (fonts, grid, a legend below the plot that never squeezes it)."""
+it; models drawn together never share one), and one layout (fonts, grid, a legend beside or
+below the plot that never squeezes it)."""
 
 from __future__ import annotations
 
@@ -20,19 +21,45 @@ def _mix(colour: str, white: float) -> str:
     return "#" + "".join(f"{round(c + (255 - c) * white):02x}" for c in (red, green, blue))
 
 
+def _palette_index(model: str) -> int:
+    return int.from_bytes(hashlib.blake2b(model.encode(), digest_size=4).digest(), "big") % len(PALETTE)
+
+
 def model_colour(model: str, *, shade: int = 0) -> str:
-    """The model's colour, the same on every chart of every page; ``shade`` (a version's
-    rank among the model's versions shown) lightens it."""
-    index = int.from_bytes(hashlib.blake2b(model.encode(), digest_size=4).digest(), "big") % len(PALETTE)
-    return _mix(PALETTE[index], SHADES[min(shade, len(SHADES) - 1)])
+    """The model's own colour (its name's place in the palette); ``shade`` (a version's rank
+    among the model's versions shown) lightens it. A chart with several models takes
+    ``model_colours``: two names may share a place."""
+    return _mix(PALETTE[_palette_index(model)], SHADES[min(shade, len(SHADES) - 1)])
+
+
+def model_colours(models: list[str]) -> dict[str, str]:
+    """A distinct colour for each of ``models`` (up to the palette's twelve): each its own
+    colour unless a name earlier in order took it, then the next free one. The same set of
+    models gets the same colours on every chart of a page."""
+    taken: set[int] = set()
+    out: dict[str, str] = {}
+    for model in sorted(set(models)):
+        index = _palette_index(model)
+        if len(taken) < len(PALETTE):
+            while index in taken:
+                index = (index + 1) % len(PALETTE)
+        taken.add(index)
+        out[model] = PALETTE[index]
+    return out
+
+
+# What a chart's "other" series (every version beyond those it names) is drawn in.
+OTHER = "#8a93a3"
 
 
 def version_colours(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """A colour for each (model, version): the model's, lighter for each later version."""
+    """A colour for each (model, version): the model's (``model_colours``), lighter for each
+    later version."""
+    models = model_colours([model for model, _ in pairs])
     out: dict[tuple[str, str], str] = {}
     seen: dict[str, int] = {}
     for model, version in sorted(set(pairs)):
-        out[(model, version)] = model_colour(model, shade=seen.get(model, 0))
+        out[(model, version)] = _mix(models[model], SHADES[min(seen.get(model, 0), len(SHADES) - 1)])
         seen[model] = seen.get(model, 0) + 1
     return out
 
@@ -45,9 +72,14 @@ def axis(**more: Any) -> dict[str, Any]:
     return {"automargin": True, "gridcolor": GRID, **more}
 
 
-def layout(*, height: int, legend: bool, **more: Any) -> dict[str, Any]:
-    """The house layout: a legend (when there is something to name) below the plot, axes whose
-    labels are never clipped (``axis``; pass ``xaxis=axis(...)`` to add to them)."""
+# A legend beside the plot (``layout(legend_beside=True)``): the page's script moves it below
+# when the chart is narrow (static/console/overview.js).
+LEGEND_BESIDE = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"}
+
+
+def layout(*, height: int, legend: bool, legend_beside: bool = False, **more: Any) -> dict[str, Any]:
+    """The house layout: a legend (when there is something to name) below the plot, or beside
+    it, axes whose labels are never clipped (``axis``; pass ``xaxis=axis(...)`` to add to them)."""
     return {
         "template": "none",
         "height": height,
@@ -56,7 +88,7 @@ def layout(*, height: int, legend: bool, **more: Any) -> dict[str, Any]:
         "paper_bgcolor": "#fff",
         "plot_bgcolor": "#fff",
         "showlegend": legend,
-        "legend": {"orientation": "h", "y": -0.25},
+        "legend": LEGEND_BESIDE if legend_beside else {"orientation": "h", "y": -0.25},
         "xaxis": axis(),
         "yaxis": axis(),
         **more,

@@ -18,10 +18,8 @@ import orjson
 import plotly.graph_objects as go
 
 from billing import outcomes
-from billing.usage_series import Bucket, UsageOverview, VersionSeries, usage_overview
+from billing.usage_series import Bucket, UsageOverview, VersionSeries, busiest, usage_overview
 from console.pages import charts
-
-# One colour per model version, in a stable order (plotly's default qualitative palette).
 
 
 @dataclass(frozen=True)
@@ -77,11 +75,17 @@ CHARTS: tuple[Chart, ...] = (
 )
 
 
+# A chart names its busiest versions; the rest are one "other" line (the table lists them all).
+CHART_SERIES = 5
+CHART_HEIGHT = 300  # the plot itself keeps about 250 px: the legend sits beside it
+
+
 def _figure(chart: Chart, overview: UsageOverview) -> dict[str, Any]:
     fig = go.Figure()
-    colours = charts.version_colours([(series.model, series.version) for series in overview.series])
-    for series in overview.series:
-        colour = colours[(series.model, series.version)]
+    shown, other = busiest(overview.series, CHART_SERIES)
+    colours = charts.version_colours([(series.model, series.version) for series in shown])
+    for series in [*shown, *([other] if other else [])]:
+        colour = colours.get((series.model, series.version), charts.OTHER)
         for suffix, dash, value in chart.lines:
             fig.add_trace(
                 go.Scatter(
@@ -97,8 +101,9 @@ def _figure(chart: Chart, overview: UsageOverview) -> dict[str, Any]:
             )
     fig.update_layout(
         **charts.layout(
-            height=260, legend=bool(overview.series),
-            xaxis=charts.axis(type="date", range=[overview.start.isoformat(), overview.now.isoformat()]),
+            height=CHART_HEIGHT, legend=bool(overview.series), legend_beside=True,
+            xaxis=charts.axis(type="date", range=[overview.start.isoformat(), overview.now.isoformat()],
+                              hoverformat="%Y-%m-%d %H:%M UTC"),
             yaxis=charts.axis(title={"text": chart.unit}, rangemode="tozero", zeroline=False),
             uirevision=overview.time_range.key,  # Plotly.react keeps a person's zoom across live updates
         )

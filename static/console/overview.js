@@ -12,10 +12,22 @@
   let paused = false;
   let updates = 0;
 
+  // The legend sits beside a chart; below it where the chart is too narrow to share its width.
+  function fitted(layout, element) {
+    if (element.clientWidth >= 560 || !layout.showlegend) return layout;
+    return Object.assign({}, layout, { legend: { orientation: "h", y: -0.2, yanchor: "top" }, height: layout.height + 80 });
+  }
+
+  // Times read in UTC, as every time on the console does.
+  function utcTime(iso) {
+    return new Date(iso).toISOString().slice(11, 19) + " UTC";
+  }
+
   function draw(data, first) {
     for (const [key, figure] of Object.entries(data.figures)) {
       const element = document.getElementById("chart-" + key);
       if (!element) continue;
+      figure.layout = fitted(figure.layout, element);
       if (first) {
         Plotly.newPlot(element, figure.data, figure.layout, config);
       } else {
@@ -76,7 +88,7 @@
       showGateway(message.gateway);
       updates += 1;
       status.dataset.updates = String(updates);
-      status.textContent = "Live · updated " + new Date(message.at).toLocaleTimeString();
+      status.textContent = "Live · updated " + utcTime(message.at);
     });
     socket.addEventListener("close", function () {
       socket = null;

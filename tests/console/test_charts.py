@@ -41,3 +41,14 @@ def test_the_overview_and_the_portal_draw_a_model_in_its_colour(db):
         axes = [value for name, value in figure["layout"].items() if name.startswith(("xaxis", "yaxis"))]
         assert axes
         assert all(axis.get("automargin") is True for axis in axes)
+
+
+def test_models_drawn_together_never_share_a_colour():
+    # Twelve names: the palette's size, so a name's own place must sometimes be taken already.
+    models = [f"model-{i}" for i in range(12)]
+    assert len({charts.model_colour(m) for m in models}) < 12  # the hash alone collides here
+    colours = charts.model_colours(models)
+    assert len(set(colours.values())) == 12
+    assert charts.model_colours(list(reversed(models))) == colours  # the same set: the same colours
+    versions = charts.version_colours([(m, "1") for m in models])
+    assert len(set(versions.values())) == 12

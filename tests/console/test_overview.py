@@ -19,7 +19,7 @@ from django.test import Client
 
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, organization_create
-from billing.models import UsageRollup
+from billing.models import BudgetAlert, UsageRollup
 from billing.rollups import rollups_rebuild
 from console.pages.overview_data import dashboard, gateway_rates, gateway_sample
 from core import sketch
@@ -224,6 +224,45 @@ class TestOverviewPage:
         html = response.content.decode()
         assert 'data-headline="cancelled">26<' in html
         assert "Cancelled by client" in html
+
+    def test_a_chart_names_the_five_busiest_versions_and_sums_the_rest(self, keys):
+        one, _ = keys
+        for i in range(7):
+            rollup(one, start=LAST_HOUR, model=f"m{i}", requests=10 + i, output_tokens=100 * (i + 1),
+                   latencies=[100 + i] * (10 + i))  # fmt: skip
+        data = dashboard(range_key="day", now=NOW)
+        names = [t["name"] for t in data["figures"]["requests"]["data"]]
+        assert names == ["m2:1", "m3:1", "m4:1", "m5:1", "m6:1", "2 other versions"]
+        assert y_at(data, "requests", "2 other versions", LAST_HOUR) == pytest.approx((10 + 11) / 3600, abs=1e-6)
+        assert y_at(data, "tokens", "2 other versions", LAST_HOUR) == pytest.approx((100 + 200) / 3600, abs=1e-6)
+        # Percentiles of the merged distributions, not an average of percentiles.
+        assert y_at(data, "latency", "2 other versions p99", LAST_HOUR) == pytest.approx(101, rel=0.02)
+        assert len({t["line"]["color"] for t in data["figures"]["requests"]["data"]}) == 6
+        assert len(data["rows"]) == 7  # the table still lists every version
+        layout = data["figures"]["requests"]["layout"]
+        assert layout["legend"]["orientation"] == "v"  # beside the plot, not under it
+        assert layout["height"] >= 300
+
+    def test_at_a_glance_revenue_replicas_alerts_canaries_and_backlog_with_links(self, admin_client, keys):
+        one, _ = keys
+        today = datetime.now(UTC)
+        UsageRollup.objects.create(period=UsageRollup.Period.DAY, start=today.replace(hour=0, minute=0, second=0,
+                                   microsecond=0), organization_id=one.organization_id, api_key=one, model="rev",
+                                   model_version="1", requests=3, cost=Decimal("0.0043"))  # fmt: skip
+        BudgetAlert.objects.create(organization_id=one.organization_id, budget=BudgetAlert.Budget.SPEND,
+                                   month=f"{today:%Y-%m}", threshold_percent=80, used=Decimal("8"),
+                                   limit=Decimal("10"))  # fmt: skip
+        html = admin_client.get("/console/").content.decode()
+        glance = html.split('aria-label="At a glance"')[1].split("</section>")[0]
+        revenue = glance.split('data-glance="revenue"')[1].split("</a>")[0]
+        assert "$0.0043" in revenue or "&lt; $0.01" in revenue  # the platform's money format
+        assert 'href="/console/invoices/"' in glance
+        alerts = glance.split('data-glance="budget_alerts"')[1].split("</a>")[0]
+        assert "<strong>1</strong>" in alerts
+        assert "glance-warn" in glance.split('data-glance="budget_alerts"')[0].rsplit("<a", 1)[1]
+        for key, link in (("replicas", "/console/deployments/"), ("canaries", "/console/canaries/"),
+                          ("batch_backlog", "/console/batches/")):  # fmt: skip
+            assert f'href="{link}" data-glance="{key}"' in glance
 
     def test_an_unknown_range_falls_back_to_the_last_day(self, admin_client):
         response = admin_client.get("/console/?range=forever")
