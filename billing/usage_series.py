@@ -205,21 +205,35 @@ GROUP BY 1, 2, 3, 4, 5
 Distributions = dict[tuple[datetime, str, str, str], sketch.Histogram]  # (start, model, version, kind)
 
 
-def _distributions(*, period: str, start: datetime, end: datetime) -> Distributions:
-    """Each bucket's and version's latency and TTFT histograms, merged over its keys in SQL."""
+def _distributions(
+    *, period: str, start: datetime, end: datetime, model: str | None = None, version: str | None = None
+) -> Distributions:
+    """Each bucket's and version's latency and TTFT histograms, merged over its keys in SQL
+    (one version's only, with ``model`` and ``version``)."""
     out: defaultdict[tuple[datetime, str, str, str], sketch.Histogram] = defaultdict(dict)
+    sql = _DISTRIBUTIONS_SQL.format(table=UsageRollup._meta.db_table)
+    params: dict[str, Any] = {"period": period, "start": start, "end": end}
+    if model is not None and version is not None:
+        sql = sql.replace("GROUP BY", "AND r.model = %(model)s AND r.model_version = %(version)s\nGROUP BY")
+        params |= {"model": model, "version": version}
     with connection.cursor() as cursor:
-        cursor.execute(_DISTRIBUTIONS_SQL.format(table=UsageRollup._meta.db_table),
-                       {"period": period, "start": start, "end": end})  # fmt: skip
+        cursor.execute(sql, params)
         for at, model, version, kind, bucket, n in cursor.fetchall():
             out[(at.astimezone(UTC), model, version, kind)][int(bucket)] = int(n)
     return dict(out)
 
 
-def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = None) -> UsageOverview:
+def usage_overview(
+    *,
+    range_key: str = DEFAULT_RANGE,
+    now: datetime | None = None,
+    model: str | None = None,
+    version: str | None = None,
+) -> UsageOverview:
     """Every model version's usage in the window ``range_key`` (a TIME_RANGES key) up to
-    ``now``, bucket by bucket, from the rollups of the window's period. The bucket that
-    holds ``now`` is measured over the part already past, so its rates are not diluted."""
+    ``now``, bucket by bucket, from the rollups of the window's period; one version's only
+    with ``model`` and ``version``. The bucket that holds ``now`` is measured over the part
+    already past, so its rates are not diluted."""
     time_range = TIME_RANGES[range_key]
     now = (now or datetime.now(UTC)).astimezone(UTC)
     bucket = time_range.bucket
@@ -233,7 +247,10 @@ def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = Non
     def seconds(at: datetime) -> float:
         return max((min(at + bucket, now) - at).total_seconds(), 1.0)
 
-    rows = _rows(UsageRollup.objects.filter(period=time_range.period, start__gte=start, start__lte=now))
+    rollups = UsageRollup.objects.filter(period=time_range.period, start__gte=start, start__lte=now)
+    if model is not None and version is not None:
+        rollups = rollups.filter(model=model, model_version=version)
+    rows = _rows(rollups)
     by_version: dict[tuple[str, str], dict[datetime, Bucket]] = defaultdict(dict)
     totals: dict[tuple[str, str], Bucket] = {}
     total = Bucket(start=start, seconds=max((now - start).total_seconds(), 1.0))
@@ -243,20 +260,22 @@ def usage_overview(*, range_key: str = DEFAULT_RANGE, now: datetime | None = Non
         by_version[key].setdefault(at, Bucket(start=at, seconds=seconds(at))).add(row)
         totals.setdefault(key, Bucket(start=start, seconds=total.seconds)).add(row)
         total.add(row)
-    for (at, model, version, kind), histogram in _distributions(period=time_range.period, start=start, end=now).items():
-        key = (model, version)
+    for (at, name, number, kind), histogram in _distributions(
+        period=time_range.period, start=start, end=now, model=model, version=version
+    ).items():
+        key = (name, number)
         if at not in by_version[key]:
             continue  # a row added between the two reads: counted with the next page load
         for figures in (by_version[key][at], totals[key], total):
             figures.add_distribution(kind, histogram)
     series = [
         VersionSeries(
-            model=model,
-            version=version,
+            model=name,
+            version=number,
             # Every bucket of the window, empty ones included, so the lines show the gaps as zero.
-            buckets=[by_version[(model, version)].get(at) or Bucket(start=at, seconds=seconds(at)) for at in starts],
-            total=totals[(model, version)],
+            buckets=[by_version[(name, number)].get(at) or Bucket(start=at, seconds=seconds(at)) for at in starts],
+            total=totals[(name, number)],
         )
-        for model, version in sorted(by_version)
+        for name, number in sorted(by_version)
     ]
     return UsageOverview(time_range=time_range, start=start, now=now, series=series, total=total, bucket_starts=starts)

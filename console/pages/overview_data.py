@@ -150,6 +150,23 @@ def dashboard(*, range_key: str, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
+# What a version's own page charts (the overview's charts, for that version alone).
+VERSION_CHARTS = ("requests", "latency", "errors")
+
+
+def version_figures(*, model: str, version: str, range_key: str = "day", now: datetime | None = None) -> dict[str, Any]:
+    """One version's figures over ``range_key``: its headline numbers and requests, latency
+    and error charts, from the rollups (the overview's, for that version alone)."""
+    overview = usage_overview(range_key=range_key, now=now, model=model, version=version)
+    return {
+        "range": overview.time_range,
+        "requests": overview.total.requests,
+        "headline": _headline(overview.total),
+        "figures": {chart.key: _figure(chart, overview) for chart in CHARTS if chart.key in VERSION_CHARTS},
+        "titles": {chart.key: chart.title for chart in CHARTS if chart.key in VERSION_CHARTS},
+    }
+
+
 # --- The gateways' counters -----------------------------------------------------------
 # Rollups lag the traffic by a minute or so (billing.rollups runs every minute); the
 # gateways count every answer as it happens. Reading this host's Prometheus samples costs

@@ -31,8 +31,9 @@ from console.pages.access import platform_admin_required
 from console.pages.audit_rows import audit_rows, describe_target
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
-from console.pages.overview_data import replica_in_flight
+from console.pages.overview_data import replica_in_flight, version_figures
 from core.errors import InvalidInput
+from core.stats import wilson
 from registry.adapters import ADAPTER_FRAMEWORK, is_adapter_framework
 from registry.audit_selectors import AuditTarget, audit_actions, audit_actors, audit_entries
 from registry.batching import BatcherConfig
@@ -146,6 +147,10 @@ def model_version_detail(request: HttpRequest, name: str, version: str) -> HttpR
         "now": now,
         "try_url": _try_url(found, now),
         "config": _pretty_json(found.config),
+        "quality": held_out_quality(found.config),
+        "live": version_figures(model=found.model.name, version=found.version),
+        "requests_of_version": f"{reverse('console:requests')}?"
+        + urlencode({"model": found.model.name, "version": found.version}),
         "timeline": version_timeline(version=found),
         "system_actors": SYSTEM_ACTOR_NAMES,
         "audit_of_version": _audit_of(AuditTarget("model_version", str(found))),
@@ -167,6 +172,58 @@ def _try_url(version: ModelVersion, now: Lifecycle) -> str:
         return ""
     url = reverse("console:playground", kwargs={"org_id": platform_organization().pk})
     return f"{url}?{urlencode({'model': version.model.name, 'version': version.version})}"
+
+
+@dataclass(frozen=True)
+class LabelQuality:
+    label: str
+    accuracy: float
+    rows: int
+    interval: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class HeldOutQuality:
+    """How a version did on data held out from its training, as its config records it."""
+
+    accuracy: float
+    rows: int
+    interval: tuple[float, float]  # 95 % (Wilson)
+    source: str
+    trained_on: list[str]
+    per_label: list[LabelQuality]
+    cross_source_accuracy: float | None
+
+
+def held_out_quality(config: dict[str, Any]) -> HeldOutQuality | None:
+    """The held-out figures a version's config carries (the bundled small models record
+    them when built: registry.small_models), with 95 % intervals; None without them."""
+    accuracy, rows = config.get("heldout_accuracy"), config.get("heldout_rows")
+    if not isinstance(accuracy, int | float) or not isinstance(rows, int) or rows <= 0:
+        return None
+
+    def interval(share: float, n: int, recorded: Any) -> tuple[float, float]:
+        if isinstance(recorded, list) and len(recorded) == 2:
+            return float(recorded[0]), float(recorded[1])
+        return wilson(round(share * n), n)
+
+    labels = config.get("heldout_per_label")
+    per_label = [
+        LabelQuality(str(label), float(found["accuracy"]), int(found["rows"]),
+                     interval(float(found["accuracy"]), int(found["rows"]), found.get("interval95")))
+        for label, found in (labels.items() if isinstance(labels, dict) else ())
+        if isinstance(found, dict) and found.get("rows")
+    ]  # fmt: skip
+    cross = config.get("cross_source_accuracy")
+    return HeldOutQuality(
+        accuracy=float(accuracy),
+        rows=rows,
+        interval=interval(float(accuracy), rows, config.get("heldout_interval95")),
+        source=str(config.get("heldout_source") or ""),
+        trained_on=[str(s) for s in config.get("trained_on") or []],
+        per_label=per_label,
+        cross_source_accuracy=float(cross) if isinstance(cross, int | float) else None,
+    )
 
 
 def _audit_of(target: AuditTarget) -> str:

@@ -111,7 +111,17 @@ class TestModelList:
         html = admin_browser.get("/console/models/").content.decode()
         for name, version in bundled_models["versions"].items():
             assert f'data-model="{name}" data-version="{version.version}"' in html
-            assert version.artifact_sha256[:12] in html
+            assert html.count(f'data-model-group="{name}"') == 1  # one heading per model, its versions under it
+
+    def test_versions_are_grouped_under_their_model(self, admin_browser):
+        for name, number in (("b-model", "1"), ("a-model", "1"), ("b-model", "2"), ("a-model", "2")):
+            make_version(name, number)
+        html = admin_browser.get("/console/models/").content.decode()
+        order = [chunk.split('"')[0] for chunk in html.split('data-model-group="')[1:]]
+        assert order == ["a-model", "b-model"]
+        a_part = html.split('data-model-group="a-model"')[1].split('data-model-group="b-model"')[0]
+        assert a_part.index('data-version="2"') < a_part.index('data-version="1"')  # newest first
+        assert 'data-model="b-model"' not in a_part
 
     def test_it_filters_and_paginates(self, admin_browser):
         for n in range(30):
@@ -176,6 +186,50 @@ class TestVersionDetail:
         assert "stored, encrypted" in facts
         assert "sk-never-shown" not in html
         assert "data-checksum" not in html  # no artifact to show
+
+    def test_a_version_shows_its_own_traffic_latency_and_errors(self, admin_browser):
+        from decimal import Decimal
+
+        from accounts.services import api_key_create, organization_create
+        from billing.models import UsageRollup
+
+        make_version("figures", "1")
+        make_version("figures", "2")
+        key = api_key_create(organization=organization_create(name="Figures Org"), name="k").api_key
+        hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+        for number, requests, errors in (("1", 40, 4), ("2", 7, 0)):
+            UsageRollup.objects.create(
+                period=UsageRollup.Period.HOUR, start=hour, organization_id=key.organization_id, api_key=key,
+                model="figures", model_version=number, requests=requests, errors=errors, cost=Decimal("0.01"),
+                latency_histogram={"100": requests},
+            )  # fmt: skip
+        html = admin_browser.get("/console/models/figures/1/").content.decode()
+        figures = html.split("data-version-figures", 1)[1].split("</dl>", 1)[0]
+        assert 'data-figure-of="requests">40<' in figures  # its own, not its sibling's 7
+        assert "10.00 %" in figures  # 4 of 40
+        assert 'id="figure-requests"' in html
+        assert "/console/requests/?model=figures&amp;version=1" in html  # its requests in the log
+        make_version("quiet", "1")
+        assert "No request to this version" in admin_browser.get("/console/models/quiet/1/").content.decode()
+
+    def test_held_out_accuracy_is_shown_with_its_interval_not_buried_in_json(self, admin_browser):
+        make_version("scored", "1", config={
+            "heldout_accuracy": 0.9, "heldout_rows": 200, "heldout_source": "other_source.jsonl",
+            "trained_on": ["a.jsonl"], "heldout_per_label": {"positive": {"accuracy": 0.95, "rows": 100},
+                                                             "negative": {"accuracy": 0.85, "rows": 100}},
+        })  # fmt: skip
+        html = admin_browser.get("/console/models/scored/1/").content.decode()
+        quality = html.split('id="version-quality"', 1)[1].split("</section>", 1)[0]
+        assert "<strong data-heldout-accuracy>90 %</strong>" in quality
+        assert "200 held-out rows" in quality
+        assert "(95 % interval 0.851\N{EN DASH}0.934)" in quality  # Wilson's, computed where not recorded
+        assert "other_source.jsonl" in quality
+        labels = quality.split("data-heldout-labels", 1)[1]
+        assert labels.index("positive") < labels.index("</table>")
+        assert "95 %" in labels.split("positive", 1)[1].split("</tr>", 1)[0]
+        assert "<details>" in html.split('id="config-title"')[0].rsplit("<section", 1)[1]  # the raw config folded
+        make_version("unscored", "1")
+        assert 'id="version-quality"' not in admin_browser.get("/console/models/unscored/1/").content.decode()
 
     def test_an_unknown_version_is_404(self, admin_browser):
         assert admin_browser.get("/console/models/nope/1/").status_code == 404
