@@ -143,7 +143,7 @@ def test_posts_are_refused_to_whoever_may_not_write(world):
         (f"/portal/{world['kwargs']['org_id']}/keys/{world['kwargs']['key_id']}/revoke/", {"confirm": "1"}),
         (f"/portal/{world['kwargs']['org_id']}/members/invite/", {"username": "forged", "role": "org_admin"}),
         (f"/portal/{world['kwargs']['org_id']}/members/{world['kwargs']['membership_id']}/remove/", {}),
-        (f"/portal/{world['kwargs']['org_id']}/batches/{world['kwargs']['batch_id']}/cancel/", {}),
+        (f"/portal/{world['kwargs']['org_id']}/batches/{world['kwargs']['batch_id']}/cancel/", {"confirm": "yes"}),
         (f"/portal/{world['kwargs']['org_id']}/webhooks/rotate/", {}),
     ]
     member = Client()

@@ -1,7 +1,8 @@
-"""Batch jobs in real Chromium: an org admin sees a batch's progress bar, cancels it, downloads a
-finished batch's output file and reveals the webhooks' secret, and finds another organisation's
-batch and file missing; a platform admin sees both organisations' batches and the queue on the
-overview. Screenshots of each step go under tests/screenshots/."""
+"""Batch jobs in real Chromium: an org admin sees a batch's progress bar (its succeeded and failed
+parts) and an id that never wraps, cancels it after the confirmation, downloads a finished batch's
+output file and reveals the webhooks' secret, and finds another organisation's batch and file
+missing; a platform admin sees both organisations' batches and the queue on the overview.
+Screenshots of each step go under tests/screenshots/."""
 
 from __future__ import annotations
 
@@ -107,28 +108,45 @@ def test_an_org_admin_follows_a_batch_cancels_it_and_downloads_a_result(
         nav = page.locator("nav[aria-label=Portal]")
         assert nav.get_by_role("link", name="Batches", exact=True).get_attribute("aria-current") == "page"
         row = page.locator(f"tr#{running.public_id}")
-        bar = row.locator("progress")
-        assert (bar.get_attribute("value"), bar.get_attribute("max")) == ("7", "10")
+        bar = row.get_by_role("progressbar")
+        assert (bar.get_attribute("aria-valuenow"), bar.get_attribute("aria-valuemax")) == ("7", "10")
+        width = "e => e.clientWidth"
+        succeeded = row.locator(".lines-succeeded").evaluate(width)
+        failed = row.locator(".lines-failed").evaluate(width)
+        assert succeeded > 5 * failed > 0  # 6 succeeded, 1 failed
         assert "7 of 10" in row.inner_text()
         assert "1 failed" in row.inner_text()
         assert "In Progress" in row.inner_text()
         assert "left" in row.inner_text()  # the time left of a batch that runs
+        assert row.get_by_role("button", name=f"Cancel batch {running.public_id}").count() == 1
+        assert page.locator(f"tr#{done.public_id}").get_by_role("button").count() == 0
         assert page.locator(f"tr#{theirs.public_id}").count() == 0
         screenshot(page, "batches-01-portal-list")
         page.set_viewport_size({"width": 390, "height": 844})  # at phone width the table scrolls, not the page
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        batch_id = row.locator("code.batch-id")
+        height = (batch_id.bounding_box() or {"height": 0})["height"]
+        assert 0 < height < 1.6 * float(batch_id.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
         page.set_viewport_size({"width": 1280, "height": 900})
 
-        # Its page, then Cancel: it stops taking lines.
+        # Its page, then Cancel, which asks first: it stops taking lines.
         row.get_by_role("link", name=running.public_id).click()
         page.wait_for_selector(f"h1:has-text('{running.public_id}')")
         screenshot(page, "batches-02-portal-detail")
+        page.set_viewport_size({"width": 390, "height": 844})  # the id in the heading ends in an ellipsis
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        screenshot(page, "batches-02-portal-detail-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.get_by_role("button", name="Cancel batch").click()
+        page.wait_for_selector(f"h1:has-text('Cancel batch {running.public_id}')")
+        assert "7 of 10 lines have run" in page.inner_text("main")
+        screenshot(page, "batches-03-cancel-confirm")
         page.get_by_role("button", name="Cancel batch").click()
         page.wait_for_selector(".message-success")
         assert "is cancelling" in page.inner_text(".messages")
         assert page.inner_text("#batch-status") == "Cancelling"
         assert page.get_by_role("button", name="Cancel batch").count() == 0
-        screenshot(page, "batches-03-cancelled")
+        screenshot(page, "batches-04-cancelled")
 
         # The finished one's output file downloads as it was stored.
         page.goto(f"{base}/portal/{org.pk}/batches/{done.public_id}/")
@@ -154,7 +172,7 @@ def test_an_org_admin_follows_a_batch_cancels_it_and_downloads_a_result(
         page.get_by_role("button", name="Show").click()
         assert secret.get_attribute("type") == "text"
         assert "Webhook-Signature" in page.inner_text("#verify-how")
-        screenshot(page, "batches-04-webhooks")
+        screenshot(page, "batches-05-webhooks")
     except Exception:
         screenshot(page, "batches-failure")
         raise
@@ -174,7 +192,7 @@ def test_a_platform_admin_sees_every_organisations_batches_and_the_queue(
         for name, org in (("done", "org"), ("theirs", "other_org")):
             row = page.locator(f"tr#{batches[name].public_id}")
             assert committed_users[org].name in row.inner_text()
-        screenshot(page, "batches-05-console-list")
+        screenshot(page, "batches-06-console-list")
         page.select_option("#id_status", "completed")
         page.get_by_role("button", name="Filter").click()
         page.wait_for_url("**status=completed**")
@@ -187,7 +205,7 @@ def test_a_platform_admin_sees_every_organisations_batches_and_the_queue(
         assert int(card.locator("[data-batch-queue=waiting]").inner_text()) >= 4  # theirs, still to run
         assert int(card.locator("[data-batch-queue=in_progress]").inner_text()) >= 1
         assert float(card.locator("[data-batch-queue=per_minute]").inner_text()) > 0  # lines finished just now
-        screenshot(page, "batches-06-overview-queue")
+        screenshot(page, "batches-07-overview-queue")
     except Exception:
         screenshot(page, "batches-failure-console")
         raise
