@@ -13,24 +13,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.db.models import prefetch_related_objects
+from django.core.files.uploadhandler import TemporaryFileUploadHandler
+from django.db.models import QuerySet, prefetch_related_objects
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils import timezone
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from accounts.models import ApiKey
+from accounts.selectors import api_keys_of
 from accounts.services import organization_webhook_secret
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required, platform_admin_required
 from console.pages.lists import never_stored, page_of, query_without_page
 from console.pages.nav import CONSOLE, PORTAL, NavItem
 from registry.artifacts import get_artifact_store
-from serving.batches.files import file_for_organization
+from serving.batches.files import BATCH_URLS, BadFile, file_for_organization, file_quota_check
 from serving.batches.selectors import (
     batch_error_summary,
     batch_for_organization,
@@ -40,7 +47,7 @@ from serving.batches.selectors import (
     batch_usage,
     batches_listed,
 )
-from serving.batches.services import BadBatch, batch_cancel, estimated_seconds
+from serving.batches.services import BadBatch, batch_cancel, batch_create_from_upload, estimated_seconds
 from serving.batches.webhooks import SIGNATURE_HEADER, deliveries_of
 from serving.models import Batch
 
@@ -73,6 +80,47 @@ TIMESTAMPS = (
 
 class BatchFilterForm(forms.Form):
     status = forms.ChoiceField(label="Status", choices=[("", "All"), *Batch.Status.choices], required=False)
+
+
+class KeyChoiceField(forms.ModelChoiceField[ApiKey]):
+    def label_from_instance(self, obj: ApiKey) -> str:
+        return f"{obj.name} ({obj.masked})"
+
+
+class BatchCreateForm(forms.Form):
+    """A batch from the portal: the fields of ``POST /v1/files`` and ``POST /v1/batches`` in one
+    form; what they must hold is the APIs' (``batch_create_from_upload``), not this form's."""
+
+    file = forms.FileField(label="Input file (JSONL)", allow_empty_file=True)
+    endpoint = forms.ChoiceField(label="Endpoint", choices=[(url, url) for url in BATCH_URLS])
+    completion_window = forms.ChoiceField(
+        label="Completion window",
+        help_text="The time it has to run every line: those not run by then are listed in its error file.",
+    )
+    api_key = KeyChoiceField(
+        label="API key", queryset=ApiKey.objects.none(), empty_label=None,
+        help_text="Its lines run under this key's models, limits and budget, and are billed to it.",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any, keys: QuerySet[ApiKey], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        window, api_key = self.fields["completion_window"], self.fields["api_key"]
+        assert isinstance(window, forms.ChoiceField)
+        assert isinstance(api_key, KeyChoiceField)
+        window.choices = [(w, w) for w in settings.BATCH_COMPLETION_WINDOWS]
+        api_key.queryset = keys
+        self.keys = keys
+        self.fields["file"].help_text = (
+            'One request a line: <code>{"custom_id": "…", "method": "POST", "url": "/v1/chat/completions", '
+            '"body": {"model": "…", …}}</code>, each line\'s url the endpoint above; at most '
+            f"{settings.FILES_MAX_LINES:,} requests and {filesizeformat(settings.FILES_MAX_BYTES)}."
+        )
+
+
+# A refusal of the APIs, on the form's field it is about.
+_FIELD_OF_PARAM = {
+    "file": "file", "input_file_id": "file", "endpoint": "endpoint", "completion_window": "completion_window",
+}  # fmt: skip
 
 
 def duration_text(seconds: int) -> str:
@@ -182,6 +230,67 @@ def portal_batches(request: OrgRequest, org_id: int) -> HttpResponse:
         "can_manage": _is_admin(request),
     }
     return render(request, "console/portal/batches.html", context)
+
+
+def _usable_keys(organization_id: int) -> QuerySet[ApiKey]:
+    """The organisation's keys a batch may run under: not revoked, not expired."""
+    return api_keys_of(organization_id=organization_id).filter(is_active=True).exclude(expires_at__lte=timezone.now())
+
+
+@csrf_exempt  # checked by _batch_create, once the upload is known to go to a temporary file
+@org_member_required(admin=True)
+@require_http_methods(["GET", "POST"])
+def portal_batch_create(request: OrgRequest, org_id: int) -> HttpResponse:
+    """A batch from an uploaded file: the Files API's upload and the Batch API's create, as
+    its org admins' form. A body larger than a file may be, or than the organisation's storage
+    has room for, is refused before it is read."""
+    if request.method == "POST":
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        refusal = ""
+        if declared > settings.FILES_MAX_BYTES + settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            refusal = f"The file is larger than the limit of {filesizeformat(settings.FILES_MAX_BYTES)}."
+        else:
+            try:
+                file_quota_check(request.organization.pk, incoming_bytes=declared)
+            except BadFile as exc:
+                refusal = exc.message
+        if refusal:
+            return _batch_form(request, BatchCreateForm(keys=_usable_keys(request.organization.pk)), refusal=refusal,
+                               status=413)  # fmt: skip
+        request.upload_handlers = [TemporaryFileUploadHandler(request)]  # file_create reads it from disk
+    return _batch_create(request)
+
+
+def _batch_form(request: OrgRequest, form: BatchCreateForm, *, refusal: str = "", status: int = 200) -> HttpResponse:
+    """The form; ``refusal``: why an upload was refused before its form could be read."""
+    context = {"organization": request.organization, "form": form, "has_keys": form.keys.exists(), "refusal": refusal}
+    return render(request, "console/portal/batch_form.html", context, status=status)
+
+
+@csrf_protect
+def _batch_create(request: OrgRequest) -> HttpResponse:
+    organization = request.organization
+    keys = _usable_keys(organization.pk)
+    if request.method != "POST":
+        return _batch_form(request, BatchCreateForm(keys=keys))
+    form = BatchCreateForm(request.POST, request.FILES, keys=keys)
+    if not form.is_valid():
+        return _batch_form(request, form, status=400)
+    data = form.cleaned_data
+    upload = data["file"]
+    try:
+        batch = batch_create_from_upload(
+            organization_id=organization.pk, api_key_id=data["api_key"].pk, upload=Path(upload.temporary_file_path()),
+            filename=upload.name or "batch.jsonl", endpoint=data["endpoint"],
+            completion_window=data["completion_window"],
+        )  # fmt: skip
+    except (BadFile, BadBatch) as exc:
+        form.add_error(_FIELD_OF_PARAM.get(exc.param or ""), exc.message)
+        return _batch_form(request, form, status=exc.status if exc.status == 429 else 400)
+    finally:
+        upload.close()  # removes the temporary file
+    messages.success(request, f"Batch {batch.public_id} created: its {batch.total:,} lines are being validated.")
+    return redirect("console:portal-batch", org_id=organization.pk, batch_id=batch.public_id)
 
 
 def _batch_of(request: OrgRequest, batch_id: str) -> Batch:
@@ -375,6 +484,7 @@ P = "portal/<int:org_id>/"
 urlpatterns: list[URLPattern | URLResolver] = [
     path("console/batches/", console_batches, name="batches"),
     path(f"{P}batches/", portal_batches, name="portal-batches"),
+    path(f"{P}batches/new/", portal_batch_create, name="portal-batch-create"),
     path(f"{P}batches/<str:batch_id>/", portal_batch, name="portal-batch"),
     path(f"{P}batches/<str:batch_id>/cancel/", portal_batch_cancel, name="portal-batch-cancel"),
     path(f"{P}files/<str:file_id>/", portal_file, name="portal-file"),

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +24,7 @@ from accounts.services import api_key_create, organization_create, organization_
 from console.pages.batches import duration_text, seconds_left
 from serving.batches.selectors import batch_error_summary, batch_queue_stats, batch_usage
 from serving.batches.services import estimated_seconds, line_request_id
-from serving.models import Batch, BatchLine, WebhookDelivery
+from serving.models import Batch, BatchLine, StoredFile, WebhookDelivery
 from tests.support.batches import batch, stored_file
 from tests.support.usage_records import make_record
 
@@ -425,6 +426,112 @@ class TestCancelFromTheList:
         assert response["Location"] == reverse("console:batches")
         theirs.refresh_from_db()
         assert theirs.status == Batch.Status.CANCELLING
+
+
+def requests_file(*models: str, url: str = "/v1/chat/completions") -> bytes:
+    lines = [
+        f'{{"custom_id": "r{i}", "method": "POST", "url": "{url}", "body": {{"model": "{m}", "messages": []}}}}'
+        for i, m in enumerate(models)
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+class TestCreateFromThePortal:
+    def _post(self, world: World, content: bytes, who: str | Client = "admin", **fields: Any) -> Any:
+        form = {
+            "file": SimpleUploadedFile("nightly.jsonl", content, content_type="application/jsonl"),
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "api_key": world.key.pk,
+            **fields,
+        }
+        client = who if isinstance(who, Client) else world.client(who)
+        return client.post(url("portal-batch-create", world.org), form)
+
+    def test_an_admin_uploads_a_file_and_the_batch_is_created(self, world):
+        admin = world.client("admin")
+        response = self._post(world, requests_file("m", "m", "m"), admin)
+
+        made = Batch.objects.get(organization=world.org)
+        assert response.status_code == 302
+        assert response["Location"] == url("portal-batch", world.org, batch_id=made.public_id)
+        assert (made.status, made.endpoint, made.completion_window) == ("validating", "/v1/chat/completions", "24h")
+        assert made.total == 3
+        assert made.api_key_id == world.key.pk
+        assert made.input_file is not None
+        assert (made.input_file.filename, made.input_file.lines, made.input_file.purpose) == (
+            "nightly.jsonl",
+            3,
+            "batch",
+        )
+        page = admin.get(response["Location"]).content.decode()
+        assert f"Batch {made.public_id} created: its 3 lines are being validated." in page
+
+    def test_a_bad_line_refuses_the_file_as_the_api_does(self, world):
+        content = requests_file("m") + b"not json\n"
+        response = self._post(world, content)
+        assert response.status_code == 400
+        assert "Line 2 is not JSON." in response.content.decode()
+        assert 'id="id_file-errors"' in response.content.decode()
+        assert not Batch.objects.filter(organization=world.org).exists()
+        assert not StoredFile.objects.filter(organization=world.org).exists()
+
+    def test_a_batch_refused_leaves_no_file_behind(self, world, settings):
+        settings.BATCH_MAX_ENQUEUED_LINES = 2
+        response = self._post(world, requests_file("m", "m", "m"))
+        assert response.status_code == 429
+        assert "would pass its limit of 2" in response.content.decode()
+        assert not StoredFile.objects.filter(organization=world.org).exists()
+
+    def test_only_the_organisations_working_keys_are_offered(self, world):
+        revoked = api_key_create(organization=world.org, name="old").api_key
+        ApiKey.objects.filter(pk=revoked.pk).update(is_active=False)
+        expired = api_key_create(organization=world.org, name="expired").api_key
+        ApiKey.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+
+        page = world.client("admin").get(url("portal-batch-create", world.org)).content.decode()
+
+        assert f'<option value="{world.key.pk}">production (sk-' in page
+        for other in (revoked, expired, world.other_key):
+            assert f'<option value="{other.pk}"' not in page
+        assert '<option value="/api/v1/predict">' in page
+        assert 'enctype="multipart/form-data"' in page
+        for other in (revoked, world.other_key):
+            response = self._post(world, requests_file("m"), api_key=other.pk)
+            assert response.status_code == 400
+        assert not Batch.objects.filter(organization=world.org).exists()
+
+    def test_without_a_working_key_the_page_says_to_create_one(self, world):
+        ApiKey.objects.filter(pk=world.key.pk).update(is_active=False)
+        page = world.client("admin").get(url("portal-batch-create", world.org)).content.decode()
+        assert url("portal-key-create", world.org) in page
+        assert '<form method="post" enctype' not in page
+
+    def test_a_body_larger_than_a_file_may_be_is_refused_before_it_is_read(self, world, settings):
+        settings.FILES_MAX_BYTES = 100
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
+        response = self._post(world, requests_file(*["m"] * 10))
+        assert response.status_code == 413
+        assert "larger than the limit of 100" in response.content.decode()
+        assert not StoredFile.objects.filter(organization=world.org).exists()
+
+    def test_the_form_is_protected_from_cross_site_posts(self, world):
+        """Its view is csrf_exempt only to choose where the upload goes: the check comes after."""
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(world.admin)
+        assert self._post(world, requests_file("m"), client).status_code == 403
+        client.get(url("portal-batch-create", world.org))
+        token = client.cookies["csrftoken"].value
+        assert self._post(world, requests_file("m"), client, csrfmiddlewaretoken=token).status_code == 302
+        assert Batch.objects.filter(organization=world.org).count() == 1
+
+    def test_members_may_not_create_and_see_no_button(self, world):
+        assert world.client("member").get(url("portal-batch-create", world.org)).status_code == 403
+        assert self._post(world, requests_file("m"), who="member").status_code == 403
+        assert not Batch.objects.filter(organization=world.org).exists()
+        create = url("portal-batch-create", world.org)
+        assert create not in world.client("member").get(url("portal-batches", world.org)).content.decode()
+        assert create in world.client("admin").get(url("portal-batches", world.org)).content.decode()
 
 
 class TestWebhooks:
