@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from billing import invoicing, outcomes
@@ -16,6 +18,9 @@ from billing.models import BudgetAlert, FailedAttempt, Invoice, Price, Reconcili
 # is priced at its admission time, and the routing table it reads may have been reloaded
 # after the switch (a request never comes out unpriced because its price just ended).
 RECENTLY_ENDED = timedelta(hours=1)
+# Request ids asked for per query when adding up many requests' usage (a batch has up to
+# FILES_MAX_LINES): each query stays a few hundred kilobytes of SQL.
+REQUEST_IDS_PER_QUERY = 5000
 
 
 def prices_in_effect_or_later(*, model_ids: list[int]) -> QuerySet[Price]:
@@ -167,3 +172,49 @@ def failed_attempt_for(*, request_id: uuid.UUID) -> FailedAttempt | None:
     """The attempt of one request that failed on a version before another answered it (the
     fallback), if there was one."""
     return FailedAttempt.objects.filter(request_id=request_id).first()
+
+
+@dataclass(frozen=True)
+class RequestsUsage:
+    """Some requests' usage records added up: tokens (integers) and their exact cost."""
+
+    requests: int = 0  # the records found: a request whose record is not written yet counts nothing
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of ``prompt_tokens``: served from a cache
+    completion_tokens: int = 0
+    cost: Decimal = Decimal(0)
+
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens not served from a cache (priced as input)."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def usage_of_requests(*, organization_id: int, request_ids: Collection[uuid.UUID]) -> RequestsUsage:
+    """The usage records of these requests of the organisation, added up (a batch's lines: see
+    ``serving.batches.selectors.batch_usage``). Requests of another organisation count nothing."""
+    ids = list(request_ids)
+    requests = prompt = cached = completion = 0
+    cost = Decimal(0)
+    for start in range(0, len(ids), REQUEST_IDS_PER_QUERY):
+        sums = UsageRecord.objects.filter(
+            organization_id=organization_id, request_id__in=ids[start : start + REQUEST_IDS_PER_QUERY]
+        ).aggregate(
+            n=Count("pk"),
+            prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
+            completion=Sum("completion_tokens"),
+            cost=Sum("cost"),
+        )
+        requests += sums["n"]
+        prompt += sums["prompt"] or 0
+        cached += sums["cached"] or 0
+        completion += sums["completion"] or 0
+        cost += sums["cost"] or Decimal(0)
+    return RequestsUsage(
+        requests=requests, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, cost=cost
+    )

@@ -30,26 +30,12 @@ from core.validators import without_nul
 from registry.artifacts import get_artifact_store
 from serving.batches.files import check_line
 from serving.batches.models import Batch, BatchLine, StoredFile
-from serving.batches.selectors import batch_object
+from serving.batches.selectors import batch_object, not_run_error
 from serving.batches.services import line_request_id
 from serving.batches.webhooks import webhook_enqueue
 from serving.gateway.errors import bounded
 
 logger = logging.getLogger(__name__)
-
-# Why a line that never ran ends in the error file, by the batch's stop reason.
-NOT_RUN = {
-    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
-    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
-    "insufficient_quota": (
-        "insufficient_quota",
-        "This request was not executed: the organization reached its spend cap or token quota.",
-    ),
-    "key_revoked": ("api_key_revoked", "This request was not executed: the batch's API key was revoked."),
-    "key_expired": ("api_key_expired", "This request was not executed: the batch's API key expired."),
-    "failed": ("batch_failed", "This request was not executed: the batch failed (see its errors)."),
-}
-
 
 # The database is away (not a batch's fault): the step is tried again on the next turn.
 DATABASE_DOWN = (OperationalError, InterfaceError)
@@ -391,7 +377,7 @@ def _result_line(batch: Batch, line: BatchLine) -> dict[str, Any]:
         out["response"] = None
         out["error"] = line.error
     else:  # never ran (or was given back): why, from the batch's stop
-        code, message = NOT_RUN.get(batch.stop_reason, NOT_RUN["cancelled"])
+        code, message = not_run_error(batch.stop_reason)
         out["response"] = None
         out["error"] = {"code": code, "message": message}
     return out

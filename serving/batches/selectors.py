@@ -1,17 +1,21 @@
-"""Reads of batch jobs as the console and the portal list them: progress, queued lines, queue stats."""
+"""Reads of batch jobs as the console and the portal list them: progress, queued lines, queue
+stats, a batch's usage and the errors of its failed lines."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
+from billing.selectors import RequestsUsage, usage_of_requests
 from serving.batches.models import Batch, BatchLine
-from serving.batches.services import BadBatch
+from serving.batches.services import BadBatch, line_request_id
 
 # Lines still to run: waiting for a worker, or with one.
 _LINES_TO_RUN = (BatchLine.Status.PENDING, BatchLine.Status.RUNNING)
@@ -23,6 +27,21 @@ _COUNTED_LIVE = (Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING, Batch.Status
 
 # Throughput is the lines finished over this window, per minute.
 THROUGHPUT_WINDOW = timedelta(minutes=5)
+
+# Why a line that never ran ends in the error file, by the batch's stop reason.
+NOT_RUN = {
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
+    "insufficient_quota": (
+        "insufficient_quota",
+        "This request was not executed: the organization reached its spend cap or token quota.",
+    ),
+    "key_revoked": ("api_key_revoked", "This request was not executed: the batch's API key was revoked."),
+    "key_expired": ("api_key_expired", "This request was not executed: the batch's API key expired."),
+    "failed": ("batch_failed", "This request was not executed: the batch failed (see its errors)."),
+}
+# Batches whose error file lists the lines that never ran (``serving.batches.lines._finalize``).
+_ENDED_WITH_FILES = (Batch.Status.COMPLETED, Batch.Status.CANCELLED, Batch.Status.EXPIRED)
 
 
 def batches_listed(*, organization_id: int | None = None, status: str = "") -> QuerySet[Batch]:
@@ -58,6 +77,11 @@ def batch_progress(batches: Iterable[Batch]) -> dict[int, dict[str, int]]:
         else:
             progress[b.pk] = {"total": b.total, "completed": b.completed, "failed": b.failed}
     return progress
+
+
+def batch_lines_running(batch: Batch) -> int:
+    """The batch's lines a worker runs now (they finish, whatever happens to the batch)."""
+    return BatchLine.objects.filter(batch=batch, status=BatchLine.Status.RUNNING).count()
 
 
 def batch_lines_queued(*, models: Collection[str]) -> dict[str, list[tuple[int, int]]]:
@@ -170,3 +194,71 @@ def batch_object(batch: Batch, counts: dict[str, int] | None = None) -> dict[str
         "request_counts": counts if counts is not None else request_counts(batch),
         "metadata": batch.metadata or None,
     }
+
+
+def not_run_error(stop_reason: str) -> tuple[str, str]:
+    """The error (code, message) of a line that never ran, as the batch's error file gives it."""
+    return NOT_RUN.get(stop_reason, NOT_RUN["cancelled"])
+
+
+def batch_usage(batch: Batch) -> RequestsUsage:
+    """What the batch's lines consumed so far: the usage records of their answers, added up.
+    A line's record is written moments after its answer (``serving.batches.worker``); a line
+    that never reached an engine has none. A line's request id is its answering attempt's
+    (``line_request_id``), the one its usage record and its result in the output file carry."""
+    answered = BatchLine.objects.filter(
+        batch=batch, status__in=[BatchLine.Status.SUCCEEDED, BatchLine.Status.FAILED], attempts__gte=1
+    ).values_list("index", "attempts")
+    request_ids = [line_request_id(batch.public_id, index, attempts) for index, attempts in answered.iterator(5000)]
+    return usage_of_requests(organization_id=batch.organization_id, request_ids=request_ids)
+
+
+@dataclass(frozen=True)
+class LineError:
+    """Failed lines of a batch that share an error code and message."""
+
+    code: str
+    message: str
+    lines: int
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """A batch's failed lines by error, most frequent first: the ``top`` few, and how many lines
+    the others (``other_lines``, of ``other_kinds`` errors) add up to."""
+
+    top: list[LineError]
+    other_lines: int
+    other_kinds: int
+
+    @property
+    def lines(self) -> int:
+        return sum(e.lines for e in self.top) + self.other_lines
+
+
+def batch_error_summary(batch: Batch, *, top: int = 5) -> ErrorSummary:
+    """The batch's failed lines counted by error (code and message), as its error file will
+    list them: those that failed, and once it has ended, those that never ran (cancelled,
+    expired, stopped by a cap). Live while the batch runs."""
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    failed = (
+        BatchLine.objects.filter(batch=batch, status=BatchLine.Status.FAILED)
+        .values_list(KT("error__code"), KT("error__message"))
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for code, message, n in failed:
+        counts[(code or "", message or "")] += n
+    if batch.status in _ENDED_WITH_FILES:
+        never_ran = BatchLine.objects.filter(
+            batch=batch, status__in=[BatchLine.Status.PENDING, BatchLine.Status.RUNNING]
+        ).count()
+        if never_ran:
+            counts[not_run_error(batch.stop_reason)] += never_ran
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    rest = ranked[top:]
+    return ErrorSummary(
+        top=[LineError(code=code, message=message, lines=n) for (code, message), n in ranked[:top]],
+        other_lines=sum(n for _, n in rest),
+        other_kinds=len(rest),
+    )

@@ -1,11 +1,12 @@
 """Batch jobs' writes that users start: create a batch from an uploaded file (its checks and its
-estimate), cancel it, and wake the workers."""
+estimate), or from a file uploaded with it (the portal's form), cancel it, and wake the workers."""
 
 from __future__ import annotations
 
 import secrets
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -17,7 +18,7 @@ from billing.models import UsageRecord
 from core.transitions import check_transition
 from core.validators import nul_path
 from serving.batches import enqueue
-from serving.batches.files import BATCH_URLS
+from serving.batches.files import BATCH_URLS, file_create, file_delete
 from serving.batches.models import Batch, BatchLine, StoredFile
 from serving.gateway.errors import bounded
 from serving.llm.call import CHAT, COMPLETIONS, EMBEDDINGS
@@ -173,6 +174,33 @@ def batch_create(
         )
         transaction.on_commit(wake_workers)
     return batch
+
+
+def batch_create_from_upload(
+    *,
+    organization_id: int,
+    api_key_id: int,
+    upload: Path,
+    filename: str,
+    endpoint: str,
+    completion_window: str = "24h",
+    metadata: object = None,
+) -> Batch:
+    """The two calls of the Files and Batch APIs in one (the portal's form): store the upload as
+    an input file (``file_create``: every line checked, the storage quota), then create the
+    batch of it (``batch_create``). ``BadFile`` or ``BadBatch`` say why not; a batch refused
+    leaves no file behind (its uploader never saw the file's id)."""
+    stored = file_create(
+        organization_id=organization_id, api_key_id=api_key_id, upload=upload, filename=filename, purpose="batch"
+    )
+    try:
+        return batch_create(
+            organization_id=organization_id, api_key_id=api_key_id, input_file_id=stored.public_id,
+            endpoint=endpoint, completion_window=completion_window, metadata=metadata,
+        )  # fmt: skip
+    except BadBatch:
+        file_delete(file=stored)
+        raise
 
 
 def wake_workers() -> None:

@@ -27,7 +27,8 @@ ROLES = ("anonymous", "outsider", "member", "org_admin", "platform_admin")
 PORTAL_ADMIN_ONLY = {
     "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
     "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role", "portal-member-remove",
-    "portal-invitation-cancel", "portal-batch-cancel", "portal-webhook-rotate", "portal-cache-budget",
+    "portal-invitation-cancel", "portal-batch-cancel", "portal-batch-create", "portal-webhook-rotate",
+    "portal-cache-budget",
 }  # fmt: skip
 # Pages of any signed-in user, under no organisation (answering one's own invitations).
 SIGNED_IN_ANY = {"portal-invitation-accept", "portal-invitation-decline"}
@@ -143,7 +144,8 @@ def test_posts_are_refused_to_whoever_may_not_write(world):
         (f"/portal/{world['kwargs']['org_id']}/keys/{world['kwargs']['key_id']}/revoke/", {"confirm": "1"}),
         (f"/portal/{world['kwargs']['org_id']}/members/invite/", {"username": "forged", "role": "org_admin"}),
         (f"/portal/{world['kwargs']['org_id']}/members/{world['kwargs']['membership_id']}/remove/", {}),
-        (f"/portal/{world['kwargs']['org_id']}/batches/{world['kwargs']['batch_id']}/cancel/", {}),
+        (f"/portal/{world['kwargs']['org_id']}/batches/{world['kwargs']['batch_id']}/cancel/", {"confirm": "yes"}),
+        (f"/portal/{world['kwargs']['org_id']}/batches/new/", {"endpoint": "/v1/chat/completions"}),
         (f"/portal/{world['kwargs']['org_id']}/webhooks/rotate/", {}),
     ]
     member = Client()

@@ -1,7 +1,9 @@
-"""Batch jobs in real Chromium: an org admin sees a batch's progress bar, cancels it, downloads a
-finished batch's output file and reveals the webhooks' secret, and finds another organisation's
-batch and file missing; a platform admin sees both organisations' batches and the queue on the
-overview. Screenshots of each step go under tests/screenshots/."""
+"""Batch jobs in real Chromium: an org admin sees a batch's progress bar (its succeeded and failed
+parts) and an id that never wraps, cancels it after the confirmation, sees a batch completed with
+errors in amber, downloads a finished batch's output file, reveals the webhooks' secret, creates a
+batch by uploading a file, and finds another organisation's batch and file missing; a platform
+admin sees both organisations' batches and the queue on the overview.
+Screenshots of each step go under tests/screenshots/."""
 
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ from tests.support.processes import Gateway, start_gateway
 pytestmark = pytest.mark.browser
 
 OUTPUT = b'{"id": "batch_req_1", "custom_id": "a", "response": {"status_code": 200}}\n' * 4
+# A file uploaded in the portal's form.
+REQUESTS = b"".join(
+    b'{"custom_id": "q%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}\n'
+    % i
+    for i in range(3)
+)
+UPLOADED_NAME = "browser_requests.jsonl"
 
 
 @pytest.mark.django_db
@@ -55,10 +64,11 @@ def console_gateway(django_db_setup, artifact_store, tmp_path_factory) -> Iterat
 
 @pytest.fixture(scope="module")
 def batches(committed_users, artifact_store, django_db_blocker) -> Iterator[dict[str, Any]]:
-    """Committed: the organisation's batch in progress (7 of 10 lines done, 1 failed) and a
-    completed one with an output file; another organisation's batch in progress, with a file."""
+    """Committed: the organisation's batch in progress (7 of 10 lines done, 1 failed), a
+    completed one with an output file and one completed with 3 of its 4 lines failed; another
+    organisation's batch in progress, with a file."""
     from accounts.services import api_key_create
-    from serving.models import Batch, StoredFile
+    from serving.models import Batch, BatchLine, StoredFile
     from tests.support.batches import batch, stored_file
 
     org, other_org = committed_users["org"], committed_users["other_org"]
@@ -72,8 +82,13 @@ def batches(committed_users, artifact_store, django_db_blocker) -> Iterator[dict
             other_org, other_key, lines={"succeeded": 1, "pending": 4}, input_file=their_file,
             input_file_public_id=their_file.public_id,
         )  # fmt: skip
+        mixed = batch(org, key, status="completed", lines={"succeeded": 1, "failed": 3}, completed=1, failed=3)
+        BatchLine.objects.filter(batch=mixed, status="failed").update(
+            error={"code": "engine_timeout", "message": "The engine did not answer in time."}
+        )
         return {
             "keys": [key, other_key],
+            "mixed": mixed,
             "done": batch(org, key, status="completed", lines={"succeeded": 4}, completed=4, output_file=output),
             "running": batch(org, key, lines={"succeeded": 6, "failed": 1, "pending": 3}),
             "theirs": theirs,
@@ -85,8 +100,10 @@ def batches(committed_users, artifact_store, django_db_blocker) -> Iterator[dict
     yield made
 
     def remove() -> None:
-        Batch.objects.filter(pk__in=[made[name].pk for name in ("done", "running", "theirs")]).delete()
+        Batch.objects.filter(pk__in=[made[name].pk for name in ("done", "running", "mixed", "theirs")]).delete()
+        Batch.objects.filter(organization=org, input_file__filename=UPLOADED_NAME).delete()  # made in the portal
         StoredFile.objects.filter(pk__in=[made["output"].pk, made["their_file"].pk]).delete()
+        StoredFile.objects.filter(organization=org, filename=UPLOADED_NAME).delete()
         for key in made["keys"]:
             key.delete()
 
@@ -107,28 +124,45 @@ def test_an_org_admin_follows_a_batch_cancels_it_and_downloads_a_result(
         nav = page.locator("nav[aria-label=Portal]")
         assert nav.get_by_role("link", name="Batches", exact=True).get_attribute("aria-current") == "page"
         row = page.locator(f"tr#{running.public_id}")
-        bar = row.locator("progress")
-        assert (bar.get_attribute("value"), bar.get_attribute("max")) == ("7", "10")
+        bar = row.get_by_role("progressbar")
+        assert (bar.get_attribute("aria-valuenow"), bar.get_attribute("aria-valuemax")) == ("7", "10")
+        width = "e => e.clientWidth"
+        succeeded = row.locator(".lines-succeeded").evaluate(width)
+        failed = row.locator(".lines-failed").evaluate(width)
+        assert succeeded > 5 * failed > 0  # 6 succeeded, 1 failed
         assert "7 of 10" in row.inner_text()
         assert "1 failed" in row.inner_text()
         assert "In Progress" in row.inner_text()
         assert "left" in row.inner_text()  # the time left of a batch that runs
+        assert row.get_by_role("button", name=f"Cancel batch {running.public_id}").count() == 1
+        assert page.locator(f"tr#{done.public_id}").get_by_role("button").count() == 0
         assert page.locator(f"tr#{theirs.public_id}").count() == 0
         screenshot(page, "batches-01-portal-list")
         page.set_viewport_size({"width": 390, "height": 844})  # at phone width the table scrolls, not the page
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        batch_id = row.locator("code.batch-id")
+        height = (batch_id.bounding_box() or {"height": 0})["height"]
+        assert 0 < height < 1.6 * float(batch_id.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
         page.set_viewport_size({"width": 1280, "height": 900})
 
-        # Its page, then Cancel: it stops taking lines.
+        # Its page, then Cancel, which asks first: it stops taking lines.
         row.get_by_role("link", name=running.public_id).click()
         page.wait_for_selector(f"h1:has-text('{running.public_id}')")
         screenshot(page, "batches-02-portal-detail")
+        page.set_viewport_size({"width": 390, "height": 844})  # the id in the heading ends in an ellipsis
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        screenshot(page, "batches-02-portal-detail-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.get_by_role("button", name="Cancel batch").click()
+        page.wait_for_selector(f"h1:has-text('Cancel batch {running.public_id}')")
+        assert "7 of 10 lines have run" in page.inner_text("main")
+        screenshot(page, "batches-03-cancel-confirm")
         page.get_by_role("button", name="Cancel batch").click()
         page.wait_for_selector(".message-success")
         assert "is cancelling" in page.inner_text(".messages")
         assert page.inner_text("#batch-status") == "Cancelling"
         assert page.get_by_role("button", name="Cancel batch").count() == 0
-        screenshot(page, "batches-03-cancelled")
+        screenshot(page, "batches-04-cancelled")
 
         # The finished one's output file downloads as it was stored.
         page.goto(f"{base}/portal/{org.pk}/batches/{done.public_id}/")
@@ -137,6 +171,14 @@ def test_an_org_admin_follows_a_batch_cancels_it_and_downloads_a_result(
         download = info.value
         assert download.suggested_filename == "nightly_output.jsonl"
         assert Path(download.path()).read_bytes() == OUTPUT
+
+        # One that ran to its end with failed lines says so, in amber, with its errors counted.
+        page.goto(f"{base}/portal/{org.pk}/batches/{batches['mixed'].public_id}/")
+        badge = page.locator("#batch-status")
+        assert badge.inner_text() == "Completed with errors"
+        assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(253, 243, 225)"
+        assert "engine_timeout" in page.inner_text("#batch-line-errors")
+        screenshot(page, "batches-05-completed-with-errors")
 
         # Another organisation's batch and file are not found, under this organisation or theirs.
         for path in (
@@ -154,7 +196,21 @@ def test_an_org_admin_follows_a_batch_cancels_it_and_downloads_a_result(
         page.get_by_role("button", name="Show").click()
         assert secret.get_attribute("type") == "text"
         assert "Webhook-Signature" in page.inner_text("#verify-how")
-        screenshot(page, "batches-04-webhooks")
+        screenshot(page, "batches-06-webhooks")
+
+        # A new batch from the portal: the file uploaded, the endpoint picked; its page follows it.
+        page.goto(f"{base}/portal/{org.pk}/batches/")
+        page.get_by_role("link", name="Create batch").click()
+        page.set_input_files(
+            "#id_file", files=[{"name": UPLOADED_NAME, "mimeType": "application/jsonl", "buffer": REQUESTS}]
+        )
+        page.select_option("#id_endpoint", "/v1/chat/completions")
+        screenshot(page, "batches-07-create")
+        page.get_by_role("button", name="Create batch").click()
+        page.wait_for_selector(".message-success")
+        assert "its 3 lines are being validated" in page.inner_text(".messages")
+        assert page.locator("h1 code.batch-id").inner_text().startswith("batch_")
+        screenshot(page, "batches-08-created")
     except Exception:
         screenshot(page, "batches-failure")
         raise
@@ -174,7 +230,7 @@ def test_a_platform_admin_sees_every_organisations_batches_and_the_queue(
         for name, org in (("done", "org"), ("theirs", "other_org")):
             row = page.locator(f"tr#{batches[name].public_id}")
             assert committed_users[org].name in row.inner_text()
-        screenshot(page, "batches-05-console-list")
+        screenshot(page, "batches-09-console-list")
         page.select_option("#id_status", "completed")
         page.get_by_role("button", name="Filter").click()
         page.wait_for_url("**status=completed**")
@@ -187,7 +243,7 @@ def test_a_platform_admin_sees_every_organisations_batches_and_the_queue(
         assert int(card.locator("[data-batch-queue=waiting]").inner_text()) >= 4  # theirs, still to run
         assert int(card.locator("[data-batch-queue=in_progress]").inner_text()) >= 1
         assert float(card.locator("[data-batch-queue=per_minute]").inner_text()) > 0  # lines finished just now
-        screenshot(page, "batches-06-overview-queue")
+        screenshot(page, "batches-10-overview-queue")
     except Exception:
         screenshot(page, "batches-failure-console")
         raise

@@ -223,7 +223,7 @@ class TestExpiredKeys:
         assert batch.stop_reason == "key_expired"
         status = await sync_to_async(lambda: BatchLine.objects.get(pk=line.line_id).status)()
         assert status == BatchLine.Status.PENDING
-        assert batch_lines.NOT_RUN["key_expired"][0] == "api_key_expired"
+        assert batch_lines.not_run_error("key_expired")[0] == "api_key_expired"
 
 
 # --- the fair queue -------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def batch(
     **fields: Any,
 ) -> Any:
     """A batch of ``model`` with ``lines`` ({"succeeded": 3, "pending": 2, ...}: its BatchLine
-    rows, in that order); its total is their number unless ``fields`` say otherwise."""
+    rows, in that order, those finished answered at their first attempt); its total is their
+    number unless ``fields`` say otherwise."""
     from serving.models import Batch, BatchLine
 
     lines = lines or {}
@@ -67,6 +68,7 @@ def batch(
                     custom_id=f"line-{index}",
                     body={"model": model},
                     status=state,
+                    attempts=1 if finished else 0,
                     finished_at=finished,
                 )
             )
