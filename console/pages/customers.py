@@ -44,7 +44,15 @@ from console.pages.customer_forms import (
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.portal import key_state
-from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
+from console.pages.portal_usage import (
+    budget_status,
+    by_model,
+    daily_usage,
+    figures,
+    limit_text,
+    money_text,
+    totals_of,
+)
 from core.errors import InvalidInput
 
 ORGANIZATIONS_PER_PAGE = 25
@@ -87,7 +95,7 @@ def _listing(request: HttpRequest, create_form: OrganizationForm | None = None) 
             {
                 "organization": organization,
                 "spent": money_text(used),
-                "cap": money_text(cap) if cap is not None else None,
+                "cap": limit_text(cap) if cap is not None else None,
                 "percent": min(999, int(used * 100 / cap)) if cap else None,
             }
         )

@@ -412,6 +412,31 @@ class TestUsage:
         html = response.content.decode()
         assert 'id="budget-alerts"' in html
         assert "no limit" in html
+        # Issue 40: the cap as configured and the spend with its digits, never "< $0.01 of < $0.01".
+        budget = html[html.index('id="budget"') : html.index("Alerts this month")]
+        assert '<td class="num">$0.0004</td>' in budget
+        assert f'<td class="num">{formats.money(in_month)}</td>' in budget
+        assert "&lt; $" not in html
+
+    def test_the_alerts_table_reads_spend_as_money_and_a_quota_in_tokens(self, world):
+        month = invoicing.period_label(invoicing.month_start(timezone.now().date()))
+        BudgetAlert.objects.create(
+            organization=world.org, budget=BudgetAlert.Budget.SPEND, month=month, threshold_percent=80,
+            limit=Decimal("0.0002"), used=Decimal("0.000194"),
+        )  # fmt: skip
+        BudgetAlert.objects.create(
+            organization=world.org, api_key=world.key, budget=BudgetAlert.Budget.TOKENS, month=month,
+            threshold_percent=50, limit=Decimal(1_000_000), used=Decimal(512_345),
+        )  # fmt: skip
+        html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        table = html[html.index('id="budget-alerts"') : html.index("</table>", html.index('id="budget-alerts"'))]
+        tokens, spend = table.split("<tbody>")[1].split("</tr>")[:2]  # newest first
+        assert "Spend cap" in spend
+        assert '<td class="num">$0.00019</td>' in spend  # not "0.0002" without a sign
+        assert '<td class="num">$0.0002</td>' in spend  # the cap as configured
+        assert "Token quota" in tokens
+        assert '<td class="num" title="512,345 tokens">512k tokens</td>' in tokens
+        assert '<td class="num" title="1,000,000 tokens">1M tokens</td>' in tokens
 
     def test_no_usage_says_so(self, world):
         html = world.client("member").get(url("portal-usage", world.org)).content.decode()
