@@ -65,18 +65,28 @@ def round_cents(amount: Decimal) -> Decimal:
         return amount.quantize(CENT, rounding=ROUND_HALF_UP)
 
 
-def line_amount(*, quantity: int, unit_price: Decimal, exponent: int = PER_MILLION_EXPONENT) -> Decimal:
-    """A line's amount: quantity * price per million / 10^6 (per thousand / 10^3 for
-    inferences: ``exponent``), exact, then rounded once to cents."""
+def exact_amount(*, quantity: int, unit_price: Decimal, exponent: int = PER_MILLION_EXPONENT) -> Decimal:
+    """What a line's usage comes to before rounding: quantity * price per million / 10^6
+    (per thousand / 10^3 for inferences: ``exponent``), exact."""
     with localcontext(_EXACT):
-        exact = (Decimal(quantity) * unit_price).scaleb(exponent)
+        return (Decimal(quantity) * unit_price).scaleb(exponent)
+
+
+def line_amount(*, quantity: int, unit_price: Decimal, exponent: int = PER_MILLION_EXPONENT) -> Decimal:
+    """A line's amount: ``exact_amount`` rounded once to cents."""
+    with localcontext(_EXACT):
+        exact = exact_amount(quantity=quantity, unit_price=unit_price, exponent=exponent)
         return exact.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def price_exponent(token_kind: str) -> int:
+    """The power of ten a line's unit price is for: -6 (per million tokens) or -3 (per thousand inferences)."""
+    return next((e for kind, _, e in TOKEN_KIND_PRICE_FIELDS if kind == token_kind), PER_MILLION_EXPONENT)
 
 
 def price_per(token_kind: str) -> int:
     """How many units a line's unit price is for: a million tokens, or a thousand inferences."""
-    exponent: int = next((e for kind, _, e in TOKEN_KIND_PRICE_FIELDS if kind == token_kind), PER_MILLION_EXPONENT)
-    return int(10**-exponent)
+    return int(10 ** -price_exponent(token_kind))
 
 
 # --- Months (UTC) ----------------------------------------------------------------------

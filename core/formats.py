@@ -2,14 +2,19 @@
 
 Money (``Decimal`` amounts, a currency code):
 
-- ``money``: amounts people add up (costs, spend, savings, caps, invoice totals), in cents
-  with the currency's sign and thousands grouped: ``$1,234.56``, ``$0.00``. A real amount
-  under a cent is ``< $0.01`` (never rounded to ``$0.00``; the exact figure belongs in a
-  title or an export);
-- ``unit_price``: a price or one request's cost, to the digit that matters (at most six
-  decimals, at least two): ``$0.0006``, ``$0.000598``, ``$2.50``, ``$1,234.56``.
+- ``money``: amounts people add up (costs, spend, savings, invoice totals) with the
+  currency's sign and thousands grouped. From a cent up, in cents: ``$1,234.56``, ``$0.01``;
+  zero is ``$0.00``. A real amount under a cent shows the digits that say how much: two
+  significant digits, at most six decimals (``$0.0043``, ``$0.00023``, ``$0.000001``), and
+  ``< $0.000001`` below a millionth. It is never rounded to ``$0.00``, nor hidden as
+  ``< $0.01``: a card, a chart's hover and a table read the same figure;
+- ``unit_price``: a figure as configured or charged per request: prices, spend caps and
+  budget limits, one request's cost. Exact to six decimals, at least two: ``$0.0006``,
+  ``$0.000598``, ``$0.0002`` (a cap of 0.0002), ``$2.50``, ``$1,234.56``.
 
-A column uses one of the two, never both. A currency without a sign reads ``12.34 CHF``.
+An invoice's lines and totals are charged in cents (``billing.invoicing``): ``money`` reads
+them as they are; where a line under a cent was rounded, the table shows what was used too. A
+column uses one of the two, never both. A currency without a sign reads ``12.34 CHF``.
 
 Quantities (limits, token counts in prose): ``quantity`` reads ``60``, ``1,500``, ``100k``,
 ``1M``, ``2.5M`` (exact below 10,000; above, three significant digits at most).
@@ -36,19 +41,31 @@ def _with_currency(number: str, currency: str, *, negative: bool) -> str:
 
 
 def money(amount: Decimal | int | float | str | None, currency: str = "USD") -> str:
-    """An amount people add up: ``$1,234.56``; ``< $0.01`` for a real amount under a cent."""
+    """An amount people add up: ``$1,234.56``; under a cent, two significant digits
+    (``$0.0043``), ``< $0.000001`` below a millionth."""
     if amount is None or amount == "":
         return MISSING
     value = Decimal(str(amount))
     if value != 0 and abs(value) < CENT:
-        bound = _with_currency("0.01", currency, negative=value < 0)
-        return f"< {bound}" if value > 0 else f"> {bound}"
+        return _under_a_cent(value, currency)
     rounded = value.quantize(CENT, rounding=ROUND_HALF_UP)
     return _with_currency(f"{abs(rounded):,.2f}", currency, negative=rounded < 0)
 
 
+def _under_a_cent(value: Decimal, currency: str) -> str:
+    if abs(value) < _UNIT_PLACES:
+        bound = _with_currency("0.000001", currency, negative=value < 0)
+        return f"< {bound}" if value > 0 else f"> {bound}"
+    # Two significant digits (0.0043: the first is at 10^-3, so four places), at most six.
+    places = min(6, 1 - value.adjusted())
+    rounded = value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    if abs(rounded) >= CENT:  # 0.00996 rounds up to a cent
+        return _with_currency("0.01", currency, negative=rounded < 0)
+    return _with_currency(f"{abs(rounded):f}".rstrip("0"), currency, negative=rounded < 0)
+
+
 def unit_price(amount: Decimal | int | float | str | None, currency: str = "USD") -> str:
-    """A price or one request's cost: the digits that matter, at most six decimals."""
+    """A price, a cap or limit as configured, one request's cost: exact to six decimals."""
     if amount is None or amount == "":
         return MISSING
     value = Decimal(str(amount)).quantize(_UNIT_PLACES, rounding=ROUND_HALF_UP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -20,6 +21,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from billing.models import BudgetAlert
+from core import formats
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +35,12 @@ def _scope(alert: BudgetAlert) -> str:
     return "the organisation"
 
 
-def _amount(alert: BudgetAlert, value: object) -> str:
+def _amount(alert: BudgetAlert, value: Decimal, *, limit: bool = False) -> str:
+    """As the pages read it: spend as money, a cap as configured (core.formats); tokens counted."""
     if alert.budget == BudgetAlert.Budget.SPEND:
-        return f"{value} {settings.BILLING_CURRENCY}"
-    return f"{int(str(value).split('.')[0]):,} tokens"
+        currency = str(settings.BILLING_CURRENCY)
+        return formats.unit_price(value, currency) if limit else formats.money(value, currency)
+    return f"{int(value):,} tokens"
 
 
 def _message(alert: BudgetAlert) -> EmailMessage:
@@ -50,7 +54,7 @@ def _message(alert: BudgetAlert) -> EmailMessage:
             f"{scope[0].upper()}{scope[1:]} has reached {alert.threshold_percent} % of its monthly {budget} "
             f"for {alert.month} (UTC).\n\n"
             f"Used (including requests in flight): {_amount(alert, alert.used)}\n"
-            f"Limit: {_amount(alert, alert.limit)}\n\n"
+            f"Limit: {_amount(alert, alert.limit, limit=True)}\n\n"
             "Requests beyond the limit are refused until the month ends or the limit is raised.\n"
         ),
         to=[organization.billing_email],

@@ -41,10 +41,19 @@ from console.pages.customer_forms import (
     OrganizationFilterForm,
     OrganizationForm,
 )
+from console.pages.key_limits import key_limits
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from console.pages.portal import key_state
-from console.pages.portal_usage import budget_status, by_model, daily_usage, figures, money_text, totals_of
+from console.pages.portal_usage import (
+    budget_status,
+    by_model,
+    daily_usage,
+    figures,
+    limit_text,
+    money_text,
+    totals_of,
+)
 from core.errors import InvalidInput
 
 ORGANIZATIONS_PER_PAGE = 25
@@ -87,7 +96,7 @@ def _listing(request: HttpRequest, create_form: OrganizationForm | None = None) 
             {
                 "organization": organization,
                 "spent": money_text(used),
-                "cap": money_text(cap) if cap is not None else None,
+                "cap": limit_text(cap) if cap is not None else None,
                 "percent": min(999, int(used * 100 / cap)) if cap else None,
             }
         )
@@ -138,6 +147,7 @@ def _detail(
     rows = daily_usage(organization_id=organization.pk, start=start, end=today)
     members = page_of(request, memberships_of(organization_id=organization.pk), MEMBERS_PER_PAGE, "members_page")
     keys = page_of(request, api_keys_of(organization_id=organization.pk), KEYS_PER_PAGE, "keys_page")
+    limits = key_limits(keys.object_list, organization=organization)
     all_figures = figures(rows, start=start, end=today, currency=_currency())
     context = {
         "organization": organization,
@@ -149,7 +159,7 @@ def _detail(
         "keys": keys,
         "members_query": query_without_page(request, "members_page"),
         "keys_query": query_without_page(request, "keys_page"),
-        "key_rows": [{"key": key, "state": key_state(key)} for key in keys.object_list],
+        "key_rows": [{"key": key, "state": key_state(key), "limits": limits[key.pk]} for key in keys.object_list],
         "budget": budget_status(organization=organization, today=today),
         "totals": totals_of(rows),
         "models": by_model(rows),

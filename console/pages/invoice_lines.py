@@ -1,6 +1,7 @@
 """An invoice's lines as people read them, one way for an invoice (console and portal) and
 for the portal's month-to-date preview: what is counted (tokens or inferences), what the unit
-price is for ("1M tokens", "1k inferences"), and usage with no price said so, never $0.00."""
+price is for ("1M tokens", "1k inferences"), usage with no price said so, never $0.00, and
+what a line under a cent was rounded from, so it reads as the usage pages' figure does."""
 
 from __future__ import annotations
 
@@ -50,8 +51,22 @@ class LineRow:
     unit: str  # what the quantity counts: tokens or inferences
     per: str  # what the unit price is for: "1M tokens", "1k inferences"
     unit_price: Decimal | None  # None where no price was in effect
-    amount: Decimal
+    amount: Decimal  # charged, in cents
     priced: bool
+    exact: Decimal = Decimal(0)  # what the usage came to before rounding to cents
+
+    @property
+    def rounded_from(self) -> Decimal | None:
+        """The exact amount where rounding to cents changed how it reads (a line under a cent:
+        $0.0043 charged as $0.00); None where the cents say it."""
+        if self.priced and self.exact != self.amount and abs(self.exact) < invoicing.CENT:
+            return self.exact
+        return None
+
+
+def used_before_rounding(rows: Sequence[LineRow]) -> Decimal:
+    """What the priced lines' usage comes to before each is rounded to cents."""
+    return sum((row.exact for row in rows if row.priced), Decimal(0))
 
 
 def line_row(line: Line) -> LineRow:
@@ -74,6 +89,9 @@ def line_row(line: Line) -> LineRow:
         unit_price=line.unit_price if priced else None,
         amount=line.amount,
         priced=priced,
+        exact=invoicing.exact_amount(
+            quantity=line.quantity, unit_price=line.unit_price, exponent=invoicing.price_exponent(line.token_kind)
+        ),
     )
 
 
@@ -87,4 +105,4 @@ def billed_rows(lines: Sequence[Line]) -> tuple[list[LineRow], str]:
 def invoice_lines_context(invoice: Invoice) -> dict[str, Any]:
     """What ``console/_invoice_lines.html`` shows of a saved invoice (console and portal)."""
     rows, credit_label = billed_rows(list(invoice.lines.order_by("id")))
-    return {"rows": rows, "credit_label": credit_label}
+    return {"rows": rows, "credit_label": credit_label, "used": used_before_rounding(rows)}

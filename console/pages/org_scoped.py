@@ -21,6 +21,7 @@ from accounts.models import ApiKey, Organization
 from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
+from console.pages.key_limits import key_limits
 from console.pages.lists import attachment, never_stored, refuse
 from console.pages.portal_forms import ApiKeyRotateForm, KeyForm
 from core.errors import InvalidInput
@@ -45,7 +46,8 @@ def secret_shown_once(
     request: HttpRequest, scope: Scope, organization: Organization, issued: IssuedApiKey, **context: Any
 ) -> HttpResponse:
     """The one answer that carries a key's secret: rendered here, kept nowhere, never cached."""
-    context = {"organization": organization, "issued": issued, **context}
+    limits = key_limits([issued.api_key], organization=organization)[issued.api_key.pk]
+    context = {"organization": organization, "issued": issued, "limits": limits, **context}
     return never_stored(render(request, f"{scope.templates}/key_secret.html", context))
 
 

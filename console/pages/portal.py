@@ -35,6 +35,7 @@ from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.cache import quality_context
 from console.pages.invoice_lines import invoice_lines_context
+from console.pages.key_limits import key_limits
 from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
@@ -215,7 +216,11 @@ def keys(request: OrgRequest, org_id: int) -> HttpResponse:
     page = page_of(request, found, KEYS_PER_PAGE)
     today = timezone.now().astimezone(UTC).date()
     used = usage_by_key(api_key_ids=[key.pk for key in page.object_list], start=today.replace(day=1), end=today)
-    rows = [{"key": key, "state": key_state(key), "used": used[key.pk]} for key in page.object_list]
+    limits = key_limits(page.object_list, organization=organization)
+    rows = [
+        {"key": key, "state": key_state(key), "used": used[key.pk], "limits": limits[key.pk]}
+        for key in page.object_list
+    ]
     context = {
         "organization": organization,
         "month": today.replace(day=1),

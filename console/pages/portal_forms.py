@@ -17,6 +17,7 @@ from django import forms
 from accounts.models import CAP_FIELDS, LIMIT_MAX, SPEND_CAP_DECIMAL_PLACES, SPEND_CAP_MAX_DIGITS, SPEND_CAP_MIN
 from accounts.services import NAME_MAX_LENGTH
 from billing.models import Invoice
+from core import formats
 
 DEFAULT_RANGE = "30"
 MAX_WINDOW_DAYS = 366
@@ -148,7 +149,12 @@ class ApiKeyCreateForm(KeyForm):
         self.fields["monthly_spend_cap"].label = f"Spend per month ({currency})"
         for name in self.LIMITS:
             ceiling = ceilings.get(name)
-            limit = f"your plan allows at most {ceiling}" if ceiling is not None else "no plan limit"
+            if ceiling is None:
+                limit = "no plan limit"
+            elif name == "monthly_spend_cap":  # as configured: a cap of 0.0002 is $0.0002
+                limit = f"your plan allows at most {formats.unit_price(ceiling, currency)}"
+            else:
+                limit = f"your plan allows at most {ceiling:,}"
             self.fields[name].help_text = f"Optional: empty for the default; {limit}."
 
     def values(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from billing.models import BudgetAlert, Invoice
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
 from console.pages import charts
-from console.pages.invoice_lines import LineRow, billed_rows
+from console.pages.invoice_lines import LineRow, billed_rows, used_before_rounding
 from core import formats
 
 # Rows read per selector call; a 90-day window of a few models is one or two pages.
@@ -38,6 +38,11 @@ _PAGE = 500
 def money_text(amount: Decimal) -> str:
     """An amount in the platform's currency, the house format (core.formats.money)."""
     return formats.money(amount, str(settings.BILLING_CURRENCY))
+
+
+def limit_text(amount: Decimal) -> str:
+    """A spend cap in the platform's currency, exactly as configured (core.formats.unit_price)."""
+    return formats.unit_price(amount, str(settings.BILLING_CURRENCY))
 
 
 @dataclass
@@ -160,6 +165,16 @@ def _layout(title: str, y_title: str, **more: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
+# The cost axis's labels by the step between ticks, as ``core.formats.money`` reads amounts:
+# steps under a cent by their significant digits ($0.0005, $0.004), cents from a cent ($0.05,
+# $1.50), whole amounts from a unit ($20, $1,000). Steps are 1, 2 or 5 times a power of ten.
+COST_TICK_FORMATS = [
+    {"dtickrange": [None, 0.009], "value": ",~r"},
+    {"dtickrange": [0.009, 0.9], "value": ",.2f"},
+    {"dtickrange": [0.9, None], "value": ",.0f"},
+]
+
+
 def figures(
     rows: list[DailyUsage], *, start: date, end: date, currency: str, keys: Mapping[int, str] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -196,7 +211,13 @@ def figures(
     cost_figure = go.Figure(
         [
             go.Bar(
-                name=n, x=[str(d) for d in days], y=[float(cost[n].get(d, 0)) for d in days], marker_color=colours[n]
+                name=n,
+                x=[str(d) for d in days],
+                y=[float(cost[n].get(d, 0)) for d in days],
+                # The hover reads the day's cost as the page's cards and tables do (core.formats.money).
+                customdata=[formats.money(cost[n].get(d, Decimal(0)), currency) for d in days],
+                hovertemplate="%{x}: %{customdata}<extra>%{fullData.name}</extra>",
+                marker_color=colours[n],
             )
             for n in names
         ],
@@ -204,10 +225,8 @@ def figures(
     )
     # Money on the axis as money: the currency's sign, decimals (plotly would write 500µ).
     sign = formats.SIGNS.get(currency.upper(), "")
-    cost_figure.update_yaxes(tickprefix=sign, ticksuffix="" if sign else f" {currency}", tickformat=",~r",
-                             exponentformat="none")  # fmt: skip
-    suffix = "" if sign else f" {currency}"
-    cost_figure.update_traces(hovertemplate=f"%{{x}}: {sign}%{{y:,~r}}{suffix}<extra>%{{fullData.name}}</extra>")
+    cost_figure.update_yaxes(tickprefix=sign, ticksuffix="" if sign else f" {currency}", exponentformat="none",
+                             tickformatstops=COST_TICK_FORMATS)  # fmt: skip
     requests_figure = go.Figure(
         [
             go.Bar(name=n, x=[str(d) for d in days], y=[requests[n].get(d, 0) for d in days], marker_color=colours[n])
@@ -247,7 +266,7 @@ class BudgetLine:
     def limit_text(self) -> str:
         if self.limit is None:
             return ""
-        return money_text(Decimal(self.limit)) if self.unit == "currency" else f"{self.limit:,}"
+        return limit_text(Decimal(self.limit)) if self.unit == "currency" else f"{self.limit:,}"
 
     @property
     def percent(self) -> int | None:
@@ -325,6 +344,11 @@ class MonthPreview:
     @property
     def unpriced(self) -> int:
         return sum(1 for line in self.lines if not line.priced)
+
+    @property
+    def used(self) -> Decimal:
+        """The priced usage before each line is rounded to cents (what budgets and usage count)."""
+        return used_before_rounding(self.lines)
 
     @property
     def tax_percent(self) -> str:

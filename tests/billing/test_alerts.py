@@ -107,8 +107,19 @@ class TestOnePerThreshold:
         assert any("'batch jobs'" in s and "at 90 %" in s for s in subjects)
         spend = next(m for m in mail.outbox if "spend cap" in m.subject)
         assert "the organisation" in spend.subject
-        assert "Limit: 25.000000 USD" in spend.body
-        assert "Used (including requests in flight): 12.500000 USD" in spend.body
+        assert "Limit: $25.00" in spend.body  # the pages' money, not "25.000000 USD"
+        assert "Used (including requests in flight): $12.50" in spend.body
+
+    def test_a_cap_under_a_cent_reads_as_on_the_pages(self, streams, key, persist):
+        raise_alert(streams, key, 100, scope="org", budget="spend", limit=200)  # 0.0002 in micro-units
+        raise_alert(streams, key, 50, limit=1_234_567)  # a token quota
+        assert persist() == 2
+        spend = next(m for m in mail.outbox if "spend cap" in m.subject)
+        assert "Limit: $0.0002\n" in spend.body  # as configured, never "< $0.01" nor "0.000200 USD"
+        assert "Used (including requests in flight): $0.0002\n" in spend.body
+        tokens = next(m for m in mail.outbox if "token quota" in m.subject)
+        assert "Limit: 1,234,567 tokens" in tokens.body
+        assert "Used (including requests in flight): 617,283 tokens" in tokens.body
 
     def test_an_alert_is_stored_and_sent_once(self, streams, key, persist):
         raise_alert(streams, key, 80)

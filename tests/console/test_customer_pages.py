@@ -289,6 +289,19 @@ class TestKeys:
             assert secret not in client.get(page).content.decode()
         assert secret not in str(dict(client.session))
 
+    def test_a_key_without_a_cap_shows_the_organisations_it_is_held_to(self, world):
+        """Issue 40: its budget alerts are raised against the organisation's cap, so its limits say so."""
+        organization_update(organization=world.org, monthly_spend_cap=Decimal("0.0002"))
+        response = world.client().post(org_url("customer-key-create", world.org), key_data(monthly_spend_cap=""))
+        secret_page = text(response)
+        assert "$0.0002/month (the organisation's)" in re.sub(r"<[^>]+>", "", secret_page)
+        body = text(world.client().get(org_url("customer", world.org)))
+        keys = body[body.index('id="key-list"') : body.index("</table>", body.index('id="key-list"'))]
+        assert keys.count("$0.0002/month") == 2  # the new key and "production": neither has a cap of its own
+        # The organisations list: the cap as configured, never "< $0.01".
+        row = world.client().get(reverse("console:customers"), {"q": "Initech"}).context["rows"][0]
+        assert row["cap"] == "$0.0002"
+
     def test_key_form_errors(self, world):
         response = world.client().post(org_url("customer-key-create", world.org), key_data(rate_limit_rpm="", name=""))
         assert response.status_code == 200

@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.grants import KeyGrant
 from accounts.models import ApiKey, Membership, Organization, Plan, Role, Tier
 from accounts.services import api_key_create, api_key_hash, organization_create
 from billing import invoicing
@@ -190,6 +191,38 @@ class TestKeys:
         assert row
         cells = dict(re.findall(r'<td class="num" data-col="(\w+)"[^>]*>([^<]*)</td>', row.group(1)))
         assert cells == {"requests": "1,500", "spend": "$3.50"}
+
+    def test_a_keys_limits_are_the_ones_it_is_held_to_spend_cap_included(self, world):
+        """Issue 40: a key with no cap of its own is held to its organisation's (its budget alerts are
+        raised against it); the summary shows that cap, as configured, and whose it is."""
+        Organization.objects.filter(pk=world.org.pk).update(monthly_spend_cap=Decimal("0.0002"))
+        world.org.refresh_from_db()
+        own = api_key_create(organization=world.org, name="own cap", monthly_spend_cap=Decimal("0.0001")).api_key
+        assert world.key.monthly_spend_cap is None
+        assert KeyGrant.of(ApiKey.objects.select_related("organization").get(pk=world.key.pk)).key_limits.spend_cap == (
+            Decimal("0.0002")
+        )  # what the limiter holds the key to
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        held = re.search(rf'<tr id="key-{world.key.pk}">(.*?)</tr>', html, re.S)
+        mine = re.search(rf'<tr id="key-{own.pk}">(.*?)</tr>', html, re.S)
+        assert held
+        assert mine
+        assert '$0.0002/month <span class="muted">(the organisation\'s)</span>' in held.group(1)
+        assert "$0.0001/month · " in mine.group(1)  # its own, lower: no mark
+        assert "&lt; $" not in html
+
+    def test_a_plan_ceiling_below_a_keys_own_limit_is_shown_as_the_plans(self, world):
+        Plan.objects.update_or_create(
+            tier=Tier.PAID, defaults={"name": "Paid", "rate_limit_rpm": 50, "monthly_spend_cap": Decimal("7.5")}
+        )
+        ApiKey.objects.filter(pk=world.key.pk).update(rate_limit_rpm=500)
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        row = re.search(rf'<tr id="key-{world.key.pk}">(.*?)</tr>', html, re.S)
+        assert row
+        plan = Plan.objects.get(tier=Tier.PAID)
+        assert row.group(1).count("(the plan's)") == 2 + (plan.max_concurrent is not None)  # the seeded plan's too
+        assert '50 requests/min <span class="muted">(the plan\'s)</span>' in row.group(1)
+        assert '$7.50/month <span class="muted">(the plan\'s)</span>' in row.group(1)
 
     def test_creating_a_key_shows_its_secret_once(self, world):
         client = world.client("admin")
@@ -412,6 +445,31 @@ class TestUsage:
         html = response.content.decode()
         assert 'id="budget-alerts"' in html
         assert "no limit" in html
+        # Issue 40: the cap as configured and the spend with its digits, never "< $0.01 of < $0.01".
+        budget = html[html.index('id="budget"') : html.index("Alerts this month")]
+        assert '<td class="num">$0.0004</td>' in budget
+        assert f'<td class="num">{formats.money(in_month)}</td>' in budget
+        assert "&lt; $" not in html
+
+    def test_the_alerts_table_reads_spend_as_money_and_a_quota_in_tokens(self, world):
+        month = invoicing.period_label(invoicing.month_start(timezone.now().date()))
+        BudgetAlert.objects.create(
+            organization=world.org, budget=BudgetAlert.Budget.SPEND, month=month, threshold_percent=80,
+            limit=Decimal("0.0002"), used=Decimal("0.000194"),
+        )  # fmt: skip
+        BudgetAlert.objects.create(
+            organization=world.org, api_key=world.key, budget=BudgetAlert.Budget.TOKENS, month=month,
+            threshold_percent=50, limit=Decimal(1_000_000), used=Decimal(512_345),
+        )  # fmt: skip
+        html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        table = html[html.index('id="budget-alerts"') : html.index("</table>", html.index('id="budget-alerts"'))]
+        tokens, spend = table.split("<tbody>")[1].split("</tr>")[:2]  # newest first
+        assert "Spend cap" in spend
+        assert '<td class="num">$0.00019</td>' in spend  # not "0.0002" without a sign
+        assert '<td class="num">$0.0002</td>' in spend  # the cap as configured
+        assert "Token quota" in tokens
+        assert '<td class="num" title="512,345 tokens">512k tokens</td>' in tokens
+        assert '<td class="num" title="1,000,000 tokens">1M tokens</td>' in tokens
 
     def test_no_usage_says_so(self, world):
         html = world.client("member").get(url("portal-usage", world.org)).content.decode()

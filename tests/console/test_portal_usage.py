@@ -444,3 +444,50 @@ class TestIsolation:
         bob = tenants.client("outsider").get(page_url(tenants.other_org), {"range": "90", "group": "key"})
         assert [row.name for row in bob.context["key_rows"]] == ["bob's key"]
         assert bob.context["totals"].requests == 999 * 3
+
+
+class TestOneFigureEverywhere:
+    """Issue 40: a month under a cent reads the same in the cost card, the chart's hover, the
+    budget and the invoice preview ($0.0035), never "< $0.01"; the cap reads as configured, and
+    the preview says what its cents were rounded from."""
+
+    def test_a_month_under_a_cent(self, tenants, frozen):
+        small = price(chat_model("chat-small"), "2020-01-01 00:00:00", "0.50", "1.50")
+        at = frozen - timedelta(hours=1)
+        record(tenants.key, at, prompt=1000, completion=2000, price=small, model="chat-small")  # 0.0005 + 0.003
+        rollups_rebuild(start=at, end=frozen)
+        Organization.objects.filter(pk=tenants.org.pk).update(monthly_spend_cap=Decimal("0.0040"))
+        response = tenants.client("admin").get(page_url(tenants.org), {"range": "month"})
+        html = response.content.decode()
+        assert response.context["totals"].cost == Decimal("0.0035")
+        card = html[html.index('id="total-cost"') :]
+        assert card[card.index(">") + 1 : card.index("</div>")] == "$0.0035"
+        # The chart: the day's hover is the card's text; the axis labels steps under a cent by their digits.
+        figure = response.context["figures"]["cost"]
+        [trace] = figure["data"]
+        assert trace["customdata"][-1] == "$0.0035"
+        assert set(trace["customdata"][:-1]) == {"$0.00"}
+        assert "%{customdata}" in trace["hovertemplate"]
+        axis = figure["layout"]["yaxis"]
+        assert axis["tickprefix"] == "$"
+        assert [stop["value"] for stop in axis["tickformatstops"]] == [",~r", ",.2f", ",.0f"]
+        # The budget: spent with its digits, the cap as configured.
+        budget = html[html.index('id="budget"') : html.index("Alerts this month")]
+        assert '<td class="num">$0.0035</td>' in budget
+        assert '<td class="num">$0.004</td>' in budget
+        # The preview charges cents, and says what each line and the subtotal were rounded from.
+        preview = html[html.index('id="month-preview"') :]
+        assert "rounded from $0.0005" in preview
+        assert "rounded from $0.003" in preview
+        assert "Before rounding, the usage on these lines comes to $0.0035" in preview
+        assert "so the subtotal is $0.00." in preview
+        assert "&lt; $" not in html
+
+    def test_a_line_of_whole_cents_says_nothing_of_rounding(self, tenants, frozen):
+        whole = price(chat_model("chat-whole"), "2020-01-01 00:00:00", "0.50", "1.50")
+        record(tenants.key, frozen - timedelta(hours=1), prompt=2_000_000, price=whole, model="chat-whole")
+        preview = tenants.client("admin").get(page_url(tenants.org)).content.decode()
+        preview = preview[preview.index('id="month-preview"') :]
+        assert "$1.00" in preview
+        assert "rounded from" not in preview
+        assert "Before rounding" not in preview

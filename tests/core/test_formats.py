@@ -18,8 +18,20 @@ from core import formats
         (Decimal("1234.565"), "$1,234.57"),
         (Decimal("0"), "$0.00"),
         (Decimal("0.01"), "$0.01"),
-        (Decimal("0.000598"), "< $0.01"),  # a real saving is never "0.00"
-        (Decimal("-0.000598"), "> -$0.01"),
+        (Decimal("0.0099"), "$0.0099"),
+        # Under a cent: two significant digits, never "$0.00" nor "< $0.01".
+        (Decimal("0.0043"), "$0.0043"),
+        (Decimal("0.00431"), "$0.0043"),
+        (Decimal("0.004"), "$0.004"),  # no trailing zero
+        (Decimal("0.000598"), "$0.0006"),
+        (Decimal("0.00023"), "$0.00023"),
+        (Decimal("0.0000015"), "$0.000002"),  # at most six decimals
+        (Decimal("0.000001"), "$0.000001"),
+        (Decimal("0.0000009"), "< $0.000001"),  # below a millionth
+        (Decimal("0.00996"), "$0.01"),  # rounds up to a cent
+        (Decimal("-0.000598"), "-$0.0006"),
+        (Decimal("-0.0000001"), "> -$0.000001"),
+        (0.0043, "$0.0043"),  # a chart's float reads as the Decimal would
         (Decimal("-5"), "-$5.00"),
         (Decimal("1000000"), "$1,000,000.00"),
         (None, "—"),
@@ -46,11 +58,20 @@ def test_unit_price(amount, text):
     assert formats.unit_price(amount, "USD") == text
 
 
+def test_caps_read_as_configured_and_spend_against_them_as_money():
+    # A cap of 0.0002 is shown as set, never "< $0.01"; what is spent against it has its digits.
+    assert formats.unit_price(Decimal("0.000200"), "USD") == "$0.0002"
+    assert formats.unit_price(Decimal("25.000000"), "USD") == "$25.00"
+    assert formats.unit_price(Decimal("0.123456"), "USD") == "$0.123456"
+    assert formats.money(Decimal("0.000194"), "USD") == "$0.00019"
+
+
 def test_currencies_with_and_without_a_sign():
     assert formats.money(Decimal("12.3"), "EUR") == "€12.30"
     assert formats.money(Decimal("12.3"), "gbp") == "£12.30"
     assert formats.money(Decimal("12.3"), "CHF") == "12.30 CHF"
-    assert formats.money(Decimal("0.001"), "CHF") == "< 0.01 CHF"
+    assert formats.money(Decimal("0.001"), "CHF") == "0.001 CHF"
+    assert formats.money(Decimal("0.0000001"), "CHF") == "< 0.000001 CHF"
     assert formats.unit_price(Decimal("0.0006"), "CHF") == "0.0006 CHF"
 
 
