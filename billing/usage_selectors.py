@@ -22,7 +22,7 @@ from billing.models import UsageRollup
 USAGE_DEFAULT_DAYS = 30
 USAGE_PAGE_DEFAULT = 30
 USAGE_PAGE_MAX = 100
-_SUMS = ("requests", "errors", "cancelled", "input_tokens", "output_tokens", "cached_tokens", "cost")
+_SUMS = ("requests", "errors", "cancelled", "input_tokens", "output_tokens", "cached_tokens", "inferences", "cost")
 
 
 class InvalidCursor(ValueError):
@@ -73,6 +73,7 @@ class DailyUsage:
     batch_requests: int = 0  # of ``requests``: batch jobs' lines
     batch_cost: Decimal = Decimal(0)  # of ``cost``: theirs, at the batch price
     cancelled: int = 0  # of ``requests``: cancelled by their clients (status 499), not errors
+    inferences: int = 0  # items of predict requests (small models: priced per thousand)
 
     def cursor(self) -> UsageCursor:
         return UsageCursor(self.date, self.model, self.api_key_id)
@@ -134,6 +135,7 @@ def _daily(
             requests=int(row["requests"]),
             errors=int(row["errors"]),
             cancelled=int(row["cancelled"]),
+            inferences=int(row["inferences"]),
             input_tokens=int(row["input_tokens"]),
             output_tokens=int(row["output_tokens"]),
             cached_tokens=int(row["cached_tokens"]),

@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -53,6 +53,7 @@ class UsageTotals:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    inferences: int = 0
     cost: Decimal = field(default_factory=lambda: Decimal(0))
 
     @property
@@ -71,6 +72,7 @@ class UsageTotals:
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
         self.cached_tokens += row.cached_tokens
+        self.inferences += row.inferences
         self.cost += row.cost
 
 
@@ -185,7 +187,12 @@ def figures(
     Chart values are floats (plotly.js draws numbers); the totals on the page stay Decimal.
     """
     days = _days(start, end)
-    day_axis = charts.axis(type="date", range=[str(start - timedelta(hours=12)), str(end + timedelta(hours=12))])
+    # Half a day either side: a day's bar is centred on its midnight, so the first and the last
+    # (today's) are drawn whole. Dates would drop the hours: datetimes.
+    first, last = (datetime.combine(d, time.min) for d in (start, end))
+    day_axis = charts.axis(
+        type="date", range=[(first - timedelta(hours=12)).isoformat(), (last + timedelta(hours=12)).isoformat()]
+    )
 
     def series_of(row: DailyUsage) -> str:
         if keys is None:
@@ -201,12 +208,13 @@ def figures(
         requests[name][row.date] = requests[name].get(row.date, 0) + row.requests
         tokens[name].add(row)
     names = sorted(cost)
-    # A model keeps its colour on every chart; keys take the palette in turn, so no two of
-    # a few keys share one.
-    colours = {
-        name: charts.model_colour(name) if keys is None else charts.PALETTE[i % len(charts.PALETTE)]
-        for i, name in enumerate(names)
-    }
+    # Models drawn together never share a colour (charts.model_colours); keys take the palette
+    # in turn, so no two of a few keys share one.
+    colours = (
+        charts.model_colours(names)
+        if keys is None
+        else {name: charts.PALETTE[i % len(charts.PALETTE)] for i, name in enumerate(names)}
+    )
     by = "model" if keys is None else "key"
     cost_figure = go.Figure(
         [
@@ -235,18 +243,25 @@ def figures(
         layout=_layout("Requests per day", "requests", xaxis=day_axis),
     )
     per = [tokens[n] for n in names]
-    tokens_figure = go.Figure(
-        [
-            go.Bar(name="Input", x=names, y=[t.input_tokens for t in per]),
-            go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per]),
-            go.Bar(name="Output", x=names, y=[t.output_tokens for t in per]),
-        ],
-        layout=_layout(f"Tokens per {by}", "tokens", xaxis=charts.axis(type="category")),
-    )
-    return {
-        name: json.loads(figure.to_json())
-        for name, figure in (("cost", cost_figure), ("requests", requests_figure), ("tokens", tokens_figure))
-    }
+    drawn = [("cost", cost_figure), ("requests", requests_figure)]
+    # Tokens for token models; inferences for small models (a classifier-only organisation has
+    # no token axis to show): each chart only when there is something on it.
+    if any(t.tokens for t in per) or not any(t.inferences for t in per):
+        drawn.append(("tokens", go.Figure(
+            [
+                go.Bar(name="Input", x=names, y=[t.input_tokens for t in per]),
+                go.Bar(name="Cached input", x=names, y=[t.cached_tokens for t in per]),
+                go.Bar(name="Output", x=names, y=[t.output_tokens for t in per]),
+            ],
+            layout=_layout(f"Tokens per {by}", "tokens", xaxis=charts.axis(type="category")),
+        )))  # fmt: skip
+    if any(t.inferences for t in per):
+        drawn.append(("inferences", go.Figure(
+            [go.Bar(name="Inferences", x=names, y=[t.inferences for t in per],
+                    marker_color=[colours[n] for n in names])],
+            layout=_layout(f"Inferences per {by}", "inferences", xaxis=charts.axis(type="category")),
+        )))  # fmt: skip
+    return {name: json.loads(figure.to_json()) for name, figure in drawn}
 
 
 @dataclass(frozen=True)

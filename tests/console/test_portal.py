@@ -500,6 +500,7 @@ class TestCacheFigures:
             budget.reset(model)
         row = re.search(rf'<tr data-model="{model}">(.*?)</tr>', html, re.S)
         assert row, html
+        assert "prior of" not in html  # the estimate's internals stay in the console (issue 40, item 8)
         cells = dict(re.findall(r'data-col="([a-z]+)"[^>]*>(.*?)</td>', row.group(1), re.S))
         assert (cells["hits"], cells["feedback"], cells["semantic"]) == ("4", "1", "54")  # its own hits and reports
         assert "0.0125" in cells["saved"] or "0.01" in cells["saved"]

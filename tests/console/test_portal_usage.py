@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -491,3 +492,45 @@ class TestOneFigureEverywhere:
         assert "$1.00" in preview
         assert "rounded from" not in preview
         assert "Before rounding" not in preview
+
+
+class TestChartsForEveryCustomer:
+    """Issue 40, item 8: what the review saw on the portal's usage page."""
+
+    def _figures(self, response: Any) -> dict[str, Any]:
+        html = response.content.decode()
+        found = {}
+        for chunk in html.split('<script id="figure-')[1:]:
+            name, _, rest = chunk.partition('"')
+            found[name] = json.loads(rest.split(">", 1)[1].split("</script>", 1)[0])
+        return found
+
+    def test_a_classifier_only_organisation_gets_an_inferences_chart_not_an_empty_token_axis(self, tenants, frozen):
+        today = frozen.date()
+        UsageRollup.objects.create(period=UsageRollup.Period.DAY, start=datetime.combine(today, time.min, UTC),
+                                   organization_id=tenants.org.pk, api_key=tenants.key, model="digits-mlp",
+                                   model_version="1", requests=4, inferences=120, cost=Decimal("0.012"))  # fmt: skip
+        response = tenants.client("member").get(page_url(tenants.org))
+        figures = self._figures(response)
+        assert "tokens" not in figures
+        assert [bar["y"] for bar in figures["inferences"]["data"]] == [[120]]
+        html = response.content.decode()
+        assert 'id="total-inferences">120<' in html
+        assert 'data-figure="tokens"' not in html
+
+    def test_models_never_share_a_colour_and_today_is_drawn_whole(self, tenants, frozen):
+        today = frozen.date()
+        for i in range(12):
+            rollup(tenants.key, today, f"model-{i}", requests=1, cost="0.01", tokens=(1, 1, 0))
+        response = tenants.client("member").get(page_url(tenants.org), {"preset": "last_7_days"})
+        cost = self._figures(response)["cost"]
+        assert len({bar["marker"]["color"] for bar in cost["data"]}) == 12
+        first, last = cost["layout"]["xaxis"]["range"]
+        assert last == f"{today.isoformat()}T12:00:00"  # half a day past today's midnight: its bar whole
+        assert first.endswith("T12:00:00")
+
+    def test_no_usage_links_to_the_quickstart_and_draws_no_empty_charts(self, tenants, frozen):
+        html = tenants.client("member").get(page_url(tenants.org)).content.decode()
+        empty = html.split('id="no-usage"', 1)[1].split("</div>", 1)[0]
+        assert reverse("console:quickstart", kwargs={"org_id": tenants.org.pk}) in empty
+        assert 'data-figure="cost"' not in html
