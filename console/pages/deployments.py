@@ -1,5 +1,5 @@
 """Deployments and rollouts in the console: replicas (and their restart), scaling, traffic splits, hot-swaps,
-canaries, shadows.
+rollbacks, canaries, shadows.
 
 One page lists each model's deployments with every form beside them; each form posts to its
 own URL, which calls the same service as the management API and redirects back (or, refused,
@@ -65,6 +65,7 @@ from rollout.hotswap import (
     swap_get,
 )
 from rollout.predictive import demand_profile
+from rollout.rollback import ROLLBACK, VIA_TRAFFIC, RollbackPlan, model_rollback, rollback_plan
 from rollout.selectors import Lifecycle, lifecycle_of, swap_latest_id
 from rollout.served_requests import ServedSummary, served_summaries
 
@@ -86,6 +87,7 @@ CHANGES = {
     SWAP_DRAIN: "hot-swap draining",
     SWAP_DONE: "hot-swap finished",
     "traffic.set": "traffic split set",
+    ROLLBACK: "rolled back",
 }
 
 
@@ -181,6 +183,7 @@ class ModelPanel:
     traffic_form: forms.Form | None
     deploy_form: forms.Form
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    rollback: RollbackPlan | None = None  # None: its serving version never changed
 
     @property
     def refused(self) -> str:
@@ -245,6 +248,7 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
         traffic_form=refused.get(("traffic", model.name)) or (TrafficSplitForm(split=split) if split else None),
         deploy_form=refused.get(("deploy", model.name)) or DeployForm(versions=versions, prefix=f"deploy-{model.pk}"),
         decisions=[_scale_row(entry) for entry in scale_decisions(model=model)[:DECISIONS_PER_MODEL]],
+        rollback=rollback_plan(model=model),
     )
 
 
@@ -462,6 +466,31 @@ def swap_cancel(request: HttpRequest, swap_id: int) -> HttpResponse:
 
 @platform_admin_required
 @require_http_methods(["GET", "POST"])
+def rollback(request: HttpRequest, name: str) -> HttpResponse:
+    """Roll a model back to the version it served before its last promotion or hot-swap; asks
+    first (GET, or a POST without ``confirm``), naming the version the person confirms."""
+    model = _model_or_404(name)
+    if request.method == "GET" or request.POST.get("confirm") != "yes":
+        context = {"model": model, "plan": rollback_plan(model=model), "traffic": VIA_TRAFFIC}
+        return render(request, "console/deployments/rollback_confirm.html", context)
+    try:
+        done = model_rollback(actor=request.user, model=model, version=request.POST.get("version", ""))
+    except InvalidInput as exc:
+        messages.error(request, f"Not rolled back: {exc.message}")
+    else:
+        if done.swap_to is None:
+            messages.success(request, f"Rolled {model.name} back to {done.plan.to_version}: it serves all the traffic.")
+        else:
+            messages.success(
+                request,
+                f"Rollback of {model.name} to {done.plan.to_version} started: deployment {done.swap_to.pk} is "
+                f"starting, and takes the traffic of deployment {done.plan.deployment_id} once every replica is ready.",
+            )
+    return _back(request, model)
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
 def replica_restart(request: HttpRequest, replica_id: int) -> HttpResponse:
     """Restart one replica's engine (drained, stopped, started again by its supervisor); asks
     first (GET, or a POST without ``confirm``)."""
@@ -538,6 +567,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/live/", live, name="deployments-live"),
     path("console/deployments/models/<str:name>/deploy/", deploy, name="deployments-deploy"),
     path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
+    path("console/deployments/models/<str:name>/rollback/", rollback, name="deployments-rollback"),
     path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),
     path("console/deployments/<int:pk>/autoscale/", autoscale, name="deployments-autoscale"),
     path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),

@@ -21,7 +21,12 @@ from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import last_changes
 from registry.services import deployment_scale, replica_record_load_time, traffic_set
 from rollout.canary_stats import percentile
-from rollout.hotswap import deployment_swap_version
+from rollout.hotswap import (
+    deployment_swap_drain,
+    deployment_swap_finish,
+    deployment_swap_shift,
+    deployment_swap_version,
+)
 from rollout.served_requests import served_requests, served_summaries
 from tests.support.registry import make_version
 from tests.support.usage_records import make_record
@@ -360,10 +365,114 @@ class TestHotSwap:
         assert "The swap was not cancelled: The swap is over already." in again.content.decode()
 
 
+def hot_swapped(model: Model, old: Deployment, to: str) -> Deployment:
+    """``old`` hot-swapped to ``to`` through to completed, as the supervisors would step it."""
+    new = deployment_swap_version(actor=None, deployment=old, version=ModelVersion.objects.get(model=model, version=to))
+    Replica.objects.create(deployment=new, host="h", state="ready", endpoint="http://x", last_heartbeat=timezone.now())
+    entry = AuditEntry.objects.filter(action="deployment.swap", target=str(old.pk)).latest("id")
+    assert deployment_swap_shift(swap=entry, heartbeat_after=timezone.now() - timedelta(minutes=1))
+    deployment_swap_drain(swap=entry)
+    deployment_swap_finish(swap=entry, outcome="completed", reason="every old replica stopped")
+    new.refresh_from_db()
+    return new
+
+
+def words(response: Any) -> str:
+    """A page's HTML with its whitespace runs as single spaces: the text as read."""
+    return " ".join(response.content.decode().split())
+
+
+class TestRollback:
+    URL = "/console/deployments/models/gpt-tiny/rollback/"
+
+    def test_after_a_hot_swap_it_is_offered_confirmed_and_started(self, admin_client, chat_model):
+        v3 = hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert f'<a class="button secondary" href="{self.URL}" data-rollback="v1"' in html
+        assert "Roll back to v1…" in html
+        page = words(admin_client.get(self.URL))
+        assert "Roll back gpt-tiny to v1?" in page
+        assert "gpt-tiny serves v3 since the hot-swap of" in page
+        assert f"deployment #{v3.pk} (v3) is hot-swapped back: v1 starts on 1 new replica beside it" in page
+        assert 'name="version" value="v1"' in page
+        # A POST without the confirmation only asks.
+        assert admin_client.post(self.URL, {"version": "v1"}).status_code == 200
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"})
+        assert response.status_code == 302
+        new = Deployment.objects.get(version__model=chat_model, version__version="v1", status="pending")
+        assert (new.traffic_weight, deployment_of(chat_model, "v3").traffic_weight) == (0, 100)
+        entry = AuditEntry.objects.get(action="model.rollback", target="gpt-tiny")
+        assert (entry.actor_name, entry.after["via"], entry.after["swap_to"]) == ("ops", "hot-swap", new.pk)
+        page = admin_client.get(response["Location"]).content.decode()
+        assert (
+            f"Rollback of gpt-tiny to v1 started: deployment {new.pk} is starting, and takes the traffic of "
+            f"deployment {v3.pk} once every replica is ready."
+        ) in page
+        assert 'data-swap-open="true"' in page  # the swap it started, followed as any other
+        assert "No rollback to v1 now: A hot-swap of gpt-tiny (v3 → v1) is under way" in page
+
+    def test_after_a_promotion_the_ready_base_takes_the_traffic_back_at_once(self, admin_client, chat_model):
+        Replica.objects.create(
+            deployment=deployment_of(chat_model, "v1"), host="h", state="ready", last_heartbeat=timezone.now()
+        )
+        traffic_set(actor=None, model=chat_model, weights={"v2": 100})
+        AuditEntry.objects.create(
+            action="canary.promote", target_type="canary", target="gpt-tiny", actor_name="canary controller",
+            before={}, after={"base_version": "v1", "canary_version": "v2", "status": "promoted"},
+        )  # fmt: skip
+        page = words(admin_client.get(self.URL))
+        assert "gpt-tiny serves v2 since the canary promotion of" in page
+        assert "(by canary controller)" in page
+        assert "all of gpt-tiny's traffic moves to it at once" in page
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"}, follow=True)
+        assert "Rolled gpt-tiny back to v1: it serves all the traffic." in response.content.decode()
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+    def test_not_offered_where_nothing_changed_and_explained_where_it_cannot(self, admin_client, chat_model):
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert "data-rollback" not in html
+        assert "never changed: there is no earlier version to roll back to" in words(admin_client.get(self.URL))
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"}, follow=True)
+        assert "Not rolled back: gpt-tiny&#x27;s serving version never changed" in response.content.decode()
+
+        v3 = hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        Deployment.objects.filter(pk=v3.pk).update(status="stopped")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert 'href="/console/deployments/models/gpt-tiny/rollback/"' not in html
+        why = f"Deployment #{v3.pk}, which took over from v1, no longer serves."
+        assert f"No rollback to v1 now: {why}" in html
+        page = words(admin_client.get(self.URL))
+        assert f"It cannot be rolled back now: {why}" in page
+        assert 'name="confirm"' not in page
+
+    def test_a_version_other_than_the_one_confirmed_changes_nothing(self, admin_client, chat_model):
+        hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v2"}, follow=True)
+        assert "Not rolled back: gpt-tiny would roll back to v1, not v2" in response.content.decode()
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+        assert weights(chat_model)["v3"] == 100
+
+    def test_only_platform_admins_may(self, chat_model, alice_org):
+        hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        response = Client().post(self.URL, {"confirm": "yes", "version": "v1"})
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+        user = get_user_model().objects.create_user(username="rb-member", password="x")
+        Membership.objects.create(user=user, organization=alice_org, role=Role.ORG_ADMIN)
+        client = Client()
+        client.force_login(user)
+        assert client.get(self.URL).status_code == 403
+        assert client.post(self.URL, {"confirm": "yes", "version": "v1"}).status_code == 403
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+
+
 def test_unknown_things_are_404(admin_client: Any) -> None:
     assert admin_client.post("/console/deployments/models/nope/traffic/", {}).status_code == 404
     assert admin_client.post("/console/deployments/999999/scale/", {}).status_code == 404
     assert admin_client.get("/console/deployments/swaps/999999/status/").status_code == 404
+    assert admin_client.get("/console/deployments/models/nope/rollback/").status_code == 404
 
 
 def usage(key: Any, model: str, version: str, rows: list[tuple[int, int]], *, at: Any, cache: str = "miss") -> None:
