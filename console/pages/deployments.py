@@ -53,7 +53,7 @@ from registry.services import (
     replica_restart_request,
     traffic_set,
 )
-from rollout.autoscaler import deployment_autoscale_set
+from rollout.autoscaler import AutoscalePolicy, deployment_autoscale_set
 from rollout.hotswap import (
     SWAP,
     SWAP_DONE,
@@ -156,10 +156,6 @@ class DeploymentRow:
         return "" if entry is None else CHANGES.get(entry.action, entry.action)
 
     @property
-    def scale_note(self) -> str:
-        return f"{self.deployment.version} · {self.live.get('replicas', '')}"
-
-    @property
     def swap_note(self) -> str:
         return (
             f"Starts the new version beside {self.deployment.version}, moves this deployment's traffic to it"
@@ -167,8 +163,14 @@ class DeploymentRow:
         )
 
     @property
+    def autoscales(self) -> bool:
+        return _autoscales(self.deployment)
+
+    @property
     def refused(self) -> str:
-        return _refused(scale=self.scale_form, autoscale=self.autoscale_form, swap=self.swap_form)
+        """The drawer to open with the page: the scaling one ("replicas") holds both scaling forms."""
+        scaling = _refused(replicas=self.scale_form) or _refused(replicas=self.autoscale_form)
+        return scaling or _refused(swap=self.swap_form)
 
     @property
     def swap_open(self) -> bool:
@@ -381,12 +383,16 @@ def traffic(request: HttpRequest, name: str) -> HttpResponse:
 @platform_admin_required
 @require_POST
 def scale(request: HttpRequest, pk: int) -> HttpResponse:
+    """The one scaling form: the replica count and its bounds, and (where the deployment can
+    autoscale: not a LoRA adapter) the autoscaling policy, set together or not at all."""
     deployment = _deployment_or_404(pk)
-    form = ScaleForm(request.POST, prefix=f"scale-{pk}")
-    if form.is_valid():
-        data = form.cleaned_data
+    scale_form = ScaleForm(request.POST, prefix=f"scale-{pk}")
+    autoscale_form = AutoscaleForm(request.POST, prefix=f"autoscale-{pk}") if _autoscales(deployment) else None
+    valid = [form.is_valid() for form in (scale_form, autoscale_form) if form is not None]  # both show their errors
+    if all(valid):
+        data = scale_form.cleaned_data
         try:
-            with transaction.atomic():  # bounds and count together, as the management API sets them
+            with transaction.atomic():  # bounds, count and policy together, as the management API sets each
                 deployment_bounds_set(
                     actor=request.user, deployment=deployment,
                     min_replicas=data["min_replicas"], max_replicas=data["max_replicas"],
@@ -395,33 +401,43 @@ def scale(request: HttpRequest, pk: int) -> HttpResponse:
                     actor=request.user, deployment=deployment, replicas=data["replicas"],
                     reasons=["set by a platform admin"], action="deployment.scale",
                 )  # fmt: skip
+                if autoscale_form is not None and _policy_changed(deployment, autoscale_form.policy()):
+                    deployment_autoscale_set(
+                        actor=request.user, deployment=deployment, autoscale=autoscale_form.policy()
+                    )
         except InvalidInput as exc:
+            form = autoscale_form if autoscale_form is not None and exc.field in autoscale_form.fields else scale_form
             refuse(form, exc)
         else:
+            count = data["replicas"]
+            policy = ""
+            if autoscale_form is not None:
+                policy = f"; autoscaling {'on' if autoscale_form.cleaned_data['enabled'] else 'off'}"
             messages.success(
                 request,
-                f"Deployment {pk} wants {data['replicas']} replicas "
-                f"(between {data['min_replicas']} and {data['max_replicas']}).",
+                f"Deployment {pk} wants {count} replica{'s' if count != 1 else ''} "
+                f"(between {data['min_replicas']} and {data['max_replicas']}){policy}.",
             )
             return _back(request, deployment.version.model)
-    return _refused_board(request, ("scale", str(pk)), form)
+    refused: Refused = {("scale", str(pk)): scale_form}
+    if autoscale_form is not None:
+        refused[("autoscale", str(pk))] = autoscale_form
+    messages.error(request, "Not saved: see the errors below.")
+    return _board(request, refused)
 
 
-@platform_admin_required
-@require_POST
-def autoscale(request: HttpRequest, pk: int) -> HttpResponse:
-    deployment = _deployment_or_404(pk)
-    form = AutoscaleForm(request.POST, prefix=f"autoscale-{pk}")
-    if form.is_valid():
-        try:
-            deployment_autoscale_set(actor=request.user, deployment=deployment, autoscale=form.policy())
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            state = "on" if form.cleaned_data["enabled"] else "off"
-            messages.success(request, f"Autoscaling of deployment {pk} saved ({state}).")
-            return _back(request, deployment.version.model)
-    return _refused_board(request, ("autoscale", str(pk)), form)
+def _policy_changed(deployment: Deployment, policy: dict[str, Any]) -> bool:
+    """Whether the scaling form's policy differs from the one in force: the form always posts
+    one, and a count changed alone must not rewrite (and audit) an unchanged policy."""
+    try:
+        return AutoscalePolicy.from_json(policy) != AutoscalePolicy.from_json(deployment.autoscale)
+    except InvalidInput:
+        return True  # the service says why
+
+
+def _autoscales(deployment: Deployment) -> bool:
+    """Whether the deployment has an autoscaling policy to set: a LoRA adapter runs on its base's replicas."""
+    return not is_adapter_framework(deployment.version.framework)
 
 
 @platform_admin_required
@@ -569,7 +585,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
     path("console/deployments/models/<str:name>/rollback/", rollback, name="deployments-rollback"),
     path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),
-    path("console/deployments/<int:pk>/autoscale/", autoscale, name="deployments-autoscale"),
     path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),
     path("console/deployments/swaps/<int:swap_id>/cancel/", swap_cancel, name="deployments-swap-cancel"),
     path("console/deployments/replicas/<int:replica_id>/restart/", replica_restart, name="deployments-replica-restart"),
