@@ -1,7 +1,8 @@
 """Rollout's management API under /api/v1/, for platform admins: run a model's canary, hot-swap a
-deployment's version, set a deployment's autoscaling policy.
+deployment's version, roll a model back to its previous serving version, set a deployment's
+autoscaling policy.
 
-Views parse, call rollout's services (``rollout.canary``, ``rollout.hotswap``,
+Views parse, call rollout's services (``rollout.canary``, ``rollout.hotswap``, ``rollout.rollback``,
 ``rollout.autoscaler``, which hold every write and its audit entry) and render; a refusal is
 a 400 naming the field, a move its state does not allow a 409.
 """
@@ -37,6 +38,7 @@ from rollout.canary import (
 from rollout.canary_stats import CRITERIA
 from rollout.hotswap import Swap, deployment_swap_cancel, deployment_swap_version, swap_get
 from rollout.models import Canary, CanaryDecision
+from rollout.rollback import VIA_HOT_SWAP, model_rollback, rollback_plan
 from rollout.selectors import canary_latest, swap_latest_id
 
 # --- Canaries -------------------------------------------------------------------------
@@ -296,6 +298,92 @@ def deployment_swap(request: Request, pk: int) -> Response:
             raise Conflict(exc.message) from exc
         swap = swap_get(swap_id=swap.entry.pk)
     return Response(SwapSerializer(swap).data)
+
+
+# --- Rollback ----------------------------------------------------------------------------
+
+
+class RollbackRequestSerializer(serializers.Serializer[Any]):
+    version = serializers.CharField(
+        max_length=50,
+        help_text="the version to roll back to, as GET names it (`previous_version`): a change made since is "
+        "refused rather than undone in its place",
+    )
+
+
+class RollbackSerializer(serializers.Serializer[Any]):
+    model = serializers.CharField(source="model.name")
+    serving_version = serializers.CharField(
+        source="from_version", help_text="the version that took over at the last change"
+    )
+    previous_version = serializers.CharField(source="to_version", help_text="the version a rollback returns to")
+    change = serializers.CharField(source="change.kind", help_text="hot-swap, canary promotion or rollback")
+    changed_at = serializers.DateTimeField(source="change.at")
+    via = serializers.CharField(
+        help_text="traffic: the previous version's deployments are ready, and take all the traffic at once; "
+        "hot-swap: the deployment named is swapped back (the previous version's replicas start, the traffic moves "
+        "once every one is ready)"
+    )
+    deployment = serializers.IntegerField(
+        source="deployment.pk", allow_null=True, default=None, help_text="the deployment swapped back (hot-swap)"
+    )
+    available = serializers.BooleanField(help_text="whether POST would roll back now")
+    reason = serializers.CharField(source="refusal", help_text="why not, when not available")
+
+
+class RollbackDoneSerializer(serializers.Serializer[Any]):
+    rollback = RollbackSerializer(help_text="the plan carried out")
+    weights = serializers.DictField(
+        child=serializers.IntegerField(), allow_null=True, help_text="the split set (via traffic)"
+    )
+    swap = SwapSerializer(allow_null=True, help_text="the hot-swap started (via hot-swap): follow it with its GET")
+
+
+@extend_schema(
+    methods=["GET"],
+    tags=["registry"],
+    description="What a rollback of the model would do: the version it served before its last hot-swap, canary "
+    "promotion or rollback, how it would go back, and whether it can now (`available`, else `reason`).",
+    responses={200: RollbackSerializer, 404: OpenApiResponse(description="its serving version never changed")},
+)
+@extend_schema(
+    methods=["POST"],
+    tags=["registry"],
+    description="Roll the model back to its previous serving version (`version` confirms which): at once by "
+    "traffic when that version's deployments are ready (200), else by a hot-swap of the deployment now serving "
+    "back to it (202), which moves no traffic before every replica is ready. Audited `model.rollback`.",
+    request=RollbackRequestSerializer,
+    responses={
+        200: RollbackDoneSerializer,
+        202: RollbackDoneSerializer,
+        400: OpenApiResponse(description="`version` is not the version to roll back to"),
+        409: OpenApiResponse(description="nothing to roll back to, or not now (the reason)"),
+    },
+)
+@api_view(["GET", "POST"])
+@permission_classes([IsPlatformAdmin])
+def model_rollback_view(request: Request, name: str) -> Response:
+    """GET: what a rollback would do. POST: roll back."""
+    model = _model_named(name)
+    if request.method == "GET":
+        plan = rollback_plan(model=model)
+        if plan is None:
+            raise NotFound(f"{name}'s serving version never changed: there is nothing to roll back to.")
+        return Response(RollbackSerializer(plan).data)
+    body = RollbackRequestSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        done = model_rollback(actor=request.user, model=model, version=body.validated_data["version"])
+    except InvalidInput as exc:
+        if exc.field == "version":
+            raise refused(exc) from exc
+        raise Conflict(exc.message) from exc
+    swap = _latest_swap(done.plan.deployment) if done.swap_to is not None and done.plan.deployment else None
+    data = {"rollback": done.plan, "weights": done.weights, "swap": swap}
+    started = done.plan.via == VIA_HOT_SWAP
+    return Response(
+        RollbackDoneSerializer(data).data, status=status.HTTP_202_ACCEPTED if started else status.HTTP_200_OK
+    )
 
 
 @extend_schema(

@@ -1,5 +1,5 @@
 """Deployments and rollouts in the console: replicas (and their restart), scaling, traffic splits, hot-swaps,
-canaries, shadows.
+rollbacks, canaries, shadows.
 
 One page lists each model's deployments with every form beside them; each form posts to its
 own URL, which calls the same service as the management API and redirects back (or, refused,
@@ -53,7 +53,7 @@ from registry.services import (
     replica_restart_request,
     traffic_set,
 )
-from rollout.autoscaler import deployment_autoscale_set
+from rollout.autoscaler import AutoscalePolicy, deployment_autoscale_set
 from rollout.hotswap import (
     SWAP,
     SWAP_DONE,
@@ -65,6 +65,7 @@ from rollout.hotswap import (
     swap_get,
 )
 from rollout.predictive import demand_profile
+from rollout.rollback import ROLLBACK, VIA_TRAFFIC, RollbackPlan, model_rollback, rollback_plan
 from rollout.selectors import Lifecycle, lifecycle_of, swap_latest_id
 from rollout.served_requests import ServedSummary, served_summaries
 
@@ -86,6 +87,7 @@ CHANGES = {
     SWAP_DRAIN: "hot-swap draining",
     SWAP_DONE: "hot-swap finished",
     "traffic.set": "traffic split set",
+    ROLLBACK: "rolled back",
 }
 
 
@@ -154,10 +156,6 @@ class DeploymentRow:
         return "" if entry is None else CHANGES.get(entry.action, entry.action)
 
     @property
-    def scale_note(self) -> str:
-        return f"{self.deployment.version} · {self.live.get('replicas', '')}"
-
-    @property
     def swap_note(self) -> str:
         return (
             f"Starts the new version beside {self.deployment.version}, moves this deployment's traffic to it"
@@ -165,8 +163,14 @@ class DeploymentRow:
         )
 
     @property
+    def autoscales(self) -> bool:
+        return _autoscales(self.deployment)
+
+    @property
     def refused(self) -> str:
-        return _refused(scale=self.scale_form, autoscale=self.autoscale_form, swap=self.swap_form)
+        """The drawer to open with the page: the scaling one ("replicas") holds both scaling forms."""
+        scaling = _refused(replicas=self.scale_form) or _refused(replicas=self.autoscale_form)
+        return scaling or _refused(swap=self.swap_form)
 
     @property
     def swap_open(self) -> bool:
@@ -181,6 +185,7 @@ class ModelPanel:
     traffic_form: forms.Form | None
     deploy_form: forms.Form
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    rollback: RollbackPlan | None = None  # None: its serving version never changed
 
     @property
     def refused(self) -> str:
@@ -245,6 +250,7 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
         traffic_form=refused.get(("traffic", model.name)) or (TrafficSplitForm(split=split) if split else None),
         deploy_form=refused.get(("deploy", model.name)) or DeployForm(versions=versions, prefix=f"deploy-{model.pk}"),
         decisions=[_scale_row(entry) for entry in scale_decisions(model=model)[:DECISIONS_PER_MODEL]],
+        rollback=rollback_plan(model=model),
     )
 
 
@@ -377,12 +383,16 @@ def traffic(request: HttpRequest, name: str) -> HttpResponse:
 @platform_admin_required
 @require_POST
 def scale(request: HttpRequest, pk: int) -> HttpResponse:
+    """The one scaling form: the replica count and its bounds, and (where the deployment can
+    autoscale: not a LoRA adapter) the autoscaling policy, set together or not at all."""
     deployment = _deployment_or_404(pk)
-    form = ScaleForm(request.POST, prefix=f"scale-{pk}")
-    if form.is_valid():
-        data = form.cleaned_data
+    scale_form = ScaleForm(request.POST, prefix=f"scale-{pk}")
+    autoscale_form = AutoscaleForm(request.POST, prefix=f"autoscale-{pk}") if _autoscales(deployment) else None
+    valid = [form.is_valid() for form in (scale_form, autoscale_form) if form is not None]  # both show their errors
+    if all(valid):
+        data = scale_form.cleaned_data
         try:
-            with transaction.atomic():  # bounds and count together, as the management API sets them
+            with transaction.atomic():  # bounds, count and policy together, as the management API sets each
                 deployment_bounds_set(
                     actor=request.user, deployment=deployment,
                     min_replicas=data["min_replicas"], max_replicas=data["max_replicas"],
@@ -391,33 +401,43 @@ def scale(request: HttpRequest, pk: int) -> HttpResponse:
                     actor=request.user, deployment=deployment, replicas=data["replicas"],
                     reasons=["set by a platform admin"], action="deployment.scale",
                 )  # fmt: skip
+                if autoscale_form is not None and _policy_changed(deployment, autoscale_form.policy()):
+                    deployment_autoscale_set(
+                        actor=request.user, deployment=deployment, autoscale=autoscale_form.policy()
+                    )
         except InvalidInput as exc:
+            form = autoscale_form if autoscale_form is not None and exc.field in autoscale_form.fields else scale_form
             refuse(form, exc)
         else:
+            count = data["replicas"]
+            policy = ""
+            if autoscale_form is not None:
+                policy = f"; autoscaling {'on' if autoscale_form.cleaned_data['enabled'] else 'off'}"
             messages.success(
                 request,
-                f"Deployment {pk} wants {data['replicas']} replicas "
-                f"(between {data['min_replicas']} and {data['max_replicas']}).",
+                f"Deployment {pk} wants {count} replica{'s' if count != 1 else ''} "
+                f"(between {data['min_replicas']} and {data['max_replicas']}){policy}.",
             )
             return _back(request, deployment.version.model)
-    return _refused_board(request, ("scale", str(pk)), form)
+    refused: Refused = {("scale", str(pk)): scale_form}
+    if autoscale_form is not None:
+        refused[("autoscale", str(pk))] = autoscale_form
+    messages.error(request, "Not saved: see the errors below.")
+    return _board(request, refused)
 
 
-@platform_admin_required
-@require_POST
-def autoscale(request: HttpRequest, pk: int) -> HttpResponse:
-    deployment = _deployment_or_404(pk)
-    form = AutoscaleForm(request.POST, prefix=f"autoscale-{pk}")
-    if form.is_valid():
-        try:
-            deployment_autoscale_set(actor=request.user, deployment=deployment, autoscale=form.policy())
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            state = "on" if form.cleaned_data["enabled"] else "off"
-            messages.success(request, f"Autoscaling of deployment {pk} saved ({state}).")
-            return _back(request, deployment.version.model)
-    return _refused_board(request, ("autoscale", str(pk)), form)
+def _policy_changed(deployment: Deployment, policy: dict[str, Any]) -> bool:
+    """Whether the scaling form's policy differs from the one in force: the form always posts
+    one, and a count changed alone must not rewrite (and audit) an unchanged policy."""
+    try:
+        return AutoscalePolicy.from_json(policy) != AutoscalePolicy.from_json(deployment.autoscale)
+    except InvalidInput:
+        return True  # the service says why
+
+
+def _autoscales(deployment: Deployment) -> bool:
+    """Whether the deployment has an autoscaling policy to set: a LoRA adapter runs on its base's replicas."""
+    return not is_adapter_framework(deployment.version.framework)
 
 
 @platform_admin_required
@@ -457,6 +477,31 @@ def swap_cancel(request: HttpRequest, swap_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Hot-swap of {found.model} to {found.to_version} cancelled.")
     model = model_named(name=found.model)
+    return _back(request, model)
+
+
+@platform_admin_required
+@require_http_methods(["GET", "POST"])
+def rollback(request: HttpRequest, name: str) -> HttpResponse:
+    """Roll a model back to the version it served before its last promotion or hot-swap; asks
+    first (GET, or a POST without ``confirm``), naming the version the person confirms."""
+    model = _model_or_404(name)
+    if request.method == "GET" or request.POST.get("confirm") != "yes":
+        context = {"model": model, "plan": rollback_plan(model=model), "traffic": VIA_TRAFFIC}
+        return render(request, "console/deployments/rollback_confirm.html", context)
+    try:
+        done = model_rollback(actor=request.user, model=model, version=request.POST.get("version", ""))
+    except InvalidInput as exc:
+        messages.error(request, f"Not rolled back: {exc.message}")
+    else:
+        if done.swap_to is None:
+            messages.success(request, f"Rolled {model.name} back to {done.plan.to_version}: it serves all the traffic.")
+        else:
+            messages.success(
+                request,
+                f"Rollback of {model.name} to {done.plan.to_version} started: deployment {done.swap_to.pk} is "
+                f"starting, and takes the traffic of deployment {done.plan.deployment_id} once every replica is ready.",
+            )
     return _back(request, model)
 
 
@@ -538,8 +583,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/live/", live, name="deployments-live"),
     path("console/deployments/models/<str:name>/deploy/", deploy, name="deployments-deploy"),
     path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
+    path("console/deployments/models/<str:name>/rollback/", rollback, name="deployments-rollback"),
     path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),
-    path("console/deployments/<int:pk>/autoscale/", autoscale, name="deployments-autoscale"),
     path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),
     path("console/deployments/swaps/<int:swap_id>/cancel/", swap_cancel, name="deployments-swap-cancel"),
     path("console/deployments/replicas/<int:replica_id>/restart/", replica_restart, name="deployments-replica-restart"),

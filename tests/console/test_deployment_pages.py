@@ -21,7 +21,12 @@ from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
 from registry.selectors import last_changes
 from registry.services import deployment_scale, replica_record_load_time, traffic_set
 from rollout.canary_stats import percentile
-from rollout.hotswap import deployment_swap_version
+from rollout.hotswap import (
+    deployment_swap_drain,
+    deployment_swap_finish,
+    deployment_swap_shift,
+    deployment_swap_version,
+)
 from rollout.served_requests import served_requests, served_summaries
 from tests.support.registry import make_version
 from tests.support.usage_records import make_record
@@ -254,13 +259,19 @@ class TestDeployAndScale:
         assert "Must be at least min_replicas (3)." in response.content.decode()
 
 
+def scaling(deployment: Deployment, replicas: int = 1, low: int = 1, high: int = 4, **policy: str) -> dict[str, str]:
+    """The one scaling form as posted: the count and bounds, and the policy's fields given."""
+    scale, auto = f"scale-{deployment.pk}-", f"autoscale-{deployment.pk}-"
+    return {scale + "replicas": str(replicas), scale + "min_replicas": str(low), scale + "max_replicas": str(high),
+            **{auto + name: value for name, value in policy.items()}}  # fmt: skip
+
+
 class TestAutoscaling:
     def test_it_sets_the_policy(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")
-        p = f"autoscale-{deployment.pk}-"
         response = admin_client.post(
-            f"/console/deployments/{deployment.pk}/autoscale/",
-            {p + "enabled": "on", p + "target_queue_per_replica": "2", p + "target_p99_ms": "1500"},
+            f"/console/deployments/{deployment.pk}/scale/",
+            scaling(deployment, enabled="on", target_queue_per_replica="2", target_p99_ms="1500"),
         )
         assert response.status_code == 302
         deployment.refresh_from_db()
@@ -268,14 +279,16 @@ class TestAutoscaling:
         assert deployment.autoscale["target_queue_per_replica"] == 2.0
         assert deployment.autoscale["target_p99_ms"] == 1500.0
         assert deployment.autoscale["cooldown_seconds"] == 60.0  # blank: the default
-        assert "Autoscaling of deployment" in admin_client.get(response["Location"]).content.decode()
+        page = admin_client.get(response["Location"]).content.decode()
+        assert f"Deployment {deployment.pk} wants 1 replica (between 1 and 4); autoscaling on." in page
+        # The count was set again unchanged: only the policy is in the audit log.
+        assert [e.action for e in AuditEntry.objects.filter(target=str(deployment.pk))] == ["deployment.autoscale"]
 
     def test_a_predictive_policy_shows_the_busiest_moment_its_profile_expects(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")
-        p = f"autoscale-{deployment.pk}-"
         response = admin_client.post(
-            f"/console/deployments/{deployment.pk}/autoscale/",
-            {p + "enabled": "on", p + "predictive": "on", p + "predictive_lead_seconds": "600"},
+            f"/console/deployments/{deployment.pk}/scale/",
+            scaling(deployment, enabled="on", predictive="on", predictive_lead_seconds="600"),
         )
         assert response.status_code == 302
         deployment.refresh_from_db()
@@ -294,16 +307,55 @@ class TestAutoscaling:
         expected_at = hour + timedelta(hours=1, minutes=30)
         assert f"predictive: busiest next 2 in flight, {expected_at:%a %H:%M} UTC" in html
 
-    def test_a_bad_value_is_refused_on_its_field(self, admin_client, chat_model):
+    def test_a_bad_value_is_refused_on_its_field_and_nothing_is_set(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")
-        p = f"autoscale-{deployment.pk}-"
         response = admin_client.post(
-            f"/console/deployments/{deployment.pk}/autoscale/", {p + "enabled": "on", p + "scale_in_utilisation": "3"}
+            f"/console/deployments/{deployment.pk}/scale/",
+            scaling(deployment, replicas=3, enabled="on", scale_in_utilisation="3"),
         )
         assert response.status_code == 200
-        assert "Must be at most 1." in response.content.decode()
+        html = response.content.decode()
+        assert "Must be at most 1." in html
+        drawer = f"drawer-replicas-{deployment.pk}"
+        assert f'id="{drawer}" aria-labelledby="{drawer}-title" data-open-on-load' in html
         deployment.refresh_from_db()
-        assert deployment.autoscale == {}
+        assert (deployment.autoscale, deployment.replicas) == ({}, 1)  # the count waited for the policy
+        assert not AuditEntry.objects.filter(target=str(deployment.pk)).exists()
+
+    def test_a_count_changed_alone_leaves_the_policy_as_it_was(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        page = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert f'name="autoscale-{deployment.pk}-cooldown_seconds" value="60.0"' in page  # the defaults, as posted
+        defaults = {"target_queue_per_replica": "4.0", "target_in_flight_per_replica": "16.0",
+                    "cooldown_seconds": "60.0", "scale_in_quiet_seconds": "300.0",
+                    "scale_in_utilisation": "0.5"}  # fmt: skip
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/scale/", scaling(deployment, replicas=2, **defaults)
+        )
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert (deployment.replicas, deployment.autoscale) == (2, {})
+        assert [e.action for e in AuditEntry.objects.filter(target=str(deployment.pk))] == ["deployment.scale"]
+        page = admin_client.get(response["Location"]).content.decode()
+        assert f"Deployment {deployment.pk} wants 2 replicas (between 1 and 4); autoscaling off." in page
+
+    def test_a_lora_adapter_has_a_count_and_no_policy(self, admin_client, chat_model):
+        adapter = ModelVersion.objects.create(
+            model=chat_model, version="lora-1", framework="lora", artifact_uri="local://gpt-tiny/lora-1",
+            artifact_sha256="0" * 64, artifact_size=1,
+        )  # fmt: skip
+        deployment = Deployment.objects.create(version=adapter, status="running", traffic_weight=0)
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        drawer = html[html.index(f'id="drawer-replicas-{deployment.pk}"') :].split("</dialog>")[0]
+        assert f'name="scale-{deployment.pk}-replicas"' in drawer
+        assert "<legend>Autoscaling</legend>" not in drawer
+        assert "autoscale the base's deployment" in drawer
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/scale/", scaling(deployment, replicas=1, high=2, enabled="on")
+        )
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert (deployment.max_replicas, deployment.autoscale) == (2, {})  # the policy's fields ignored
 
     def test_decisions_show_with_their_reasons_and_figures(self, admin_client, chat_model):
         deployment = deployment_of(chat_model, "v1")
@@ -360,10 +412,114 @@ class TestHotSwap:
         assert "The swap was not cancelled: The swap is over already." in again.content.decode()
 
 
+def hot_swapped(model: Model, old: Deployment, to: str) -> Deployment:
+    """``old`` hot-swapped to ``to`` through to completed, as the supervisors would step it."""
+    new = deployment_swap_version(actor=None, deployment=old, version=ModelVersion.objects.get(model=model, version=to))
+    Replica.objects.create(deployment=new, host="h", state="ready", endpoint="http://x", last_heartbeat=timezone.now())
+    entry = AuditEntry.objects.filter(action="deployment.swap", target=str(old.pk)).latest("id")
+    assert deployment_swap_shift(swap=entry, heartbeat_after=timezone.now() - timedelta(minutes=1))
+    deployment_swap_drain(swap=entry)
+    deployment_swap_finish(swap=entry, outcome="completed", reason="every old replica stopped")
+    new.refresh_from_db()
+    return new
+
+
+def words(response: Any) -> str:
+    """A page's HTML with its whitespace runs as single spaces: the text as read."""
+    return " ".join(response.content.decode().split())
+
+
+class TestRollback:
+    URL = "/console/deployments/models/gpt-tiny/rollback/"
+
+    def test_after_a_hot_swap_it_is_offered_confirmed_and_started(self, admin_client, chat_model):
+        v3 = hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert f'<a class="button secondary" href="{self.URL}" data-rollback="v1"' in html
+        assert "Roll back to v1…" in html
+        page = words(admin_client.get(self.URL))
+        assert "Roll back gpt-tiny to v1?" in page
+        assert "gpt-tiny serves v3 since the hot-swap of" in page
+        assert f"deployment #{v3.pk} (v3) is hot-swapped back: v1 starts on 1 new replica beside it" in page
+        assert 'name="version" value="v1"' in page
+        # A POST without the confirmation only asks.
+        assert admin_client.post(self.URL, {"version": "v1"}).status_code == 200
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"})
+        assert response.status_code == 302
+        new = Deployment.objects.get(version__model=chat_model, version__version="v1", status="pending")
+        assert (new.traffic_weight, deployment_of(chat_model, "v3").traffic_weight) == (0, 100)
+        entry = AuditEntry.objects.get(action="model.rollback", target="gpt-tiny")
+        assert (entry.actor_name, entry.after["via"], entry.after["swap_to"]) == ("ops", "hot-swap", new.pk)
+        page = admin_client.get(response["Location"]).content.decode()
+        assert (
+            f"Rollback of gpt-tiny to v1 started: deployment {new.pk} is starting, and takes the traffic of "
+            f"deployment {v3.pk} once every replica is ready."
+        ) in page
+        assert 'data-swap-open="true"' in page  # the swap it started, followed as any other
+        assert "No rollback to v1 now: A hot-swap of gpt-tiny (v3 → v1) is under way" in page
+
+    def test_after_a_promotion_the_ready_base_takes_the_traffic_back_at_once(self, admin_client, chat_model):
+        Replica.objects.create(
+            deployment=deployment_of(chat_model, "v1"), host="h", state="ready", last_heartbeat=timezone.now()
+        )
+        traffic_set(actor=None, model=chat_model, weights={"v2": 100})
+        AuditEntry.objects.create(
+            action="canary.promote", target_type="canary", target="gpt-tiny", actor_name="canary controller",
+            before={}, after={"base_version": "v1", "canary_version": "v2", "status": "promoted"},
+        )  # fmt: skip
+        page = words(admin_client.get(self.URL))
+        assert "gpt-tiny serves v2 since the canary promotion of" in page
+        assert "(by canary controller)" in page
+        assert "all of gpt-tiny's traffic moves to it at once" in page
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"}, follow=True)
+        assert "Rolled gpt-tiny back to v1: it serves all the traffic." in response.content.decode()
+        assert weights(chat_model) == {"v1": 100, "v2": 0}
+
+    def test_not_offered_where_nothing_changed_and_explained_where_it_cannot(self, admin_client, chat_model):
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert "data-rollback" not in html
+        assert "never changed: there is no earlier version to roll back to" in words(admin_client.get(self.URL))
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v1"}, follow=True)
+        assert "Not rolled back: gpt-tiny&#x27;s serving version never changed" in response.content.decode()
+
+        v3 = hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        Deployment.objects.filter(pk=v3.pk).update(status="stopped")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert 'href="/console/deployments/models/gpt-tiny/rollback/"' not in html
+        why = f"Deployment #{v3.pk}, which took over from v1, no longer serves."
+        assert f"No rollback to v1 now: {why}" in html
+        page = words(admin_client.get(self.URL))
+        assert f"It cannot be rolled back now: {why}" in page
+        assert 'name="confirm"' not in page
+
+    def test_a_version_other_than_the_one_confirmed_changes_nothing(self, admin_client, chat_model):
+        hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        response = admin_client.post(self.URL, {"confirm": "yes", "version": "v2"}, follow=True)
+        assert "Not rolled back: gpt-tiny would roll back to v1, not v2" in response.content.decode()
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+        assert weights(chat_model)["v3"] == 100
+
+    def test_only_platform_admins_may(self, chat_model, alice_org):
+        hot_swapped(chat_model, deployment_of(chat_model, "v1"), "v3")
+        response = Client().post(self.URL, {"confirm": "yes", "version": "v1"})
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+        user = get_user_model().objects.create_user(username="rb-member", password="x")
+        Membership.objects.create(user=user, organization=alice_org, role=Role.ORG_ADMIN)
+        client = Client()
+        client.force_login(user)
+        assert client.get(self.URL).status_code == 403
+        assert client.post(self.URL, {"confirm": "yes", "version": "v1"}).status_code == 403
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+
+
 def test_unknown_things_are_404(admin_client: Any) -> None:
     assert admin_client.post("/console/deployments/models/nope/traffic/", {}).status_code == 404
     assert admin_client.post("/console/deployments/999999/scale/", {}).status_code == 404
     assert admin_client.get("/console/deployments/swaps/999999/status/").status_code == 404
+    assert admin_client.get("/console/deployments/models/nope/rollback/").status_code == 404
 
 
 def usage(key: Any, model: str, version: str, rows: list[tuple[int, int]], *, at: Any, cache: str = "miss") -> None:
@@ -487,10 +643,23 @@ class TestDrawers:
     def test_every_action_is_a_button_opening_its_drawer(self, admin_client, chat_model):
         v1 = deployment_of(chat_model, "v1")
         html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
-        for kind, pk in (("deploy", chat_model.pk), ("traffic", chat_model.pk), ("scale", v1.pk),
-                         ("autoscale", v1.pk), ("swap", v1.pk), ("replicas", v1.pk)):  # fmt: skip
+        for kind, pk in (("deploy", chat_model.pk), ("traffic", chat_model.pk), ("swap", v1.pk),
+                         ("replicas", v1.pk)):  # fmt: skip
             assert f'data-drawer="drawer-{kind}-{pk}"' in html
             assert f'<dialog class="drawer" id="drawer-{kind}-{pk}"' in html
+        # One scaling control: the replicas, the count and the policy in one drawer, one form.
+        for gone in ("scale", "autoscale"):
+            assert f"drawer-{gone}-{v1.pk}" not in html
+        row = html[html.index(f'data-deployment="{v1.pk}"') :].split("</tr>")[0]
+        assert row.count("data-drawer=") == 2  # scaling, hot-swap
+        drawer = html[html.index(f'id="drawer-replicas-{v1.pk}"') :].split("</dialog>")[0]
+        assert "Replicas and scaling of deployment #" in drawer
+        assert 'class="replicas"' in drawer
+        [form] = drawer.split('<form method="post"')[1:]
+        assert f'action="/console/deployments/{v1.pk}/scale/"' in form
+        for name in ("scale-{}-replicas", "scale-{}-max_replicas", "autoscale-{}-enabled", "autoscale-{}-predictive"):
+            assert f'name="{name.format(v1.pk)}"' in form
+        assert "<legend>Autoscaling</legend>" in form
         assert "data-open-on-load" not in html
         # Each deployment's history and the model's, in the audit log filtered to them.
         audit = reverse("console:audit")
@@ -500,9 +669,7 @@ class TestDrawers:
 
     def test_a_refused_form_opens_its_drawer_again(self, admin_client, chat_model):
         v1 = deployment_of(chat_model, "v1")
-        html = admin_client.post(
-            f"/console/deployments/{v1.pk}/scale/",
-            {f"scale-{v1.pk}-replicas": "9", f"scale-{v1.pk}-min_replicas": "1", f"scale-{v1.pk}-max_replicas": "4"},
-        ).content.decode()
+        html = admin_client.post(f"/console/deployments/{v1.pk}/scale/", scaling(v1, replicas=9)).content.decode()
         assert html.count("data-open-on-load") == 1
-        assert f'id="drawer-scale-{v1.pk}" aria-labelledby="drawer-scale-{v1.pk}-title" data-open-on-load' in html
+        assert f'id="drawer-replicas-{v1.pk}" aria-labelledby="drawer-replicas-{v1.pk}-title" data-open-on-load' in html
+        assert "Must lie between 1 (min_replicas, at least 1) and 4." in html

@@ -11,7 +11,13 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from registry.models import AuditEntry, Deployment, Model, Replica
+from registry.models import AuditEntry, Deployment, Model, ModelVersion, Replica
+from rollout.hotswap import (
+    deployment_swap_drain,
+    deployment_swap_finish,
+    deployment_swap_shift,
+    deployment_swap_version,
+)
 from serving.models import ShadowPolicy, ShadowRecord
 from tests.support.api import client_for
 
@@ -83,6 +89,71 @@ class TestSwap:
     def test_a_deployment_never_swapped_is_a_404(self, ml, chat_model):
         assert ml.get(f"/api/v1/deployments/{running(chat_model, 'v1').pk}/swap").status_code == 404
         assert ml.get("/api/v1/deployments/999999/swap").status_code == 404
+
+
+def swapped_through(old: Deployment, to: str) -> Deployment:
+    """``old`` hot-swapped to ``to``, then stepped to completed as the supervisors would."""
+    version = ModelVersion.objects.get(model=old.version.model, version=to)
+    new = deployment_swap_version(actor=None, deployment=old, version=version)
+    Replica.objects.create(deployment=new, host="h", state="ready", endpoint="http://x", last_heartbeat=timezone.now())
+    entry = AuditEntry.objects.filter(action="deployment.swap", target=str(old.pk)).latest("id")
+    assert deployment_swap_shift(swap=entry, heartbeat_after=timezone.now() - timedelta(minutes=1))
+    deployment_swap_drain(swap=entry)
+    deployment_swap_finish(swap=entry, outcome="completed", reason="every old replica stopped")
+    return new
+
+
+class TestRollback:
+    URL = "/api/v1/models/gpt-tiny/rollback"
+
+    def test_it_shows_the_plan_then_swaps_back_to_the_version_before(self, ml, chat_model):
+        assert ml.get(self.URL).status_code == 404  # never changed
+        new = swapped_through(running(chat_model, "v1"), "v3")
+        plan = ml.get(self.URL).json()
+        assert plan | {"changed_at": "?"} == {
+            "model": "gpt-tiny", "serving_version": "v3", "previous_version": "v1", "change": "hot-swap",
+            "changed_at": "?", "via": "hot-swap", "deployment": new.pk, "available": True, "reason": "",
+        }  # fmt: skip
+        response = ml.post(self.URL, {"version": "v1"}, format="json")
+        assert response.status_code == 202, response.content
+        body = response.json()
+        assert (body["rollback"]["previous_version"], body["weights"]) == ("v1", None)
+        swap = body["swap"]
+        assert (swap["old_deployment"], swap["from_version"], swap["to_version"], swap["phase"]) == (
+            new.pk, "v3", "v1", "starting"
+        )  # fmt: skip
+        entry = AuditEntry.objects.get(action="model.rollback", target="gpt-tiny")
+        assert (entry.actor_name, entry.after["swap_to"]) == ("ml", swap["new_deployment"])
+        # Under way: GET says why not, and a second POST is a 409.
+        again = ml.get(self.URL).json()
+        assert again["available"] is False
+        assert "under way" in again["reason"]
+        assert ml.post(self.URL, {"version": "v1"}, format="json").status_code == 409
+
+    def test_after_a_promotion_it_moves_the_traffic_at_once(self, ml, chat_model):
+        Deployment.objects.filter(pk=running(chat_model, "v2").pk).update(status="running")
+        v1 = running(chat_model, "v1")
+        Replica.objects.create(deployment=v1, host="h", state="ready", last_heartbeat=timezone.now())
+        Deployment.objects.filter(pk=v1.pk).update(traffic_weight=0)
+        Deployment.objects.filter(version__model=chat_model, version__version="v2").update(traffic_weight=100)
+        AuditEntry.objects.create(
+            action="canary.promote", target_type="canary", target="gpt-tiny",
+            before={}, after={"base_version": "v1", "canary_version": "v2"},
+        )  # fmt: skip
+        response = ml.post(self.URL, {"version": "v1"}, format="json")
+        assert response.status_code == 200, response.content
+        assert (response.json()["weights"], response.json()["swap"]) == ({"v1": 100, "v2": 0}, None)
+        assert running(chat_model, "v1").traffic_weight == 100
+
+    def test_a_version_other_than_the_previous_one_is_a_400_and_nothing_to_roll_back_a_409(self, ml, chat_model):
+        assert ml.post(self.URL, {"version": "v1"}, format="json").status_code == 409
+        swapped_through(running(chat_model, "v1"), "v3")
+        response = ml.post(self.URL, {"version": "v2"}, format="json")
+        assert response.status_code == 400
+        assert "would roll back to v1, not v2" in response.json()["version"][0]
+        assert ml.post(self.URL, {}, format="json").status_code == 400
+        assert not AuditEntry.objects.filter(action="model.rollback").exists()
+        assert ml.get("/api/v1/models/nope/rollback").status_code == 404
 
 
 class TestReplicas:
@@ -226,6 +297,8 @@ OPERATIONS: list[tuple[str, str, Any]] = [
     ("get", "/api/v1/models/gpt-tiny/shadow", None),
     ("put", "/api/v1/models/gpt-tiny/shadow", {"version": "v2", "percent": 5}),
     ("delete", "/api/v1/models/gpt-tiny/shadow", None),
+    ("get", "/api/v1/models/gpt-tiny/rollback", None),
+    ("post", "/api/v1/models/gpt-tiny/rollback", {"version": "v1"}),
 ]
 
 
@@ -246,3 +319,4 @@ class TestAccess:
         assert "put" in paths["/api/v1/deployments/{id}/replicas"]
         assert "put" in paths["/api/v1/deployments/{id}/autoscale"]
         assert {"get", "put", "delete"} <= paths["/api/v1/models/{name}/shadow"].keys()
+        assert {"get", "post"} <= paths["/api/v1/models/{name}/rollback"].keys()
