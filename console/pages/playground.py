@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, URLPattern, URLResolver, path, reverse
 
@@ -24,6 +25,42 @@ WEBSOCKET_PATH = "/ws/v1/chat/completions"
 # What the playground starts with; the engine's own limit is the model's context length.
 DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_CEILING = 4096
+
+
+@dataclass(frozen=True)
+class PublicAddress:
+    """Where customers reach this platform, as every snippet the portal shows names it."""
+
+    base_url: str  # "https://api.example.com": a scheme, a host, a path if any; no trailing slash
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.base_url}/v1"
+
+    @property
+    def secure(self) -> bool:
+        return self.base_url.startswith("https:")
+
+    @property
+    def socket_url(self) -> str:
+        return f"{'wss' if self.secure else 'ws'}://{self.base_url.split('://', 1)[1]}{WEBSOCKET_PATH}"
+
+    @property
+    def http_host(self) -> str:
+        """What tritonclient's HTTP client takes: the host and port, without a scheme or path."""
+        return urlsplit(self.base_url).netloc
+
+    @property
+    def grpc_address(self) -> str:
+        """The gRPC listener (GRPC_PORT) on the same host."""
+        host = urlsplit(self.base_url).hostname or ""
+        return f"[{host}]:{settings.GRPC_PORT}" if ":" in host else f"{host}:{settings.GRPC_PORT}"
+
+
+def public_address(request: HttpRequest) -> PublicAddress:
+    """PUBLIC_BASE_URL when it is set; else the scheme and host the request came with (https
+    behind a balancer trusted with X-Forwarded-Proto: TRUST_PROXY_HEADERS)."""
+    return PublicAddress(settings.PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/"))
 
 
 @dataclass
@@ -139,13 +176,13 @@ def cache_terms(models: list[ServedModel]) -> dict[str, dict[str, Any]]:
 def playground(request: OrgRequest, org_id: int) -> HttpResponse:
     chat_models = [m for m in served_models() if m.task == Task.CHAT]
     cache = cache_terms(chat_models)
-    ws_scheme = "wss" if request.is_secure() else "ws"
+    address = public_address(request)
     config: dict[str, Any] = {
         "organization": org_id,
         "socketPath": WEBSOCKET_PATH,
         # For "View code": the same request through the API, as any client would send it.
-        "apiBase": request.build_absolute_uri("/v1").rstrip("/"),
-        "socketUrl": f"{ws_scheme}://{request.get_host()}{WEBSOCKET_PATH}",
+        "apiBase": address.api_base,
+        "socketUrl": address.socket_url,
         "models": [
             {"name": m.name, "versions": m.versions, "weighted": m.weighted, "cache": cache[m.name]}
             for m in chat_models
@@ -257,7 +294,7 @@ def quickstart_snippets(*, api_base: str, ws_url: str, chat_model: str, embeddin
     }
 
 
-def predict_snippets(*, base_url: str, grpc_address: str, model: SmallModel) -> dict[str, str]:
+def predict_snippets(*, address: PublicAddress, model: SmallModel) -> dict[str, str]:
     """Copy-paste predict examples for one small model: curl, tritonclient over HTTP and gRPC."""
     example = model.example or {spec["name"]: "…" for spec in model.signature.get("inputs", [])}
     inputs = model.signature.get("inputs") or [{"name": "input", "datatype": "FP32", "shape": [-1]}]
@@ -275,21 +312,21 @@ def predict_snippets(*, base_url: str, grpc_address: str, model: SmallModel) -> 
         f'result = client.infer("{model.name}", [tensor], headers=headers)\n'
         'print(result.as_numpy("label"), result.as_numpy("probabilities"))'
     )
-    host = base_url.split("://", 1)[-1]
+    http_client = f'"{address.http_host}", ssl=True' if address.secure else f'"{address.http_host}"'
     return {
         "curl_predict": (
-            f"curl {base_url}/api/v1/models/{model.name}/predict \\\n"
+            f"curl {address.base_url}/api/v1/models/{model.name}/predict \\\n"
             '  -H "Authorization: Bearer $OPENAI_API_KEY" \\\n'
             '  -H "Content-Type: application/json" \\\n'
             f"  -d '{json.dumps({'inputs': [example]})}'"
         ),
         "python_triton_http": triton_body.format(
             module="import tritonclient.http as httpclient", alias="httpclient",
-            client=f'client = httpclient.InferenceServerClient("{host}")',
+            client=f"client = httpclient.InferenceServerClient({http_client})",
         ),
         "python_triton_grpc": triton_body.format(
             module="import tritonclient.grpc as grpcclient", alias="grpcclient",
-            client=f'client = grpcclient.InferenceServerClient("{grpc_address}")',
+            client=f'client = grpcclient.InferenceServerClient("{address.grpc_address}")',
         ),
     }  # fmt: skip
 
@@ -299,29 +336,28 @@ def quickstart(request: OrgRequest, org_id: int) -> HttpResponse:
     models = served_models()
     chat = next((m.name for m in models if m.task == Task.CHAT), "MODEL")
     embedding = next((m.name for m in models if m.task == Task.EMBEDDING), "EMBEDDING_MODEL")
-    base_url = request.build_absolute_uri("/").rstrip("/")
-    ws_scheme = "wss" if request.is_secure() else "ws"
-    ws_url = f"{ws_scheme}://{request.get_host()}{WEBSOCKET_PATH}"
+    address = public_address(request)
     context: dict[str, Any] = {
         "organization": request.organization,
-        "base_url": base_url,
-        "api_base": f"{base_url}/v1",
-        "ws_url": ws_url,
+        "base_url": address.base_url,
+        "api_base": address.api_base,
+        "ws_url": address.socket_url,
         "chat_model": chat,
         "embedding_model": embedding,
         "models": models,
         "keys_url": _keys_url(org_id),
         "docs_url": reverse("api-docs"),
         "playground_url": reverse("console:playground", kwargs={"org_id": org_id}),
-        **quickstart_snippets(api_base=f"{base_url}/v1", ws_url=ws_url, chat_model=chat, embedding_model=embedding),
+        **quickstart_snippets(
+            api_base=address.api_base, ws_url=address.socket_url, chat_model=chat, embedding_model=embedding
+        ),
     }
     small = served_small_models()
     if small:
-        grpc_address = f"{request.get_host().rsplit(':', 1)[0]}:{settings.GRPC_PORT}"
         context |= {
             "small_model": small[0],
-            "grpc_address": grpc_address,
-            **predict_snippets(base_url=base_url, grpc_address=grpc_address, model=small[0]),
+            "grpc_address": address.grpc_address,
+            **predict_snippets(address=address, model=small[0]),
         }
     return render(request, "console/playground/quickstart.html", context)
 

@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -42,6 +43,20 @@ def development_secret_key(path: Path) -> str:
     return key
 
 
+def public_base_url(value: str) -> str:
+    """``PUBLIC_BASE_URL`` checked and without its trailing slash: an http(s) URL with a host
+    and no query or fragment (a path is kept: a platform served under a prefix); "" when unset."""
+    value = value.strip().rstrip("/")
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"} or not parts.hostname or parts.query or parts.fragment:
+        raise ImproperlyConfigured(
+            f"PUBLIC_BASE_URL must be an http or https URL such as https://api.example.com, not {value!r}"
+        )
+    return value
+
+
 # "development" (the default: `make run` with no configuration) or "production", which
 # requires a SECRET_KEY and turns on HTTPS-only cookies, HSTS and the HTTPS redirect.
 #: The deployment environment: "development" or "production" (env PLATFORM_ENV).
@@ -65,6 +80,11 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 #: Origins trusted for CSRF-checked requests besides the site's own (a comma-separated list of URLs).
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+# Behind a balancer the request's own host and scheme are right only if it passes the Host
+# header and X-Forwarded-Proto is trusted (TRUST_PROXY_HEADERS); this names the address outright.
+#: The address customers call the API at, as the portal's code snippets show it (a URL, e.g.
+#: https://api.example.com; empty: each page's own scheme and host).
+PUBLIC_BASE_URL = public_base_url(os.environ.get("PUBLIC_BASE_URL", ""))
 
 # --- HTTP security ---------------------------------------------------------------------
 #: Every response says X-Content-Type-Options: nosniff (a bool).

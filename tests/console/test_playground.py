@@ -188,6 +188,82 @@ class TestQuickstart:
         page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/", secure=True)
         assert "wss://testserver/ws/v1/chat/completions" in page.content.decode()
 
+    def test_behind_the_trusted_proxy_the_public_host_and_https_are_named(self, alice_org, served, settings):
+        """No PUBLIC_BASE_URL: the request's own scheme and host, as the balancer passes them."""
+        settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # TRUST_PROXY_HEADERS
+        settings.ALLOWED_HOSTS = ["api.example.com"]
+        page = signed_in(user("ann", org=alice_org)).get(
+            f"/portal/{alice_org.pk}/quickstart/", HTTP_HOST="api.example.com", HTTP_X_FORWARDED_PROTO="https"
+        )
+        html = page.content.decode()
+        assert "curl https://api.example.com/v1/chat/completions" in html
+        assert "wss://api.example.com/ws/v1/chat/completions" in html
+
+
+@pytest.fixture
+def small_model(db: None) -> str:
+    """A served ONNX classifier, as the quickstart's predict snippets need one."""
+    name = f"digits-{uuid.uuid4().hex[:6]}"
+    register_fake_replica(name, "http://127.0.0.1:9", task="classification")
+    Model.objects.get(name=name).versions.update(
+        framework="onnx",
+        config={"signature": {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, 2]}]},
+                "example": {"pixels": [0.0, 1.0]}},
+    )  # fmt: skip
+    return name
+
+
+@pytest.mark.django_db
+class TestPublicBaseUrl:
+    """PUBLIC_BASE_URL names the platform in every snippet, whatever host the page was asked on
+    (a console reached at 127.0.0.1:8000 shows customers their own address)."""
+
+    def test_the_quickstart_names_it_everywhere(self, alice_org, served, small_model, settings):
+        settings.PUBLIC_BASE_URL = "https://api.example.com"
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/").content.decode()
+        assert '<code data-field="api-base">https://api.example.com/v1</code>' in page
+        assert "curl https://api.example.com/v1/chat/completions" in page
+        assert "OpenAI(base_url=&quot;https://api.example.com/v1&quot;)" in page
+        assert "wss://api.example.com/ws/v1/chat/completions" in page
+        assert f"curl https://api.example.com/api/v1/models/{small_model}/predict" in page
+        assert "https://api.example.com/v2/models/{name}/infer" in page
+        # tritonclient takes the host alone, and TLS as its own flag.
+        assert "httpclient.InferenceServerClient(&quot;api.example.com&quot;, ssl=True)" in page
+        assert f"grpcclient.InferenceServerClient(&quot;api.example.com:{settings.GRPC_PORT}&quot;)" in page
+        assert "testserver" not in page
+
+    def test_the_playgrounds_code_names_it(self, alice_org, served, settings):
+        settings.PUBLIC_BASE_URL = "http://gpu-box.internal:8000"
+        config = config_of(signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/playground/"))
+        assert config["apiBase"] == "http://gpu-box.internal:8000/v1"
+        assert config["socketUrl"] == "ws://gpu-box.internal:8000/ws/v1/chat/completions"
+        assert config["socketPath"] == "/ws/v1/chat/completions"  # the page's own socket stays on its host
+
+    def test_a_plain_http_address_keeps_its_port_and_no_tls(self, alice_org, served, small_model, settings):
+        settings.PUBLIC_BASE_URL = "http://gpu-box.internal:8000"
+        page = signed_in(user("ann", org=alice_org)).get(f"/portal/{alice_org.pk}/quickstart/").content.decode()
+        assert "httpclient.InferenceServerClient(&quot;gpu-box.internal:8000&quot;)" in page
+        assert f"grpcclient.InferenceServerClient(&quot;gpu-box.internal:{settings.GRPC_PORT}&quot;)" in page
+
+    @pytest.mark.parametrize(
+        ("value", "expected"),
+        [("", ""), ("https://api.example.com/", "https://api.example.com"),
+         (" http://10.0.0.5:8000 ", "http://10.0.0.5:8000"), ("https://example.com/inference/", "https://example.com/inference")],
+    )  # fmt: skip
+    def test_the_setting_is_read_without_its_trailing_slash(self, value, expected):
+        from console.settings.security import public_base_url
+
+        assert public_base_url(value) == expected
+
+    @pytest.mark.parametrize("value", ["api.example.com", "ftp://api.example.com", "https://", "https://a.b/?x=1"])
+    def test_a_value_that_is_no_http_url_is_refused(self, value):
+        from django.core.exceptions import ImproperlyConfigured
+
+        from console.settings.security import public_base_url
+
+        with pytest.raises(ImproperlyConfigured, match="PUBLIC_BASE_URL"):
+            public_base_url(value)
+
 
 @pytest.mark.django_db
 class TestPlaygroundKey:
