@@ -134,7 +134,9 @@ def build_tabular(out: Path) -> dict[str, Any]:
             {"name": "probabilities", "datatype": "FP32", "shape": [-1, 2]},
         ],
     }
-    return _config(path, declared, [str(name) for name in data.target_names], (test_x, test_y))
+    config = _config(path, declared, [str(name) for name in data.target_names], (test_x, test_y))
+    # The console's "try it" form labels each of the 30 inputs by what it measures.
+    return {**config, "feature_names": [str(name) for name in data.feature_names]}
 
 
 # --- sentiment: a head over MiniLM -----------------------------------------------------------

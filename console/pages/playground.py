@@ -4,6 +4,7 @@ predict API, as the signed-in member) and the quickstart."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,8 +14,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import NoReverseMatch, URLPattern, URLResolver, path, reverse
 
+from billing.pricing import PriceQuote, price_in_effect
+from billing.selectors import prices_in_effect_or_later
 from console.pages.access import OrgRequest, org_member_required
 from console.pages.nav import PORTAL, NavItem
+from core import formats
 from registry.models import Task
 from registry.selectors import serving_deployments
 from registry.signatures import is_predict_framework
@@ -105,15 +109,21 @@ class SmallModel:
     example: dict[str, Any] | None
     try_it: dict[str, Any] | None
     heldout_accuracy: float | None
+    # What a thousand inferences cost now (the version's price, else the model's); "" unpriced.
+    price_per_1k: str = ""
+    # The names of a tabular model's features, in order, when its config gives them.
+    feature_names: list[str] | None = None
 
 
 def served_small_models() -> list[SmallModel]:
     found: dict[str, SmallModel] = {}
+    versions: dict[str, tuple[int, int]] = {}  # model name → (model id, version id)
     for deployment in sorted(serving_deployments(), key=lambda d: -d.traffic_weight):
         version = deployment.version
         if not is_predict_framework(version.framework) or version.model.name in found:
             continue
         config = version.config
+        names = config.get("feature_names")
         found[version.model.name] = SmallModel(
             name=version.model.name,
             version=version.version,
@@ -122,7 +132,15 @@ def served_small_models() -> list[SmallModel]:
             example=config.get("example"),
             try_it=config.get("try_it"),
             heldout_accuracy=config.get("heldout_accuracy"),
+            feature_names=[str(n) for n in names] if isinstance(names, list) else None,
         )
+        versions[version.model.name] = (version.model_id, version.pk)
+    now = time.time()
+    for name, (model_id, version_id) in versions.items():
+        quotes = tuple(PriceQuote.of(p) for p in prices_in_effect_or_later(model_ids=[model_id]))
+        quote = price_in_effect(quotes, version_id=version_id, when=now)
+        if quote is not None:
+            found[name].price_per_1k = formats.unit_price(quote.per_thousand_inferences, quote.currency)
     return sorted(found.values(), key=lambda m: m.name)
 
 
@@ -133,9 +151,11 @@ def try_small_models(request: OrgRequest, org_id: int) -> HttpResponse:
     models = served_small_models()
     config = {
         "organization": org_id,
+        "baseUrl": public_address(request).base_url,
         "models": [
             {"name": m.name, "version": m.version, "signature": m.signature, "labels": m.labels,
-             "example": m.example, "tryIt": m.try_it}
+             "example": m.example, "tryIt": m.try_it, "featureNames": m.feature_names,
+             "pricePer1k": m.price_per_1k}
             for m in models
         ],
     }  # fmt: skip

@@ -454,3 +454,30 @@ class TestSessionSocket:
             assert first_answer_to_a_request(socket)["error"]["code"] == "model_not_found"
         with open_socket(console_gateway, origin=None, Authorization=f"Bearer {secret}") as socket:
             assert first_answer_to_a_request(socket)["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.django_db
+class TestSmallModelsPage:
+    """Issue 40, item 9: the predict page knows each model's price, its features' names and the
+    address the code it shows calls."""
+
+    def predict_config(self, client, org) -> dict[str, Any]:
+        response = client.get(f"/portal/{org.pk}/predict/")
+        return json.loads(response.content.decode().split('id="predict-config" type="application/json">')[1]
+                          .split("</script>")[0])  # fmt: skip
+
+    def test_the_price_per_thousand_and_the_feature_names(self, alice_org, small_model, settings):
+        from billing.services import price_set
+
+        settings.PUBLIC_BASE_URL = "https://api.example.com"
+        model = Model.objects.get(name=small_model)
+        model.versions.update(config={**model.versions.get().config, "feature_names": ["left", "right"]})
+        client = signed_in(user("ann", org=alice_org))
+        [unpriced] = [m for m in self.predict_config(client, alice_org)["models"] if m["name"] == small_model]
+        assert unpriced["pricePer1k"] == ""
+        price_set(model=model, input_per_million="0", output_per_million="0", per_thousand_inferences="0.125")
+        config = self.predict_config(client, alice_org)
+        [priced] = [m for m in config["models"] if m["name"] == small_model]
+        assert priced["pricePer1k"] == "$0.125"
+        assert priced["featureNames"] == ["left", "right"]
+        assert config["baseUrl"] == "https://api.example.com"
