@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -27,7 +28,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
-from accounts.services import organization_update
+from accounts.services import api_key_update, organization_update
 from billing import invoicing
 from billing.models import Invoice
 from billing.usage_selectors import cache_by_model, usage_by_key
@@ -36,13 +37,14 @@ from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_require
 from console.pages.cache import quality_context
 from console.pages.invoice_lines import invoice_lines_context
 from console.pages.key_limits import key_limits
-from console.pages.lists import page_of, query_without_page
+from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
     DEFAULT_RANGE,
     GROUP_CHOICES,
     USAGE_RANGES,
     ApiKeyCreateForm,
+    ApiKeyEditForm,
     ApiKeyFilterForm,
     InvoiceFilterForm,
     UsageWindowForm,
@@ -201,8 +203,22 @@ def key_state(api_key: ApiKey) -> str:
     return "active"
 
 
+def _edit_form(request: OrgRequest, api_key: ApiKey, data: Any = None) -> ApiKeyEditForm:
+    initial = {name: getattr(api_key, name) for name in ("name", *ApiKeyEditForm.LIMITS)}
+    return ApiKeyEditForm(
+        data, initial=initial, ceilings=plan_key_ceilings(organization=request.organization),
+        currency=str(settings.BILLING_CURRENCY), prefix=f"key-{api_key.pk}",
+    )  # fmt: skip
+
+
 @org_member_required()
 def keys(request: OrgRequest, org_id: int) -> HttpResponse:
+    return _keys_page(request)
+
+
+def _keys_page(request: OrgRequest, refused: ApiKeyEditForm | None = None, refused_key: int = 0) -> HttpResponse:
+    """The organisation's keys; each opens a drawer with its dates, limits and (org admins) an
+    edit form. ``refused``: a refused edit of ``refused_key``, whose drawer opens with its errors."""
     organization = request.organization
     found = api_keys_of(organization_id=organization.pk)
     form = ApiKeyFilterForm(request.GET or None)
@@ -217,21 +233,25 @@ def keys(request: OrgRequest, org_id: int) -> HttpResponse:
     today = timezone.now().astimezone(UTC).date()
     used = usage_by_key(api_key_ids=[key.pk for key in page.object_list], start=today.replace(day=1), end=today)
     limits = key_limits(page.object_list, organization=organization)
+    manage = _is_admin(request)
     rows = [
-        {"key": key, "state": key_state(key), "used": used[key.pk], "limits": limits[key.pk]}
+        {"key": key, "state": key_state(key), "used": used[key.pk], "limits": limits[key.pk],
+         "edit": (refused if key.pk == refused_key and refused else _edit_form(request, key))
+         if manage and key.is_active else None,
+         "refused": "key" if key.pk == refused_key else ""}
         for key in page.object_list
-    ]
+    ]  # fmt: skip
     context = {
         "organization": organization,
         "month": today.replace(day=1),
         "form": form,
         "page": page,
         "rows": rows,
-        "can_manage": _is_admin(request),
+        "can_manage": manage,
         "query": query_without_page(request),
         "currency": settings.BILLING_CURRENCY,
     }
-    return render(request, "console/portal/keys.html", context)
+    return render(request, "console/portal/keys.html", context, status=400 if refused else 200)
 
 
 @org_member_required(admin=True)
@@ -249,6 +269,31 @@ def key_create(request: OrgRequest, org_id: int) -> HttpResponse:
 def _key_of(request: OrgRequest, key_id: int) -> ApiKey:
     organization = request.organization
     return get_object_or_404(api_keys_of(organization_id=organization.pk), pk=key_id)
+
+
+@org_member_required(admin=True)
+@require_http_methods(["POST"])
+def key_edit(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
+    """A key's name and limits, within the plan (from its drawer on the keys page); gateways
+    apply them within a second. A refusal reopens the drawer with its errors."""
+    api_key = _key_of(request, key_id)
+    if not api_key.is_active:
+        messages.error(request, f"API key {api_key.name!r} is revoked: it cannot be changed.")
+        return redirect("console:portal-keys", org_id=org_id)
+    form = _edit_form(request, api_key, request.POST)
+    if form.is_valid():
+        changes = {name: value for name, value in form.values().items() if value != form.initial[name]}
+        if not changes:
+            messages.info(request, f"API key {api_key.name!r}: nothing changed.")
+            return redirect("console:portal-keys", org_id=org_id)
+        try:
+            api_key_update(api_key=api_key, actor=request.user, **changes)
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            messages.success(request, f"API key {api_key.name!r} saved: {', '.join(sorted(changes))} changed.")
+            return redirect("console:portal-keys", org_id=org_id)
+    return _keys_page(request, refused=form, refused_key=api_key.pk)
 
 
 @org_member_required(admin=True)
@@ -344,6 +389,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{P}cache-budget/", cache_budget, name="portal-cache-budget"),
     path(f"{P}keys/", keys, name="portal-keys"),
     path(f"{P}keys/new/", key_create, name="portal-key-create"),
+    path(f"{P}keys/<int:key_id>/edit/", key_edit, name="portal-key-edit"),
     path(f"{P}keys/<int:key_id>/revoke/", key_revoke, name="portal-key-revoke"),
     path(f"{P}keys/<int:key_id>/rotate/", key_rotate, name="portal-key-rotate"),
     path(f"{P}invoices/", invoices, name="portal-invoices"),

@@ -164,6 +164,30 @@ class ApiKeyCreateForm(KeyForm):
         return {"name": self.cleaned_data["name"], **given}
 
 
+class ApiKeyEditForm(ApiKeyCreateForm):
+    """A key's name and limits, as an org admin changes them: within the plan; an optional
+    limit left empty is no limit of the key's own (the organisation's and the plan's still hold)."""
+
+    def __init__(self, *args: Any, ceilings: dict[str, int | Decimal | None], currency: str, **kwargs: Any) -> None:
+        super().__init__(*args, ceilings=ceilings, currency=currency, **kwargs)
+        for name in ("rate_limit_rpm", "rate_limit_tpm"):
+            self.fields[name].required = True  # a key always has both (accounts.services)
+        for name in self.LIMITS:
+            ceiling = ceilings.get(name)
+            if ceiling is None:
+                limit = "no plan limit"
+            elif name == "monthly_spend_cap":
+                limit = f"at most {formats.unit_price(ceiling, currency)}"
+            else:
+                limit = f"at most {ceiling:,}"
+            empty = "" if self.fields[name].required else "empty: none of the key's own; "
+            self.fields[name].help_text = f"{empty}your plan allows {limit}."
+
+    def values(self) -> dict[str, Any]:
+        """The key's name and every limit (None: none of its own)."""
+        return {"name": self.cleaned_data["name"], **{name: self.cleaned_data.get(name) for name in self.LIMITS}}
+
+
 GRACE_CHOICES = [
     ("0", "Immediately"),
     ("3600", "After 1 hour"),

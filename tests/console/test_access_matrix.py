@@ -25,8 +25,9 @@ pytestmark = pytest.mark.django_db
 ROLES = ("anonymous", "outsider", "member", "org_admin", "platform_admin")
 # Portal pages only an organisation's admins may open (members get 403).
 PORTAL_ADMIN_ONLY = {
-    "portal-key-create", "portal-key-revoke", "portal-key-rotate", "portal-invoices", "portal-invoice",
-    "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role", "portal-member-remove",
+    "portal-key-create", "portal-key-edit", "portal-key-revoke", "portal-key-rotate", "portal-invoices",
+    "portal-invoice", "portal-invoice-pdf", "portal-invoice-csv", "portal-member-invite", "portal-member-role",
+    "portal-member-remove",
     "portal-invitation-cancel", "portal-batch-cancel", "portal-batch-create", "portal-webhook-rotate",
     "portal-cache-budget",
 }  # fmt: skip

@@ -244,6 +244,42 @@ class TestKeys:
         assert secret not in str(dict(client.session.items()))
         assert created.masked in client.get(url("portal-keys", world.org)).content.decode()
 
+    def test_a_keys_drawer_shows_its_dates_and_limits_and_admins_edit_it_within_the_plan(self, world):
+        """Issue 40, item 10: the table keeps one line per key; the dates, limits and the edit
+        form are in the key's drawer (as the console has)."""
+        key = world.key
+        html = world.client("member").get(url("portal-keys", world.org)).content.decode()
+        drawer = html.split(f'id="drawer-key-{key.pk}"', 1)[1].split("</dialog>", 1)[0]
+        assert "Created (UTC)" in drawer
+        assert "data-key-facts" in drawer
+        assert "/edit/" not in drawer  # members read, never edit
+        admin = world.client("admin")
+        drawer = admin.get(url("portal-keys", world.org)).content.decode().split(f'id="drawer-key-{key.pk}"', 1)[1]
+        assert f'action="{url("portal-key-edit", world.org, key_id=key.pk)}"' in drawer.split("</dialog>", 1)[0]
+
+        prefix = f"key-{key.pk}-"
+        fields = {f"{prefix}name": "production-eu", f"{prefix}rate_limit_rpm": "45", f"{prefix}rate_limit_tpm": "9000"}
+        response = admin.post(url("portal-key-edit", world.org, key_id=key.pk), fields, follow=True)
+        assert response.redirect_chain == [(url("portal-keys", world.org), 302)]
+        key.refresh_from_db()
+        assert (key.name, key.rate_limit_rpm, key.rate_limit_tpm) == ("production-eu", 45, 9000)
+
+        # Beyond the plan: refused on its field, the drawer open again, nothing saved.
+        Plan.objects.update_or_create(tier=Tier.PAID, defaults={"name": "Paid", "rate_limit_rpm": 100})
+        refused = admin.post(
+            url("portal-key-edit", world.org, key_id=key.pk), {**fields, f"{prefix}rate_limit_rpm": "500"}
+        )
+        assert refused.status_code == 400
+        drawer = refused.content.decode().split(f'id="drawer-key-{key.pk}"', 1)[1].split("</dialog>", 1)[0]
+        assert "data-open-on-load" in drawer.split(">", 1)[0]
+        assert "100" in drawer
+        key.refresh_from_db()
+        assert key.rate_limit_rpm == 45
+        # Members cannot; another organisation's key is not found.
+        assert world.client("member").post(url("portal-key-edit", world.org, key_id=key.pk), fields).status_code == 403
+        other = url("portal-key-edit", world.org, key_id=world.other_key.pk)
+        assert admin.post(other, fields).status_code == 404
+
     def test_an_empty_name_is_a_field_error(self, world):
         response = world.client("admin").post(url("portal-key-create", world.org), {"name": "  "})
         assert response.status_code == 200
