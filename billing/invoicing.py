@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 
+from django.conf import settings
 from django.db.models import Count, DateField, Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import TruncMonth
@@ -464,3 +465,40 @@ def misbilled_records(*, period: dt.date, limit: int = 500) -> list[dict[str, st
         }
         for row in wrong
     ]
+
+
+@dataclass(frozen=True)
+class Payment:
+    """Where an invoice stands for its payer: ``key`` for the badge's colour, ``text`` to read,
+    ``due`` (the day it is due, once finalized)."""
+
+    key: str  # draft | due | overdue | paid | void
+    text: str
+    due: dt.date | None
+
+
+def due_date(invoice: Invoice) -> dt.date | None:
+    """The day a finalized (or paid) invoice is due: INVOICE_DUE_DAYS after it was finalized."""
+    if invoice.finalized_at is None:
+        return None
+    return invoice.finalized_at.astimezone(dt.UTC).date() + dt.timedelta(days=settings.INVOICE_DUE_DAYS)
+
+
+def payment(invoice: Invoice, *, today: dt.date) -> Payment:
+    """Draft (not sent yet), due on a day, overdue since it, paid, or void."""
+    due = due_date(invoice)
+    if invoice.status == invoice.Status.VOID:
+        return Payment("void", "Void", due)
+    if invoice.status == invoice.Status.PAID:
+        paid = invoice.paid_at.astimezone(dt.UTC).date().isoformat() if invoice.paid_at else ""
+        return Payment("paid", f"Paid {paid}".strip(), due)
+    if invoice.status == invoice.Status.DRAFT or due is None:
+        return Payment("draft", "Draft, not sent yet", None)
+    if today > due:
+        return Payment("overdue", f"Overdue since {due.isoformat()}", due)
+    return Payment("due", f"Due {due.isoformat()}", due)
+
+
+def month_ended(period: dt.date, *, now: dt.datetime) -> bool:
+    """Whether the UTC month of ``period`` is over (only then may its invoice be finalized)."""
+    return now >= month_bounds(period)[1]

@@ -8,7 +8,7 @@ a message naming both states, and nothing changes.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -146,6 +146,7 @@ def _invoice_or_404(invoice_id: int) -> Invoice:
 def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
     """An invoice's lines and totals, and the moves its state allows."""
     invoice = _invoice_or_404(invoice_id)
+    now = timezone.now()
     try:
         reissued_as: Invoice | None = invoice.reissued_as
     except Invoice.DoesNotExist:
@@ -155,6 +156,10 @@ def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
         "organization": invoice.organization,
         "number": invoicing.display_number(invoice),
         "reissued_as": reissued_as,
+        "payment": invoicing.payment(invoice, today=now.astimezone(UTC).date()),
+        # Only a month that has ended is finalized (billing.services.invoice_finalize refuses it before).
+        "month_ended": invoicing.month_ended(invoice.period, now=now),
+        "finalize_from": invoicing.month_bounds(invoice.period)[1],
         **invoice_lines_context(invoice),
     }
     return render(request, "console/customers/invoice_detail.html", context)

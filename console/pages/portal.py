@@ -351,11 +351,20 @@ def invoices(request: OrgRequest, org_id: int) -> HttpResponse:
     if form.is_valid() and form.cleaned_data["status"]:
         found = found.filter(status=form.cleaned_data["status"])
     page = page_of(request, found, INVOICES_PER_PAGE)
+    today = timezone.now().astimezone(UTC).date()
     context = {
         "organization": request.organization,
         "form": form,
         "page": page,
-        "rows": [{"invoice": i, "number": invoicing.display_number(i)} for i in page.object_list],
+        "rows": [
+            {
+                "invoice": i,
+                "number": invoicing.display_number(i),
+                "payment": invoicing.payment(i, today=today),
+                "bill_to": i.billed_name or request.organization.name,
+            }
+            for i in page.object_list
+        ],
         "query": query_without_page(request),
     }
     return render(request, "console/portal/invoices.html", context)
@@ -372,6 +381,7 @@ def invoice_detail(request: OrgRequest, org_id: int, invoice_id: int) -> HttpRes
         "organization": request.organization,
         "invoice": invoice,
         "number": invoicing.display_number(invoice),
+        "payment": invoicing.payment(invoice, today=timezone.now().astimezone(UTC).date()),
         **invoice_lines_context(invoice),
     }
     return render(request, "console/portal/invoice_detail.html", context)

@@ -14,6 +14,8 @@ BILLING_CURRENCY = os.environ.get("BILLING_CURRENCY", "USD")
 # adjustment next month.
 #: Last month's invoices are drafted this long after it ends (hours).
 INVOICE_GRACE_HOURS = envfloat("INVOICE_GRACE_HOURS", 12.0)
+#: A finalized invoice is due this many days after it was finalized (days; its page and PDF say when).
+INVOICE_DUE_DAYS = envint("INVOICE_DUE_DAYS", 30)
 # Its admins' memberships, and what platform staff use themselves (the console playground)
 # is metered there, never to a customer.
 #: The platform's own organisation (an organisation name).

@@ -425,6 +425,16 @@ class TestInvoices:
         current.refresh_from_db()
         assert current.status == Invoice.Status.DRAFT
 
+    def test_finalize_is_offered_only_once_the_month_has_ended(self, world, draft):
+        """Issue 40, item 10: the button is not there to be refused."""
+        current = invoice_draft(organization=world.org, period=timezone.now().date())
+        page = text(world.client().get(reverse("console:invoice", kwargs={"invoice_id": current.pk})))
+        assert reverse("console:invoice-finalize", kwargs={"invoice_id": current.pk}) not in page
+        assert 'id="finalize-later"' in page
+        ended = text(world.client().get(reverse("console:invoice", kwargs={"invoice_id": draft.pk})))
+        assert reverse("console:invoice-finalize", kwargs={"invoice_id": draft.pk}) in ended
+        assert "Draft, not sent yet" in ended
+
     def test_voiding_needs_a_reason(self, world, draft):
         url = reverse("console:invoice-void", kwargs={"invoice_id": draft.pk})
         assert "Void invoice" in text(world.client().get(url))

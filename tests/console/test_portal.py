@@ -20,7 +20,7 @@ from accounts.models import ApiKey, Membership, Organization, Plan, Role, Tier
 from accounts.services import api_key_create, api_key_hash, organization_create
 from billing import invoicing
 from billing.models import BudgetAlert, Invoice, UsageRollup
-from billing.services import invoice_draft, invoice_finalize
+from billing.services import invoice_draft, invoice_finalize, invoice_mark_paid
 from core import formats
 
 pytestmark = pytest.mark.django_db
@@ -573,6 +573,25 @@ class TestInvoices:
         assert f"{invoice.period:%Y-%m}" in html
         assert "Finalized" in html
         assert formats.money(invoice.total, invoice.currency) in html
+
+    def test_the_list_says_who_is_billed_when_it_is_due_and_links_the_upcoming_one(self, world, invoice, settings):
+        """Issue 40, item 10: period, due date, bill-to, payment status (Stripe's list)."""
+        settings.INVOICE_DUE_DAYS = 30
+        due = (invoice.finalized_at.astimezone(UTC) + timedelta(days=30)).date()
+        client = world.client("admin")
+        html = client.get(url("portal-invoices", world.org)).content.decode()
+        assert f'<span class="status status-due">Due {due.isoformat()}</span>' in html
+        assert "Alice Corp" in html.split('id="invoices"')[1]  # billed to, as frozen at finalizing
+        assert f"{url('portal-usage', world.org)}#month-preview" in html
+        detail = client.get(url("portal-invoice", world.org, invoice_id=invoice.pk)).content.decode()
+        assert f'data-field="due">{due.isoformat()}<' in detail
+        # Past its due day: overdue; once paid: paid.
+        Invoice.objects.filter(pk=invoice.pk).update(finalized_at=invoice.finalized_at - timedelta(days=45))
+        html = client.get(url("portal-invoices", world.org)).content.decode()
+        assert '<span class="status status-overdue">Overdue since' in html
+        invoice_mark_paid(invoice=Invoice.objects.get(pk=invoice.pk))
+        html = client.get(url("portal-invoices", world.org)).content.decode()
+        assert '<span class="status status-paid">Paid ' in html
 
     def test_the_list_filters_by_state(self, world, invoice):
         client = world.client("admin")
