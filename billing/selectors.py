@@ -84,6 +84,10 @@ def prices_listed(*, model: str = "", include_ended: bool = False) -> QuerySet[P
     return prices
 
 
+def price_get(*, price_id: int) -> Price | None:
+    return Price.objects.select_related("model", "version").filter(pk=price_id).first()
+
+
 def reconciliations_latest(*, ok: bool | None = None) -> QuerySet[Reconciliation]:
     """Reconciliations, newest first; only agreeing (``ok``) or only mismatching ones."""
     found = Reconciliation.objects.order_by("-created_at")

@@ -13,7 +13,7 @@ from billing.services.invoices import (
     invoice_void,
     invoices_draft_month,
 )
-from billing.services.prices import price_set
+from billing.services.prices import price_end, price_set
 
 __all__ = [
     "InvoiceFrozen",
@@ -27,5 +27,6 @@ __all__ = [
     "invoice_reissue",
     "invoice_void",
     "invoices_draft_month",
+    "price_end",
     "price_set",
 ]

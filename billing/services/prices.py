@@ -124,3 +124,30 @@ def price_set(
         )  # fmt: skip
         publish_routing_change("prices")
     return price
+
+
+def price_end(*, price: Price, actor: Actor = None) -> Price | None:
+    """End a price now: one in effect stops at this moment (requests from then on are unpriced,
+    free, unless another price covers them: the model's, for a version's own); one scheduled to
+    start later is withdrawn (never charged, so deleted; None). Audited (``price.end``), in the
+    write's transaction; gateways reload their prices at once."""
+    now = timezone.now()
+    with transaction.atomic():
+        model = Model.objects.select_for_update().get(pk=price.model_id)
+        locked = Price.objects.select_related("version").select_for_update(of=("self",)).get(pk=price.pk)
+        if locked.effective_to is not None and locked.effective_to <= now:
+            raise InvalidInput("price", "this price has ended already")
+        before = _snapshot(locked)
+        if locked.effective_from > now:
+            locked.delete()
+            ended = None
+        else:
+            locked.effective_to = now
+            locked.save(update_fields=["effective_to"])
+            ended = locked
+        audit_record(
+            actor=actor, action="price.end", target_type="model", target=model.name, before=before,
+            after={"version": before["version"], "ended_at": now.isoformat(), "withdrawn": ended is None},
+        )  # fmt: skip
+        publish_routing_change("prices")
+    return ended

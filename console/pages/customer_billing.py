@@ -23,7 +23,7 @@ from accounts.models import Organization
 from billing import invoicing
 from billing.models import Invoice
 from billing.reconciliation import reconcile_month
-from billing.selectors import invoice_get, invoices_listed, prices_listed, reconciliations_latest
+from billing.selectors import invoice_get, invoices_listed, price_get, prices_listed, reconciliations_latest
 from billing.services import (
     InvoiceFrozen,
     invoice_draft,
@@ -32,8 +32,10 @@ from billing.services import (
     invoice_refresh,
     invoice_reissue,
     invoice_void,
+    price_end,
     price_set,
 )
+from billing.services.prices import PRICE_FIELDS
 from billing.usage_selectors import unpriced_usage
 from console.pages import org_scoped
 from console.pages.access import platform_admin_required
@@ -52,6 +54,7 @@ from console.pages.nav import CONSOLE, NavItem
 from core import formats
 from core.errors import InvalidInput
 from core.transitions import IllegalTransition
+from registry.models import Task
 from registry.selectors import model_list_with_versions, model_named, model_version_named
 
 INVOICES_PER_PAGE = 25
@@ -258,16 +261,50 @@ def invoice_download(request: HttpRequest, invoice_id: int, kind: str) -> HttpRe
 # --- Prices ----------------------------------------------------------------------------
 
 
-def _price_form(data: Any = None) -> PriceForm:
+def _price_form(data: Any = None, initial: dict[str, Any] | None = None) -> PriceForm:
     names = [model.name for model in model_list_with_versions()]
-    return PriceForm(data, models=names, currency=str(settings.BILLING_CURRENCY), prefix="price")
+    return PriceForm(data, initial=initial, models=names, currency=str(settings.BILLING_CURRENCY), prefix="price")
+
+
+def _editing(request: HttpRequest) -> dict[str, Any] | None:
+    """``?edit=<price id>``: the set-price form filled with that price, to change from now on."""
+    asked = request.GET.get("edit", "")
+    if not (asked.isascii() and asked.isdigit()) or len(asked) > 18:
+        return None
+    price = price_get(price_id=int(asked))
+    if price is None:
+        return None
+    values = {field: getattr(price, field) for field in PRICE_FIELDS}
+    return {"model": price.model.name, "version": price.version.version if price.version else "", **values}
+
+
+# What each kind of model is billed in: the units the prices table shows it (the rest: "—").
+TOKEN_TASKS = {Task.CHAT, Task.COMPLETION, Task.EMBEDDING}
+
+
+@platform_admin_required
+@require_POST
+def price_end_view(request: HttpRequest, price_id: int) -> HttpResponse:
+    """End a price now (one scheduled later is withdrawn); audited."""
+    price = price_get(price_id=price_id)
+    if price is None:
+        raise Http404("No such price.")
+    scope = f"{price.model.name}:{price.version.version}" if price.version else price.model.name
+    try:
+        ended = price_end(price=price, actor=request.user)
+    except InvalidInput as exc:
+        messages.error(request, f"The price of {scope} was not ended: {exc.message}.")
+    else:
+        messages.success(request, f"The price of {scope} {'ended now' if ended else 'was withdrawn'}.")
+    return redirect("console:prices")
 
 
 @platform_admin_required
 @require_http_methods(["GET", "POST"])
 def prices(request: HttpRequest) -> HttpResponse:
     """Prices per model and version with their periods; POST sets a new one from a moment on."""
-    form = _price_form(request.POST if request.method == "POST" else None)
+    editing = _editing(request) if request.method == "GET" else None
+    form = _price_form(request.POST if request.method == "POST" else None, initial=editing)
     if request.method == "POST":
         if form.is_valid():
             data = dict(form.cleaned_data)
@@ -285,11 +322,13 @@ def prices(request: HttpRequest) -> HttpResponse:
                     refuse(form, exc)
                 else:
                     scope = f"{model.name}:{version.version}" if version is not None else model.name
+                    per_1k = formats.unit_price(price.per_thousand_inferences, price.currency)
                     messages.success(
                         request,
                         f"Price of {scope} set from {price.effective_from:%Y-%m-%d %H:%M} UTC: "
                         f"{formats.unit_price(price.input_per_million, price.currency)} in, "
-                        f"{formats.unit_price(price.output_per_million, price.currency)} out per 1M tokens.",
+                        f"{formats.unit_price(price.output_per_million, price.currency)} out per 1M tokens; "
+                        f"{per_1k} per 1k inferences; batch lines at {price.batch_percent.normalize():f} %.",
                     )
                     return redirect("console:prices")
         messages.error(request, "The price was not set: see the errors below.")
@@ -304,6 +343,8 @@ def prices(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query_without_page(request),
         "now": timezone.now(),
+        "editing": editing,
+        "token_tasks": [str(task) for task in TOKEN_TASKS],
         "unpriced": unpriced_usage(since=timezone.now().date() - timedelta(days=UNPRICED_DAYS)),
         "unpriced_days": UNPRICED_DAYS,
     }
@@ -360,6 +401,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{INVOICE}pdf/", invoice_download, {"kind": "pdf"}, name="invoice-pdf"),
     path(f"{INVOICE}csv/", invoice_download, {"kind": "csv"}, name="invoice-csv"),
     path("console/prices/", prices, name="prices"),
+    path("console/prices/<int:price_id>/end/", price_end_view, name="price-end"),
     path("console/reconciliation/", reconciliation, name="reconciliation"),
 ]
 NAV: list[NavItem] = [

@@ -219,7 +219,8 @@ def _price(label: str, *, required: bool = True) -> forms.DecimalField:
 
 
 class PriceForm(forms.Form):
-    """A model's (or one version's) price per million tokens from a moment on."""
+    """A model's (or one version's) prices from a moment on: per million tokens, per thousand
+    inferences (small models) and what a batch line pays of them."""
 
     model = forms.ChoiceField(label="Model")
     version = forms.CharField(
@@ -228,6 +229,16 @@ class PriceForm(forms.Form):
     input_per_million = _price("Input per 1M tokens")
     output_per_million = _price("Output per 1M tokens")
     cached_input_per_million = _price("Cached input per 1M tokens", required=False)
+    per_thousand_inferences = _price("Per 1k inferences", required=False)
+    cached_per_thousand_inferences = _price("Cached per 1k inferences", required=False)
+    batch_percent = forms.DecimalField(
+        label="Batch price (%)",
+        min_value=Decimal(0),
+        max_value=Decimal(100),
+        decimal_places=2,
+        initial=Decimal(50),
+        help_text="What a batch job's line pays of each price: 50 is half price.",
+    )
     currency = forms.CharField(label="Currency", max_length=3, min_length=3)
     effective_from = forms.DateTimeField(
         label="Effective from (UTC)",
@@ -244,6 +255,12 @@ class PriceForm(forms.Form):
         model.choices = [(name, name) for name in models]
         self.fields["currency"].initial = currency
         self.fields["cached_input_per_million"].help_text = "Empty: the input price."
+        self.fields["per_thousand_inferences"].help_text = "Small models (classifiers): empty is free."
+        self.fields["cached_per_thousand_inferences"].help_text = "Empty: the per 1k inferences price."
+
+    def clean_per_thousand_inferences(self) -> Decimal:
+        value: Decimal | None = self.cleaned_data["per_thousand_inferences"]
+        return Decimal(0) if value is None else value
 
     def clean_effective_from(self) -> dt.datetime | None:
         """Taken as UTC, whatever the server's time zone."""

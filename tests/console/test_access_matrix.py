@@ -14,7 +14,7 @@ from django.urls import URLPattern, reverse
 
 from accounts.models import Membership, Role
 from accounts.services import api_key_create, invitation_create, organization_create
-from billing.services import invoice_draft
+from billing.services import invoice_draft, price_set
 from console.pages import urls as page_urls
 from registry.models import Deployment, Model, ModelVersion, Replica
 from rollout.hotswap import deployment_swap_version
@@ -81,6 +81,7 @@ def world(store) -> dict[str, Any]:
         "invitation_id": invitation_create(organization=org, username="walk-invited").pk,
         "batch_id": batches.batch(org, key, lines={"succeeded": 1, "pending": 1}).public_id,
         "file_id": batches.stored_file(org, b"{}\n").public_id,
+        "price_id": price_set(model=model, input_per_million="1", output_per_million="2").pk,
     }
     return {"people": people, "kwargs": kwargs}
 

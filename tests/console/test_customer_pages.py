@@ -499,7 +499,8 @@ class TestPrices:
     def post(self, world: World, **changes: str) -> Any:
         data = {
             "model": "cust-chat", "version": "", "input_per_million": "1.5", "output_per_million": "4",
-            "cached_input_per_million": "", "currency": "USD", "effective_from": "",
+            "cached_input_per_million": "", "per_thousand_inferences": "", "cached_per_thousand_inferences": "",
+            "batch_percent": "50", "currency": "USD", "effective_from": "",
         }  # fmt: skip
         data.update(changes)
         return world.client().post(reverse("console:prices"), {f"price-{k}": v for k, v in data.items()}, follow=True)
@@ -542,6 +543,52 @@ class TestPrices:
         listed = re.findall(r'data-model="([^"]+)"><strong>[^<]*</strong>: ([^<]*)</li>', warning.group(0))
         day = (today - timedelta(days=1)).strftime("%Y-%m-%d")
         assert listed == [("cust-chat:2", f"2,000 requests, the last on {day}")]  # priced and old ones: not listed
+
+    def test_a_classifier_is_priced_per_thousand_inferences_and_shown_so(self, world, model, settings):
+        """Issue 40, item 2: a column per unit the model is billed in, never $0.00 per 1M for a
+        classifier that invoices charge per 1k inferences."""
+        settings.BILLING_CURRENCY = "USD"
+        Model.objects.create(name="cust-digits", task="classification")
+        response = self.post(world, model="cust-digits", input_per_million="0", output_per_million="0",
+                             per_thousand_inferences="0.25", batch_percent="40")  # fmt: skip
+        assert "$0.25 per 1k inferences; batch lines at 40 %" in text(response)
+        self.post(world)  # the chat model, per token
+        html = text(world.client().get(reverse("console:prices")))
+        digits = Price.objects.get(model__name="cust-digits")
+        row = html.split(f'data-price="{digits.pk}"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-col="per-1k">$0.25<' in row
+        assert row.count('title="billed per inference">—') == 3  # no token prices shown for it
+        assert 'data-col="batch">40 %<' in row
+        chat = Price.objects.get(model__name="cust-chat")
+        chat_row = html.split(f'data-price="{chat.pk}"', 1)[1].split("</tr>", 1)[0]
+        assert "$1.50" in chat_row
+        assert chat_row.count('title="billed in tokens">—') == 2
+
+    def test_a_price_is_changed_from_its_row_and_ended_or_withdrawn(self, world, model, settings):
+        settings.BILLING_CURRENCY = "USD"
+        self.post(world)
+        price = Price.objects.get(model=model)
+        page = world.client().get(reverse("console:prices"), {"edit": price.pk})
+        assert page.context["form"].initial["input_per_million"] == Decimal("1.5")
+        assert page.context["form"].initial["model"] == "cust-chat"
+        assert "Change the price of cust-chat" in text(page)
+        response = world.client().post(reverse("console:price-end", kwargs={"price_id": price.pk}), follow=True)
+        assert "The price of cust-chat ended now" in text(response)
+        price.refresh_from_db()
+        assert price.effective_to is not None
+        assert price.effective_to <= timezone.now()
+        assert AuditEntry.objects.filter(action="price.end", target="cust-chat").count() == 1
+        again = world.client().post(reverse("console:price-end", kwargs={"price_id": price.pk}), follow=True)
+        assert "has ended already" in text(again)
+        later = (timezone.now() + timedelta(days=3)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
+        self.post(world, effective_from=later)
+        scheduled = Price.objects.get(model=model, effective_to=None)
+        response = world.client().post(reverse("console:price-end", kwargs={"price_id": scheduled.pk}), follow=True)
+        assert "was withdrawn" in text(response)
+        assert not Price.objects.filter(pk=scheduled.pk).exists()
+        assert world.client("org_admin").post(
+            reverse("console:price-end", kwargs={"price_id": price.pk})
+        ).status_code in (302, 403)
 
     def test_price_errors(self, world, model, settings):
         settings.BILLING_CURRENCY = "USD"
