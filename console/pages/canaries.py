@@ -100,6 +100,34 @@ def _wizard_versions(model: Model) -> tuple[list[str], list[str]]:
     return serving, deployed
 
 
+# --- How far a canary went --------------------------------------------------------------
+
+
+def promoted_by_controller(decisions: list[CanaryDecision]) -> bool:
+    """Whether the controller made the promotion among ``decisions``: its decisions carry the
+    judged figures, a person's carry none."""
+    return any(d.verdict == CanaryDecision.Verdict.PROMOTE for d in judged(decisions))
+
+
+def canary_progress(canary: Canary, *, by_controller: bool) -> str:
+    """How far ``canary`` went, as the list and its page both say it: the step and share while
+    it runs; once it ends, whether every step was done and the share the promotion or rollback
+    left (a canary auto-promoted from the step before a last step of 100 % never runs that one:
+    no base traffic would be left to compare with)."""
+    total = len(canary.steps)
+    step = f"step {canary.current_step + 1} of {total} ({canary.canary_percent} %)"
+    every = f"All {total} step{'s' if total != 1 else ''} done"
+    if canary.status == Canary.Status.PROMOTED:
+        if by_controller or canary.current_step == total - 1:
+            return f"{every} · promoted to 100 %"
+        return f"Promoted at {step} · now 100 %"
+    if canary.status == Canary.Status.ROLLED_BACK:
+        return f"Rolled back at {step} · now 0 %"
+    if canary.status == Canary.Status.COMPLETED:
+        return f"{every} · canary at {canary.canary_percent} %"
+    return f"Step {canary.current_step + 1} of {total} · canary at {canary.canary_percent} %"
+
+
 # --- Charts and the decision timeline ---------------------------------------------------
 
 
@@ -267,10 +295,22 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     page = page_of(request, rows, CANARIES_PER_PAGE)
     shown = [c for _, c in page.object_list if c is not None]
     now = lifecycle_of(versions=[v for c in shown for v in (c.base_version, c.canary_version)])
+    promotions: dict[int, list[CanaryDecision]] = {}
+    promoted = [c for c in shown if c.status == Canary.Status.PROMOTED]
+    for decision in CanaryDecision.objects.filter(canary__in=promoted, verdict=CanaryDecision.Verdict.PROMOTE):
+        promotions.setdefault(decision.canary_id, []).append(decision)
+    # (model, its latest canary, what the canary's version is now, how far the canary went)
+    table: list[tuple[Model, Canary | None, Lifecycle | None, str]] = []
+    for model, canary in page.object_list:
+        if canary is None:
+            table.append((model, None, None, ""))
+            continue
+        by_controller = promoted_by_controller(promotions.get(canary.pk, []))
+        progress = canary_progress(canary, by_controller=by_controller)
+        table.append((model, canary, now.get(canary.canary_version_id), progress))
     context = {
         "page": page,
-        # (model, its latest canary, what the canary's version is now)
-        "rows": [(m, c, now.get(c.canary_version_id) if c else None) for m, c in page.object_list],
+        "rows": table,
         "q": q,
         "status": status,
         "statuses": Canary.Status.choices,
@@ -304,6 +344,7 @@ def _detail(
         "model": model,
         "canary": canary,
         "criteria": criteria_text(canary.success_criteria) if canary else [],
+        "progress": canary_progress(canary, by_controller=promoted_by_controller(decisions)) if canary else "",
         "versions_now": _versions_now(canary),
         "stamp": _stamp(canary),
         "figure": comparison_figure(decisions) if judged(decisions) else None,

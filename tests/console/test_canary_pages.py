@@ -110,6 +110,45 @@ class TestList:
         assert 'data-model="gpt-tiny"' not in admin_client.get("/console/canaries/?model=emb").content.decode()
 
 
+class TestProgress:
+    """Issue 40: a promoted canary read "Promoted" beside "2 of 3 (50 %)": the step it was
+    promoted from, not the share it left. The list and the canary's page say the same."""
+
+    def progress(self, client: Client) -> tuple[str, str]:
+        listed = client.get("/console/canaries/").content.decode()
+        row = listed.split('data-model="gpt-tiny"')[1].split("</tr>")[0]
+        page = client.get("/console/canaries/gpt-tiny/").content.decode()
+        in_list = re.search(r'<td data-col="progress">([^<]*)</td>', row)
+        on_page = re.search(r'<dd data-field="progress">([^<]*) <span', page)
+        assert in_list
+        assert on_page
+        return in_list.group(1), on_page.group(1)
+
+    def test_a_running_canary_says_its_step_and_share(self, admin_client, canary):
+        assert self.progress(admin_client) == ("Step 1 of 4 · canary at 5 %",) * 2
+
+    def test_auto_promoted_before_a_last_step_of_100_it_is_done(self, admin_client, chat_model):
+        canary = canary_create(actor=None, model=chat_model, base_version="v1", canary_version="v2",
+                               steps=[10, 50, 100], interval_seconds=60, auto_promote=True)  # fmt: skip
+        Canary.objects.filter(pk=canary.pk).update(current_step=1)
+        canary.refresh_from_db()
+        decide(canary, slow=1.0, verdict="promote")  # the controller's: judged figures, no actor
+        Canary.objects.filter(pk=canary.pk).update(status="promoted")
+        assert self.progress(admin_client) == ("All 3 steps done · promoted to 100 %",) * 2
+
+    def test_a_person_promoting_early_says_where_from(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/promote/", {"confirm": "yes"}).status_code == 302
+        assert self.progress(admin_client) == ("Promoted at step 1 of 4 (5 %) · now 100 %",) * 2
+
+    def test_a_rollback_says_where_from(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/rollback/", {"confirm": "yes"}).status_code == 302
+        assert self.progress(admin_client) == ("Rolled back at step 1 of 4 (5 %) · now 0 %",) * 2
+
+    def test_a_completed_canary_has_done_every_step(self, admin_client, canary):
+        Canary.objects.filter(pk=canary.pk).update(current_step=3, status="completed")
+        assert self.progress(admin_client) == ("All 4 steps done · canary at 100 %",) * 2
+
+
 class TestCanaryPage:
     def test_it_shows_state_split_and_decisions_with_their_statistics(self, admin_client, canary):
         hold = decide(canary, slow=1.0, verdict="promote_step", seed=3)
