@@ -257,7 +257,8 @@ class RegisterVersionForm(forms.Form):
 
 @platform_admin_required
 def model_version_register(request: HttpRequest) -> HttpResponse:
-    form = RegisterVersionForm(request.POST or None)
+    # ?name=: the model to add a version to, from the pages that ask for one (a canary needs two).
+    form = RegisterVersionForm(request.POST or None, initial={"name": request.GET.get("name", "")})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
