@@ -132,6 +132,11 @@ class TestProgress:
         assert on_page
         return in_list.group(1), on_page.group(1)
 
+    def test_a_minimum_of_one_request_reads_as_one(self, admin_client, canary):
+        Canary.objects.filter(pk=canary.pk).update(min_samples=1)
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "60 s, at least 1 request per arm" in html
+
     def test_a_running_canary_says_its_step_and_share(self, admin_client, canary):
         assert self.progress(admin_client) == ("Step 1 of 4 · canary at 5 %",) * 2
 
