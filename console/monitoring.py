@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from accounts.models import Organization
 from billing import invoicing
 from billing.models import Reconciliation, UsageRollup
+from core.formats import counted
 from core.keys import usage_dead_letters, usage_stream
 from core.redis import sync_redis
 from registry.models import Replica
@@ -340,7 +341,7 @@ def attention(state: PlatformState) -> list[Attention]:
             out.append(
                 Attention(
                     "ReplicasFailing",
-                    f"{d.model}:{d.version}: {d.failed} replica(s) failed",
+                    f"{d.model}:{d.version}: {counted(d.failed, 'replica')} failed",
                     "restarting with backoff; their engine logs say why",
                     deployments,
                 )
@@ -363,7 +364,7 @@ def attention(state: PlatformState) -> list[Attention]:
         out.append(
             Attention(
                 "MeteringDeadLetters",
-                f"{state.usage_dead_letters} usage event(s) could not be stored",
+                f"{counted(state.usage_dead_letters, 'usage event')} could not be stored",
                 "kept with the reason in the dead-letter stream",
                 reconciliation,
             )

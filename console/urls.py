@@ -11,6 +11,11 @@ from console.monitoring import engine_targets_view, platform_metrics_view
 from console.pages import home
 from serving.gateway.metrics import metrics_view
 
+# Django's admin under the product's name (it says "Django administration" otherwise).
+admin.site.site_header = "Inference platform admin"
+admin.site.site_title = "Inference platform admin"
+admin.site.index_title = "Records"
+
 urlpatterns = [
     path("", home.home, name="home"),
     path("healthz", health.healthz, name="healthz"),

@@ -114,3 +114,9 @@ def quantity(number: int | float | None) -> str:
             text = f"{scaled:.{digits}f}"
             return (text.rstrip("0").rstrip(".") if "." in text else text) + suffix
     return f"{value:,.0f}"  # unreachable
+
+
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """A count with its noun, singular for one: ``1 replica``, ``3 replicas``, ``0 replicas``
+    (``plural`` when adding an s is wrong: ``counted(2, "entry", "entries")``)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

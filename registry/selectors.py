@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F, Prefetch, QuerySet
+from django.db.models import Count, F, Prefetch, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -245,6 +245,12 @@ def model_named(*, name: str) -> Model | None:
 
 def model_version_named(*, model: Model, version: str) -> ModelVersion | None:
     return ModelVersion.objects.select_related("model").filter(model=model, version=version).first()
+
+
+def version_counts(*, model_ids: list[int]) -> dict[int, int]:
+    """How many versions each of the models has, by model id (one with none is left out)."""
+    rows = ModelVersion.objects.filter(model_id__in=model_ids).values("model_id").annotate(n=Count("id"))
+    return {row["model_id"]: row["n"] for row in rows}
 
 
 def deployment_board(*, model_ids: list[int], include_stopped: bool = False) -> QuerySet[Deployment]:

@@ -48,6 +48,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from core.errors import InvalidInput
+from core.formats import counted
 from registry.adapters import is_adapter_framework
 from registry.models import AuditEntry, Deployment
 from registry.services import AUTOSCALER, Actor, audit_record, deployment_scale
@@ -244,9 +245,9 @@ def decide_reactive(
     floor = max(1, config.min_replicas)
     ceiling = max(floor, config.max_replicas)
     if current < floor:
-        return Decision(floor, (f"{current} replicas is below min_replicas ({floor})",))
+        return Decision(floor, (f"{counted(current, 'replica')} is below min_replicas ({floor})",))
     if current > ceiling:
-        return Decision(ceiling, (f"{current} replicas is above max_replicas ({ceiling})",))
+        return Decision(ceiling, (f"{counted(current, 'replica')} is above max_replicas ({ceiling})",))
     since_change = math.inf if last_change_at is None else (now - last_change_at).total_seconds()
     obs = observations
 
@@ -282,7 +283,7 @@ def decide_reactive(
         if target <= current:
             return Decision(current, (*reasons, f"at max_replicas ({ceiling})"))
         if obs.ready < current:
-            return Decision(current, (*reasons, f"held: {current - obs.ready} replica(s) not ready yet"))
+            return Decision(current, (*reasons, f"held: {counted(current - obs.ready, 'replica')} not ready yet"))
         if since_change < policy.cooldown_seconds:
             left = policy.cooldown_seconds - since_change
             return Decision(current, (*reasons, f"held: cooldown, {left:.0f} s left"))
@@ -311,7 +312,7 @@ def decide_reactive(
         current - 1,
         (
             f"quiet for {policy.scale_in_quiet_seconds:.0f} s: at most {busiest:g} in flight, "
-            f"fits {current - 1} replica(s) at {policy.scale_in_utilisation:.0%} of the target",
+            f"fits {counted(current - 1, 'replica')} at {policy.scale_in_utilisation:.0%} of the target",
         ),
     )
 

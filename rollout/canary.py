@@ -167,7 +167,7 @@ def canary_create(
     if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
         raise InvalidInput("min_samples", "Must be a whole number of requests, at least 1.")
     if base_version == canary_version:
-        raise InvalidInput("canary_version", "Must differ from base_version.")
+        raise InvalidInput("canary_version", f"Must be another version than base_version: {canary_version!r} is both.")
     base = _serving_version(model, base_version, "base_version")
     candidate = _serving_version(model, canary_version, "canary_version")
     now = now or timezone.now()

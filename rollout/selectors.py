@@ -85,6 +85,14 @@ def canaries_of(*, model: Model) -> QuerySet[Canary]:
     )
 
 
+def promotions_of(*, canary_ids: list[int]) -> dict[int, list[CanaryDecision]]:
+    """The promote decisions of the canaries, by canary id (the controller's or a person's)."""
+    found: dict[int, list[CanaryDecision]] = {}
+    for decision in CanaryDecision.objects.filter(canary_id__in=canary_ids, verdict=CanaryDecision.Verdict.PROMOTE):
+        found.setdefault(decision.canary_id, []).append(decision)
+    return found
+
+
 @dataclass(frozen=True)
 class Lifecycle:
     """What a version is now, in one word and a detail, the same on every page."""

@@ -32,7 +32,7 @@ from core.errors import InvalidInput
 from core.formats import utc
 from core.transitions import IllegalTransition
 from registry.models import Deployment, Model
-from registry.selectors import model_named, model_traffic_split, model_version_named
+from registry.selectors import model_named, model_traffic_split, model_version_named, version_counts
 from rollout.canary import (
     CanaryConflict,
     active_canary,
@@ -43,7 +43,14 @@ from rollout.canary import (
     canary_rollback,
 )
 from rollout.models import Canary, CanaryDecision
-from rollout.selectors import Lifecycle, canaries_of, canary_latest, lifecycle_of, models_with_latest_canary
+from rollout.selectors import (
+    Lifecycle,
+    canaries_of,
+    canary_latest,
+    lifecycle_of,
+    models_with_latest_canary,
+    promotions_of,
+)
 from serving.shadow.selectors import shadow_comparison, shadow_policy_of
 from serving.shadow.services import shadow_policy_delete, shadow_policy_set
 
@@ -66,8 +73,20 @@ def _model_or_404(name: str) -> Model:
     return model
 
 
-def _versions(model: Model) -> list[str]:
-    return [version.version for version in model.versions.all()]
+def _shadow_versions(model: Model) -> list[tuple[str, str]]:
+    """(version, what it is now) of each of the model's versions, as the shadow form offers them."""
+    versions = list(model.versions.all())
+    now = lifecycle_of(versions=versions)
+    return [(version.version, now[version.pk].label) for version in versions]
+
+
+def one_version_only(model: Model, versions: list[str]) -> str:
+    """Why no canary of ``model`` can start, when it has one version (or none); "" otherwise."""
+    if len(versions) >= 2:
+        return ""
+    if not versions:
+        return f"{model.name} has no version yet: a canary compares two of its versions."
+    return f"{model.name} has one version ({versions[0]}): a canary compares a second version with it."
 
 
 def criteria_text(criteria: dict[str, float]) -> list[str]:
@@ -98,6 +117,34 @@ def _wizard_versions(model: Model) -> tuple[list[str], list[str]]:
         if any(d.status == Deployment.Status.RUNNING and d.traffic_weight > 0 for d in live):
             serving.append(version.version)
     return serving, deployed
+
+
+# --- How far a canary went --------------------------------------------------------------
+
+
+def promoted_by_controller(decisions: list[CanaryDecision]) -> bool:
+    """Whether the controller made the promotion among ``decisions``: its decisions carry the
+    judged figures, a person's carry none."""
+    return any(d.verdict == CanaryDecision.Verdict.PROMOTE for d in judged(decisions))
+
+
+def canary_progress(canary: Canary, *, by_controller: bool) -> str:
+    """How far ``canary`` went, as the list and its page both say it: the step and share while
+    it runs; once it ends, whether every step was done and the share the promotion or rollback
+    left (a canary auto-promoted from the step before a last step of 100 % never runs that one:
+    no base traffic would be left to compare with)."""
+    total = len(canary.steps)
+    step = f"step {canary.current_step + 1} of {total} ({canary.canary_percent} %)"
+    every = f"All {total} step{'s' if total != 1 else ''} done"
+    if canary.status == Canary.Status.PROMOTED:
+        if by_controller or canary.current_step == total - 1:
+            return f"{every} · promoted to 100 %"
+        return f"Promoted at {step} · now 100 %"
+    if canary.status == Canary.Status.ROLLED_BACK:
+        return f"Rolled back at {step} · now 0 %"
+    if canary.status == Canary.Status.COMPLETED:
+        return f"{every} · canary at {canary.canary_percent} %"
+    return f"Step {canary.current_step + 1} of {total} · canary at {canary.canary_percent} %"
 
 
 # --- Charts and the decision timeline ---------------------------------------------------
@@ -267,10 +314,22 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     page = page_of(request, rows, CANARIES_PER_PAGE)
     shown = [c for _, c in page.object_list if c is not None]
     now = lifecycle_of(versions=[v for c in shown for v in (c.base_version, c.canary_version)])
+    promotions = promotions_of(canary_ids=[c.pk for c in shown if c.status == Canary.Status.PROMOTED])
+    counts = version_counts(model_ids=[m.pk for m, _ in page.object_list])
+    # (model, its latest canary, what the canary's version is now, how far the canary went, and
+    # whether a canary can be offered: a model with one version has nothing to compare it with)
+    table: list[tuple[Model, Canary | None, Lifecycle | None, str, bool]] = []
+    for model, canary in page.object_list:
+        startable = counts.get(model.pk, 0) >= 2
+        if canary is None:
+            table.append((model, None, None, "", startable))
+            continue
+        by_controller = promoted_by_controller(promotions.get(canary.pk, []))
+        progress = canary_progress(canary, by_controller=by_controller)
+        table.append((model, canary, now.get(canary.canary_version_id), progress, startable))
     context = {
         "page": page,
-        # (model, its latest canary, what the canary's version is now)
-        "rows": [(m, c, now.get(c.canary_version_id) if c else None) for m, c in page.object_list],
+        "rows": table,
         "q": q,
         "status": status,
         "statuses": Canary.Status.choices,
@@ -296,6 +355,7 @@ def _detail(
     hours = request.GET.get("hours", "24")
     hours = hours if hours in SHADOW_WINDOWS else "24"
     policy = shadow_policy_of(model_id=model.pk)
+    shadow_versions = _shadow_versions(model)
     comparison = shadow_comparison(model=model.name, since=timezone.now() - timedelta(hours=int(hours)))
     # The split in force, as the API shows it: a canary promoted (or rolled back) from an early
     # step keeps that step's percentage, which is no longer the traffic.
@@ -304,6 +364,7 @@ def _detail(
         "model": model,
         "canary": canary,
         "criteria": criteria_text(canary.success_criteria) if canary else [],
+        "progress": canary_progress(canary, by_controller=promoted_by_controller(decisions)) if canary else "",
         "versions_now": _versions_now(canary),
         "stamp": _stamp(canary),
         "figure": comparison_figure(decisions) if judged(decisions) else None,
@@ -314,10 +375,11 @@ def _detail(
         if canary
         else {},
         "active": canary is not None and canary.status in Canary.ACTIVE_STATUSES,
+        "cannot_start": one_version_only(model, [v for v, _ in shadow_versions]),
         "policy": policy,
         "shadow_form": shadow_form
         or ShadowForm(
-            versions=_versions(model),
+            versions=shadow_versions,
             initial={"version": policy.candidate.version, "percent": policy.percent} if policy else None,
         ),
         "comparison": comparison,
@@ -359,6 +421,10 @@ def canary_new(request: HttpRequest, name: str) -> HttpResponse:
     model = _model_or_404(name)
     serving, deployed = _wizard_versions(model)
     current = active_canary(model=model)
+    cannot_start = one_version_only(model, [version.version for version in model.versions.all()])
+    if cannot_start:
+        context = {"model": model, "cannot_start": cannot_start}
+        return render(request, "console/deployments/canary_new.html", context)
     if request.method == "POST":
         form = CanaryStartForm(request.POST, serving=serving, deployed=deployed)
         if form.is_valid():
@@ -422,7 +488,7 @@ def canary_act(request: HttpRequest, name: str, action: str) -> HttpResponse:
 @require_POST
 def shadow_set(request: HttpRequest, name: str) -> HttpResponse:
     model = _model_or_404(name)
-    form = ShadowForm(request.POST, versions=_versions(model))
+    form = ShadowForm(request.POST, versions=_shadow_versions(model))
     if form.is_valid():
         candidate = model_version_named(model=model, version=form.cleaned_data["version"])
         if candidate is None:

@@ -74,8 +74,16 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             url = _link(item, organization.pk if organization is not None else None)
             if url is not None:
                 nav[item.section].append({"label": item.label, "url": url, "active": False})
+    # A platform admin on an organisation's pages sees both lists: the console's pages that span
+    # every organisation say so, beside the organisation's own of the same name.
+    own = {link["label"] for link in nav[PORTAL]}
+    for link in nav[CONSOLE]:
+        if link["label"] in own:
+            link["label"] = f"All {link['label'].lower()}"
     # The current page is the longest link it lies under (/portal/1/ is a prefix of every portal page).
     under = [link for links in nav.values() for link in links if current.startswith(link["url"])]
     if under:
         max(under, key=lambda link: len(link["url"]))["active"] = True
-    return {"nav": nav, "portal_org": organization, "platform_admin": platform_admin}
+    # Another organisation to switch to: any, for a platform admin; else a second membership.
+    can_switch = organization is not None and (platform_admin or organizations_visible_to(user)[:2].count() > 1)
+    return {"nav": nav, "portal_org": organization, "platform_admin": platform_admin, "can_switch": can_switch}

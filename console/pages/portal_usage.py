@@ -24,6 +24,7 @@ from django.conf import settings
 
 from accounts.models import ApiKey, Organization
 from billing import invoicing
+from billing.ledger import ALERT_THRESHOLDS
 from billing.models import BudgetAlert, Invoice
 from billing.selectors import budget_alerts_of
 from billing.usage_selectors import DailyUsage, UsageCursor, usage_daily_for_organization
@@ -297,6 +298,13 @@ class BudgetStatus:
     alert_percent: int
     alerts: list[BudgetAlert]
     spent: Decimal
+
+    @property
+    def alert_thresholds_text(self) -> str:
+        """Where alerts are raised, each share once: "50, 80 and 100 %" (the organisation's own
+        threshold among the fixed ones, as the limiter raises them: billing.ledger)."""
+        shares = [str(share) for share in sorted({*ALERT_THRESHOLDS, self.alert_percent})]
+        return f"{', '.join(shares[:-1])} and {shares[-1]} %"
 
 
 def budget_status(*, organization: Organization, today: date) -> BudgetStatus:

@@ -314,7 +314,8 @@ class RegisterVersionForm(forms.Form):
 
 @platform_admin_required
 def model_version_register(request: HttpRequest) -> HttpResponse:
-    form = RegisterVersionForm(request.POST or None)
+    # ?name=: the model to add a version to, from the pages that ask for one (a canary needs two).
+    form = RegisterVersionForm(request.POST or None, initial={"name": request.GET.get("name", "")})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
@@ -533,7 +534,14 @@ def bundled_models(request: HttpRequest) -> HttpResponse:
         else:
             messages.warning(request, "An import is queued or running already; its progress shows below.")
         return redirect(reverse("console:bundled-models"))
-    context = {"form": form, "rows": bundled_models_status(), "state": import_state()}
+    rows = bundled_models_status()
+    now = lifecycle_of(versions=[row.registered for row in rows if row.registered is not None])
+    context = {
+        "form": form,
+        # (the bundled model's status, what its registered version is now)
+        "rows": [(row, now.get(row.registered.pk) if row.registered else None) for row in rows],
+        "state": import_state(),
+    }
     return render(request, "console/registry/bundled.html", context)
 
 

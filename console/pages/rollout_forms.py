@@ -148,6 +148,13 @@ class CanaryStartForm(forms.Form):
         _set_choices(self, "base_version", _choices(serving))
         _set_choices(self, "canary_version", _choices([v for v in deployed if v not in serving] or deployed))
 
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        base, candidate = self.cleaned_data.get("base_version"), self.cleaned_data.get("canary_version")
+        if base and base == candidate:
+            self.add_error("canary_version", f"The candidate must be another version than the base: {base} is both.")
+        return cleaned
+
     def clean_steps(self) -> list[int]:
         raw = [part.strip().rstrip("%") for part in str(self.cleaned_data["steps"]).split(",")]
         try:
@@ -174,12 +181,16 @@ class CanaryStartForm(forms.Form):
 
 
 class ShadowForm(forms.Form):
-    version = forms.ChoiceField(label="Candidate version", help_text="deployed (its weight may be 0)")
+    version = forms.ChoiceField(
+        label="Candidate version",
+        help_text="where the copies go: it answers them while it has a running deployment (its weight may be 0)",
+    )
     percent = forms.DecimalField(
         min_value=0, max_value=100, max_digits=5, decimal_places=2, initial=10,
         label="Mirror %", help_text="share of the model's requests copied to it",
     )  # fmt: skip
 
-    def __init__(self, *args: Any, versions: Iterable[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, versions: Iterable[tuple[str, str]], **kwargs: Any) -> None:
+        """``versions``: (version, what it is now, e.g. "deployed, no traffic") of each version."""
         super().__init__(*args, **kwargs)
-        _set_choices(self, "version", _choices(versions))
+        _set_choices(self, "version", [(version, f"{version} ({now})") for version, now in versions])

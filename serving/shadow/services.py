@@ -11,6 +11,7 @@ from django.db import transaction
 from core.errors import InvalidInput
 from core.events import publish_routing_change
 from registry.models import Model, ModelVersion
+from registry.selectors import model_traffic_split
 from registry.services import Actor, audit_record
 from serving.gateway.models import ShadowPolicy
 
@@ -27,9 +28,20 @@ def shadow_policy_set(
     *, model: Model, candidate: ModelVersion, percent: Decimal | int | str, enabled: bool = True, actor: Actor = None
 ) -> ShadowPolicy:
     """Mirror ``percent`` % of ``model``'s requests to ``candidate`` (see ``serving.shadow.traffic``),
-    replacing the model's policy if it has one; every gateway applies it at once. Audited."""
+    replacing the model's policy if it has one; every gateway applies it at once. Audited.
+
+    Refused (``InvalidInput`` on ``candidate``) for a version of another model, and for the
+    version taking all of the model's traffic: the primary of every request, never mirrored to."""
     if candidate.model_id != model.pk:
         raise InvalidInput("candidate", f"Version {candidate.version} is not a version of {model.name}.")
+    # A request is mirrored only when it was routed to another version (serving.shadow.traffic).
+    split = model_traffic_split(model=model)
+    if split.get(candidate.version, 0) > 0 and not any(w > 0 for v, w in split.items() if v != candidate.version):
+        raise InvalidInput(
+            "candidate",
+            f"{model.name}:{candidate.version} answers every request of {model.name} itself, so no copy would "
+            "go to it: mirror to a version that takes no traffic, or only part of it.",
+        )
     try:
         share = Decimal(str(percent))
     except InvalidOperation:

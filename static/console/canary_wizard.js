@@ -100,7 +100,7 @@
     const facts = [
       ["Versions", `${value("base_version")} → ${value("canary_version")}`],
       ["Steps", rows.map((r) => `${r[0]} %`).join(" → ")],
-      ["Each window", `${value("interval_seconds")} s, at least ${value("min_samples")} requests per arm`],
+      ["Each window", `${value("interval_seconds")} s, at least ${value("min_samples")} request${value("min_samples") === "1" ? "" : "s"} per arm`],
       ["Earliest finish", rows.length ? `${rows[rows.length - 1][2]} s after it starts` : "–"],
       ["Criteria", criteria.length ? criteria.join(", ") : "the statistical tests only"],
       ["At the end", form.elements.auto_promote.checked ? "promoted without a person" : "waits for a person to promote"],

@@ -96,7 +96,7 @@ async function refreshLive() {
       }
       const rate = row.querySelector("[data-live=rate]");
       if (rate) {
-        rate.title = `${cells.requests} requests`;
+        rate.title = `${cells.requests} request${String(cells.requests) === "1" ? "" : "s"}`;
       }
     });
   } catch (error) {

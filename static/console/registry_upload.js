@@ -29,7 +29,8 @@
   function describe() {
     const list = chosen();
     const bytes = list.reduce((sum, [file]) => sum + file.size, 0);
-    picked.textContent = list.length ? list.length + " file(s), " + bytes.toLocaleString() + " bytes" : "";
+    const files = list.length === 1 ? "1 file" : list.length + " files";
+    picked.textContent = list.length ? files + ", " + bytes.toLocaleString() + (bytes === 1 ? " byte" : " bytes") : "";
   }
 
   function showErrors(messages) {

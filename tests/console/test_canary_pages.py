@@ -104,10 +104,62 @@ class TestList:
         row = html[html.index('data-model="gpt-tiny"') :].split("</tr>")[0]
         assert '<span class="status status-canary" data-lifecycle="canary">canary at 5 %</span>' in row
         assert "never canaried" in html
+        # A model with one version is not offered a canary: the row says why.
+        make_version(Model.objects.get(name="embedder"), "1")
+        html = admin_client.get("/console/canaries/").content.decode()
+        row = html[html.index('data-model="embedder"') :].split("</tr>")[0]
+        assert "Start a canary" not in row
+        assert "one version: nothing to compare it with" in row
+        row = html[html.index('data-model="gpt-tiny"') :].split("</tr>")[0]
+        assert 'href="/console/canaries/gpt-tiny/new/">Start a canary</a>' in row
         filtered = admin_client.get("/console/canaries/?status=active").content.decode()
         assert 'data-model="gpt-tiny"' in filtered
         assert 'data-model="embedder"' not in filtered
         assert 'data-model="gpt-tiny"' not in admin_client.get("/console/canaries/?model=emb").content.decode()
+
+
+class TestProgress:
+    """Issue 40: a promoted canary read "Promoted" beside "2 of 3 (50 %)": the step it was
+    promoted from, not the share it left. The list and the canary's page say the same."""
+
+    def progress(self, client: Client) -> tuple[str, str]:
+        listed = client.get("/console/canaries/").content.decode()
+        row = listed.split('data-model="gpt-tiny"')[1].split("</tr>")[0]
+        page = client.get("/console/canaries/gpt-tiny/").content.decode()
+        in_list = re.search(r'<td data-col="progress">([^<]*)</td>', row)
+        on_page = re.search(r'<dd data-field="progress">([^<]*) <span', page)
+        assert in_list
+        assert on_page
+        return in_list.group(1), on_page.group(1)
+
+    def test_a_minimum_of_one_request_reads_as_one(self, admin_client, canary):
+        Canary.objects.filter(pk=canary.pk).update(min_samples=1)
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        assert "60 s, at least 1 request per arm" in html
+
+    def test_a_running_canary_says_its_step_and_share(self, admin_client, canary):
+        assert self.progress(admin_client) == ("Step 1 of 4 · canary at 5 %",) * 2
+
+    def test_auto_promoted_before_a_last_step_of_100_it_is_done(self, admin_client, chat_model):
+        canary = canary_create(actor=None, model=chat_model, base_version="v1", canary_version="v2",
+                               steps=[10, 50, 100], interval_seconds=60, auto_promote=True)  # fmt: skip
+        Canary.objects.filter(pk=canary.pk).update(current_step=1)
+        canary.refresh_from_db()
+        decide(canary, slow=1.0, verdict="promote")  # the controller's: judged figures, no actor
+        Canary.objects.filter(pk=canary.pk).update(status="promoted")
+        assert self.progress(admin_client) == ("All 3 steps done · promoted to 100 %",) * 2
+
+    def test_a_person_promoting_early_says_where_from(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/promote/", {"confirm": "yes"}).status_code == 302
+        assert self.progress(admin_client) == ("Promoted at step 1 of 4 (5 %) · now 100 %",) * 2
+
+    def test_a_rollback_says_where_from(self, admin_client, canary):
+        assert admin_client.post("/console/canaries/gpt-tiny/rollback/", {"confirm": "yes"}).status_code == 302
+        assert self.progress(admin_client) == ("Rolled back at step 1 of 4 (5 %) · now 0 %",) * 2
+
+    def test_a_completed_canary_has_done_every_step(self, admin_client, canary):
+        Canary.objects.filter(pk=canary.pk).update(current_step=3, status="completed")
+        assert self.progress(admin_client) == ("All 4 steps done · canary at 100 %",) * 2
 
 
 class TestCanaryPage:
@@ -246,6 +298,28 @@ class TestWizard:
         assert not Canary.objects.exists()
         assert weights(chat_model) == {"v1": 100, "v2": 0}
 
+    def test_the_same_version_on_both_sides_is_a_form_error(self, admin_client, chat_model):
+        """Issue 40: with the candidate's choices falling back to every deployed version (here both
+        serve), the wizard took v1 → v1 and left the refusal to the service."""
+        Deployment.objects.filter(version__model=chat_model, version__version="v2").update(traffic_weight=50)
+        Deployment.objects.filter(version__model=chat_model, version__version="v1").update(traffic_weight=50)
+        response = admin_client.post("/console/canaries/gpt-tiny/new/", self.form(canary_version="v1"))
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "The candidate must be another version than the base: v1 is both." in html
+        assert not Canary.objects.exists()
+
+    def test_a_model_with_one_version_is_told_why_and_gets_no_form(self, admin_client):
+        model = Model.objects.create(name="solo", task="chat")
+        Deployment.objects.create(version=make_version(model, "v1"), status="running", traffic_weight=100)
+        html = admin_client.get("/console/canaries/solo/new/").content.decode()
+        assert "solo has one version (v1): a canary compares a second version with it." in html
+        assert 'href="/console/models/register/?name=solo"' in html
+        assert 'value="solo"' in admin_client.get("/console/models/register/?name=solo").content.decode()
+        assert 'name="base_version"' not in html
+        assert admin_client.post("/console/canaries/solo/new/", self.form(base_version="v1")).status_code == 200
+        assert not Canary.objects.exists()
+
     def test_a_second_active_canary_is_refused(self, admin_client, canary):
         assert "has an active canary already" in admin_client.get("/console/canaries/gpt-tiny/new/").content.decode()
         response = admin_client.post("/console/canaries/gpt-tiny/new/", self.form())
@@ -322,6 +396,23 @@ class TestShadow:
         assert not ShadowPolicy.objects.exists()
         again = admin_client.post("/console/canaries/gpt-tiny/shadow/stop/", follow=True).content.decode()
         assert "gpt-tiny has no shadow policy." in again
+
+    def test_each_version_is_offered_as_what_it_is_now(self, admin_client, chat_model):
+        """Issue 40: the form called every version "deployed", a registered one too."""
+        make_version(chat_model, "v3")
+        html = admin_client.get("/console/canaries/gpt-tiny/").content.decode()
+        select = re.search(r'<select name="version"[^>]*>(.*?)</select>', html, re.S)
+        assert select
+        options = dict(re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>', select.group(1)))
+        assert options == {"v1": "v1 (serving 100 %)", "v2": "v2 (deployed, no traffic)",
+                           "v3": "v3 (registered, not deployed)"}  # fmt: skip
+        assert "deployed (its weight may be 0)" not in html
+
+    def test_the_version_answering_every_request_is_refused(self, admin_client, chat_model):
+        response = admin_client.post("/console/canaries/gpt-tiny/shadow/", {"version": "v1", "percent": "10"})
+        assert response.status_code == 200
+        assert "gpt-tiny:v1 answers every request of gpt-tiny itself" in response.content.decode()
+        assert not ShadowPolicy.objects.exists()
 
     def test_a_bad_percent_is_a_field_error(self, admin_client, chat_model):
         response = admin_client.post("/console/canaries/gpt-tiny/shadow/", {"version": "v2", "percent": "150"})

@@ -564,6 +564,13 @@ class TestLiveTable:
         v2 = found[("gpt-tiny", "v2")]
         assert (v2.requests, v2.errors, v2.p99_latency_ms, v2.error_percent) == (0, 0, None, None)
 
+    def test_one_request_is_one_request(self, admin_client, chat_model, api_key):
+        v1 = deployment_of(chat_model, "v1")
+        usage(api_key, "gpt-tiny", "v1", [(200, 40)], at=timezone.now() - timedelta(minutes=1))
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        row = html[html.index(f'data-deployment="{v1.pk}"') :].split("</tr>")[0]
+        assert 'data-live="rate" title="1 request">' in row
+
     def test_the_board_shows_each_deployments_figures_and_the_endpoint_follows(self, admin_client, chat_model, api_key):
         v1, v2 = deployment_of(chat_model, "v1"), deployment_of(chat_model, "v2")
         Replica.objects.create(deployment=v1, host="h", state="ready")

@@ -507,6 +507,17 @@ class TestUsage:
         assert '<td class="num" title="512,345 tokens">512k tokens</td>' in tokens
         assert '<td class="num" title="1,000,000 tokens">1M tokens</td>' in tokens
 
+    @pytest.mark.parametrize(
+        ("own", "sentence"),
+        [(80, "at 50, 80 and 100 % of a budget"), (90, "at 50, 80, 90 and 100 % of a budget"),
+         (25, "at 25, 50, 80 and 100 % of a budget")],
+    )  # fmt: skip
+    def test_the_alert_thresholds_are_said_once_each(self, world, own, sentence):
+        """Issue 40: "at 50, 80 and 100 % and at 80 %" (the organisation's own is one of the fixed)."""
+        Organization.objects.filter(pk=world.org.pk).update(budget_alert_percent=own)
+        html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        assert f"Alerts are emailed to the billing address {sentence}." in html
+
     def test_no_usage_says_so(self, world):
         html = world.client("member").get(url("portal-usage", world.org)).content.decode()
         assert 'id="no-usage"' in html

@@ -601,6 +601,40 @@ class TestBundledImport:
         html = admin_browser.get("/console/models/bundled/").content.decode()
         assert version.artifact_sha256 in html
 
+    def test_each_row_says_what_the_registry_holds(self, admin_browser, import_state_cleared, monkeypatch):
+        """Issue 40: classifiers the platform served read "not yet" registered. Each row says what
+        the registry holds and what its version is now, whether or not the source's wheel is
+        installed on the host that renders the page."""
+        from registry import bundled_import
+        from registry.bundled import SmallBundled
+        from registry.models import Task
+
+        def small(name: str, distribution: str = "scikit-learn") -> SmallBundled:
+            return SmallBundled(name=name, task=Task.CLASSIFICATION, description="", owner="platform",
+                                distribution=distribution, module="sklearn", framework="onnx")  # fmt: skip
+
+        served = small("clf-served", distribution="not-installed-here")
+        older, never = small("clf-older"), small("clf-never")
+        monkeypatch.setattr(bundled_import, "BUNDLED_MODELS", (served, older, never))
+        version = make_version("clf-served", served.version, framework="onnx", status="active",
+                               config={"source_package": "not-installed-here"})  # fmt: skip
+        Deployment.objects.create(version=version, status="running", traffic_weight=100)
+        make_version("clf-older", "0", framework="onnx", config={"source_package": "scikit-learn"})
+
+        html = admin_browser.get("/console/models/bundled/").content.decode()
+        rows = {name: html.split(f'data-bundled="{name}"')[1].split("</tr>")[0] for name in
+                ("clf-served", "clf-older", "clf-never")}  # fmt: skip
+        assert f'href="/console/models/clf-served/{served.version}/"' in rows["clf-served"]
+        assert 'data-lifecycle="serving">serving 100 %' in rows["clf-served"]
+        assert "not installed here" in rows["clf-served"]
+        assert "not yet" not in html
+        # An earlier import is what the registry has; the import would add this source's version.
+        assert 'href="/console/models/clf-older/0/"' in rows["clf-older"]
+        assert f"an import adds {older.version}" in rows["clf-older"]
+        assert 'data-lifecycle="registered">registered, not deployed' in rows["clf-older"]
+        assert "not imported" in rows["clf-never"]
+        assert "data-lifecycle" not in rows["clf-never"]
+
     def test_the_button_queues_one_run_audited(self, admin_browser, admin, import_state_cleared, monkeypatch,
                                                django_capture_on_commit_callbacks):  # fmt: skip
         from registry import tasks

@@ -109,6 +109,37 @@ class TestNavigation:
         response = signed_in(ann).get(f"/portal/{bob_org.pk}/")
         assert response.context["portal_org"] == bob_org
 
+    def test_a_platform_admin_in_a_portal_reads_each_label_once(self, alice_org):
+        """Issue 40: on an organisation's pages a platform admin's sidebar listed Invoices, Batches
+        and Requests twice (the console's, over every organisation, and the organisation's)."""
+        root = get_user_model().objects.create_superuser(username="root", password=PASSWORD)
+        nav = signed_in(root).get(f"/portal/{alice_org.pk}/").context["nav"]
+        console = [link["label"] for link in nav["console"]]
+        portal = [link["label"] for link in nav["portal"]]
+        assert {"All invoices", "All batches", "All requests"} <= set(console)
+        assert {"Invoices", "Batches", "Requests"} <= set(portal)
+        assert not set(console) & set(portal)
+        # On the console's own pages there is no organisation's list to tell them from.
+        console_only = signed_in(root).get("/console/").context["nav"]["console"]
+        assert {"Invoices", "Batches", "Requests"} <= {link["label"] for link in console_only}
+
+    def test_switching_organisation_is_a_link_for_those_with_another(self, alice_org, bob_org):
+        ann = user("ann", org=alice_org)
+        html = signed_in(ann).get(f"/portal/{alice_org.pk}/").content.decode()
+        assert "Switch organisation" not in html  # one organisation: nowhere to switch to
+        Membership.objects.create(user=ann, organization=bob_org, role=Role.ORG_MEMBER)
+        html = signed_in(ann).get(f"/portal/{alice_org.pk}/").content.decode()
+        assert '<a class="nav-switch" href="/portal/">Switch organisation</a>' in html
+
+    def test_the_admin_is_named_for_the_product(self, alice_org):
+        root = get_user_model().objects.create_superuser(username="root", password=PASSWORD)
+        client = signed_in(root)
+        assert '<a href="/admin/">Admin</a>' in client.get("/console/").content.decode()
+        admin = client.get("/admin/").content.decode()
+        assert "<title>Records | Inference platform admin</title>" in admin
+        assert ">Inference platform admin</a>" in admin
+        assert "Django administration" not in admin
+
 
 class TestLogin:
     def login(self, client: Client, username: str, password: str):

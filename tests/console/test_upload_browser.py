@@ -82,7 +82,7 @@ def test_an_admin_uploads_a_folder_and_sees_it_registered(
     screenshot(page, "console-upload-nothing-chosen")
 
     page.set_input_files("#id_folder", str(model_folder))
-    assert "2 file(s)" in page.locator("#upload-picked").inner_text()
+    assert "2 files" in page.locator("#upload-picked").inner_text()
     page.click("#upload-submit")
     page.wait_for_selector("#upload-result:not([hidden])", timeout=60_000)
     assert page.eval_on_selector("#upload-bar", "bar => bar.value") == 100

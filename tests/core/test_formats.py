@@ -100,3 +100,12 @@ def test_the_filters_are_in_every_template(settings):
 )  # fmt: skip
 def test_quantity(number, text):
     assert formats.quantity(number) == text
+
+
+@pytest.mark.parametrize(
+    ("count", "noun", "plural", "text"),
+    [(1, "replica", "", "1 replica"), (0, "replica", "", "0 replicas"), (3, "replica", "", "3 replicas"),
+     (1, "entry", "entries", "1 entry"), (2, "entry", "entries", "2 entries"), (1500, "file", "", "1,500 files")],
+)  # fmt: skip
+def test_counted(count, noun, plural, text):
+    assert formats.counted(count, noun, plural) == text

@@ -235,7 +235,7 @@ def test_the_overview_lists_what_needs_attention_with_links(admin_client, settin
     page = admin_client.get("/console/").content.decode()
     section = page[page.index('id="attention"') : page.index('id="batch-queue"')]
     assert f"short-{tag}:1 has 1 of 2 replicas ready" in section
-    assert f"short-{tag}:1: 1 replica(s) failed" in section
+    assert f"short-{tag}:1: 1 replica failed" in section
     assert f"{org.slug} has used 95% of its monthly spend budget" in section
     assert f'href="/console/customers/{org.pk}/"' in section
     assert 'href="/console/deployments/"' in section

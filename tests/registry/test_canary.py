@@ -667,6 +667,12 @@ class TestApi:
         assert not Canary.objects.exists()
         assert weights(model) == {"v1": 100, "v2": 0}
 
+    def test_the_same_version_on_both_sides_is_a_400_saying_so(self, ml):
+        deployed_model("gpt-canary")
+        response = ml.post("/api/v1/models/gpt-canary/canary", body(canary_version="v1"), format="json")
+        assert response.status_code == 400
+        assert response.json()["canary_version"] == ["Must be another version than base_version: 'v1' is both."]
+
     def test_an_undeployed_version_is_a_400(self, ml):
         model = deployed_model("gpt-canary")
         Deployment.objects.filter(version__model=model, version__version="v2").update(status="stopped")

@@ -249,7 +249,8 @@ class TestShadow:
     @pytest.mark.parametrize(
         ("body", "field"),
         [({"version": "v9", "percent": 5}, "version"), ({"version": "v2", "percent": 101}, "percent"),
-         ({"version": "v2"}, "percent")],
+         ({"version": "v2"}, "percent"),
+         ({"version": "v1", "percent": 5}, "version")],  # v1 answers every request: no copy would go to it
     )  # fmt: skip
     def test_a_bad_policy_is_a_400_naming_the_field(self, ml, chat_model, body, field):
         response = ml.put("/api/v1/models/gpt-tiny/shadow", body, format="json")

@@ -98,7 +98,7 @@ class TestScaleOut:
     def test_held_while_the_last_change_has_not_landed(self):
         decision = decide(config(3), Observations(ready=2, scraped=2, waiting=40), NOW, LONG_AGO)
         assert decision.target_replicas == 3
-        assert decision.reasons[-1] == "held: 1 replica(s) not ready yet"
+        assert decision.reasons[-1] == "held: 1 replica not ready yet"
 
 
 class TestScaleIn:
@@ -135,7 +135,7 @@ class TestScaleIn:
 class TestBounds:
     def test_a_count_outside_the_bounds_is_brought_inside_at_once(self):
         decision = decide(config(1, min_replicas=3), seen(1), NOW, NOW)
-        assert (decision.target_replicas, decision.reasons) == (3, ("1 replicas is below min_replicas (3)",))
+        assert (decision.target_replicas, decision.reasons) == (3, ("1 replica is below min_replicas (3)",))
         assert decide(config(8, max_replicas=6), seen(8), NOW, NOW).target_replicas == 6
         assert decide(config(0, min_replicas=0), seen(0), NOW, NOW).target_replicas == 1
 
