@@ -47,16 +47,17 @@ class KeyLimits:
     def texts(self) -> list[LimitText]:
         """The limits that hold, in people's units: counts as quantities, the spend cap as configured."""
         limits = self.limits
+        # (field, value, noun, its plural, per): "1 request/min", "60 requests/min".
         shown = [
-            ("rpm", limits.rpm, "requests/min"),
-            ("tpm", limits.tpm, "tokens/min"),
-            ("ipm", limits.ipm, "inferences/min"),
-            ("concurrent", limits.concurrent, "at once"),
-            ("token_quota", limits.token_quota, "tokens/month"),
+            ("rpm", limits.rpm, "request", "requests", "/min"),
+            ("tpm", limits.tpm, "token", "tokens", "/min"),
+            ("ipm", limits.ipm, "inference", "inferences", "/min"),
+            ("concurrent", limits.concurrent, "at once", "at once", ""),
+            ("token_quota", limits.token_quota, "token", "tokens", "/month"),
         ]
         texts = [
-            LimitText(f"{formats.quantity(value)} {unit}", self.inherited.get(name, ""))
-            for name, value, unit in shown
+            LimitText(f"{formats.quantity(value)} {one if value == 1 else many}{per}", self.inherited.get(name, ""))
+            for name, value, one, many, per in shown
             if value is not None
         ]
         if limits.spend_cap is not None:

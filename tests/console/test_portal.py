@@ -646,3 +646,14 @@ class TestInvoices:
         assert rows[0].startswith("invoice,period,kind")
         amount = rows[0].split(",").index("amount")
         assert rows[-1].split(",")[amount] == f"{invoice.total:f}"
+
+
+def test_a_limit_of_one_reads_in_the_singular(world):
+    """Issue 40's copy: "1 requests/min" read wrong."""
+    from console.pages.key_limits import key_limits
+
+    world.key.rate_limit_rpm, world.key.max_concurrent = 1, 1
+    world.key.save(update_fields=["rate_limit_rpm", "max_concurrent"])
+    texts = [t.text for t in key_limits([world.key], organization=world.org)[world.key.pk].texts]
+    assert "1 request/min" in texts
+    assert "1 at once" in texts
