@@ -24,7 +24,6 @@ from accounts.models import ApiKey, Organization, Role
 from accounts.selectors import api_keys_of, membership_of, memberships_of, organizations_listed, user_named
 from accounts.services import (
     KEY_DEFAULTS,
-    api_key_update,
     membership_remove,
     membership_set,
     organization_create,
@@ -276,17 +275,9 @@ def key_edit(request: HttpRequest, org_id: int, key_id: int) -> HttpResponse:
     initial = {name: getattr(api_key, name) for name in ("name", "tier", *ApiKeyForm.LIMITS)}
     form = ApiKeyForm(request.POST or None, initial=initial, currency=_currency())
     if request.method == "POST" and form.is_valid():
-        changes = {name: value for name, value in form.values().items() if value != initial[name]}
-        if not changes:
-            messages.info(request, f"API key {api_key.name!r}: nothing changed.")
-            return _back_to(organization, "keys")
-        try:
-            api_key_update(api_key=api_key, actor=request.user, **changes)
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            messages.success(request, f"API key {api_key.name!r} saved: {', '.join(sorted(changes))} changed.")
-            return _back_to(organization, "keys")
+        saved = org_scoped.key_saved(request, org_scoped.CONSOLE, organization, api_key, form)
+        if saved is not None:
+            return saved
     context = {
         "organization": organization,
         "form": form,

@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from accounts.models import ApiKey, Organization
-from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate
+from accounts.services import IssuedApiKey, api_key_create, api_key_revoke, api_key_rotate, api_key_update
 from billing.invoice_documents import invoice_csv, invoice_filename, invoice_pdf
 from billing.models import Invoice
 from console.pages.key_limits import key_limits
@@ -73,6 +73,25 @@ def key_create(
             return secret_shown_once(request, scope, organization, issued, **secret_context)
     context = {"organization": organization, "form": form, **(page or {})}
     return render(request, f"{scope.templates}/key_form.html", context)
+
+
+def key_saved(
+    request: HttpRequest, scope: Scope, organization: Organization, api_key: ApiKey, form: KeyForm
+) -> HttpResponse | None:
+    """Save a valid edit of ``api_key`` (``form.values()`` against ``form.initial``: only what
+    changed) and answer with the keys page; None when the service refused it (shown on the
+    field it names: the caller renders the form again)."""
+    changes = {name: value for name, value in form.values().items() if value != form.initial.get(name)}
+    if not changes:
+        messages.info(request, f"API key {api_key.name!r}: nothing changed.")
+        return redirect(scope.keys_url(organization))
+    try:
+        api_key_update(api_key=api_key, actor=request.user, **changes)
+    except InvalidInput as exc:
+        refuse(form, exc)
+        return None
+    messages.success(request, f"API key {api_key.name!r} saved: {', '.join(sorted(changes))} changed.")
+    return redirect(scope.keys_url(organization))
 
 
 def key_revoke(request: HttpRequest, scope: Scope, organization: Organization, api_key: ApiKey) -> HttpResponse:

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from accounts.models import ApiKey
 from accounts.selectors import api_keys_of, plan_key_ceilings
-from accounts.services import api_key_update, organization_update
+from accounts.services import organization_update
 from billing import invoicing
 from billing.models import Invoice
 from billing.usage_selectors import cache_by_model, usage_by_key
@@ -37,7 +37,7 @@ from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_require
 from console.pages.cache import quality_context
 from console.pages.invoice_lines import invoice_lines_context
 from console.pages.key_limits import key_limits
-from console.pages.lists import page_of, query_without_page, refuse
+from console.pages.lists import page_of, query_without_page
 from console.pages.nav import PORTAL, NavItem
 from console.pages.portal_forms import (
     DEFAULT_RANGE,
@@ -282,17 +282,9 @@ def key_edit(request: OrgRequest, org_id: int, key_id: int) -> HttpResponse:
         return redirect("console:portal-keys", org_id=org_id)
     form = _edit_form(request, api_key, request.POST)
     if form.is_valid():
-        changes = {name: value for name, value in form.values().items() if value != form.initial[name]}
-        if not changes:
-            messages.info(request, f"API key {api_key.name!r}: nothing changed.")
-            return redirect("console:portal-keys", org_id=org_id)
-        try:
-            api_key_update(api_key=api_key, actor=request.user, **changes)
-        except InvalidInput as exc:
-            refuse(form, exc)
-        else:
-            messages.success(request, f"API key {api_key.name!r} saved: {', '.join(sorted(changes))} changed.")
-            return redirect("console:portal-keys", org_id=org_id)
+        saved = org_scoped.key_saved(request, org_scoped.PORTAL, request.organization, api_key, form)
+        if saved is not None:
+            return saved
     return _keys_page(request, refused=form, refused_key=api_key.pk)
 
 
