@@ -4,6 +4,8 @@
 from billing.services.alerts import budget_alert_notify, budget_alerts_notify
 from billing.services.invoices import (
     InvoiceFrozen,
+    invoice_deletable,
+    invoice_delete_draft,
     invoice_draft,
     invoice_email_send,
     invoice_finalize,
@@ -19,6 +21,8 @@ __all__ = [
     "InvoiceFrozen",
     "budget_alert_notify",
     "budget_alerts_notify",
+    "invoice_deletable",
+    "invoice_delete_draft",
     "invoice_draft",
     "invoice_email_send",
     "invoice_finalize",

@@ -188,6 +188,32 @@ def invoice_void(*, invoice: Invoice, reason: str) -> Invoice:
         return _void(invoice, reason)
 
 
+def invoice_deletable(invoice: Invoice) -> bool:
+    """A draft holding the last number taken: deleting it leaves no gap (the number is given back)."""
+    if invoice.status != Invoice.Status.DRAFT:
+        return False
+    sequence = InvoiceSequence.objects.filter(name=SEQUENCE_NAME).first()
+    return sequence is not None and sequence.next_number == invoice.number + 1
+
+
+def invoice_delete_draft(*, invoice: Invoice) -> None:
+    """Delete a draft (as Stripe does, where voiding is for sent invoices): its usage records
+    are released for the month's next draft and its number is given back. Only the latest
+    draft can go (numbers never have gaps); any other is voided instead (``invoice_void``)."""
+    with transaction.atomic():
+        sequence = InvoiceSequence.objects.select_for_update().get(name=SEQUENCE_NAME)
+        Organization.objects.select_for_update().get(pk=invoice.organization_id)
+        locked = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        if locked.status != Invoice.Status.DRAFT:
+            raise InvalidInput("invoice", f"only a draft is deleted; a {locked.status} invoice is voided")
+        if sequence.next_number != locked.number + 1:
+            raise InvalidInput("invoice", "a later invoice has a number already: void this draft instead, so the "
+                                          "numbers keep no gap")  # fmt: skip
+        UsageRecord.objects.filter(invoice=locked).update(invoice=None)
+        locked.delete()  # its lines go with it
+        InvoiceSequence.objects.filter(pk=sequence.pk).update(next_number=locked.number)
+
+
 def invoice_reissue(*, invoice: Invoice, reason: str = "") -> Invoice:
     """Void ``invoice`` and draft its replacement (``reissue_of`` → it) in one transaction.
 

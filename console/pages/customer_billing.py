@@ -26,6 +26,8 @@ from billing.reconciliation import reconcile_month
 from billing.selectors import invoice_get, invoices_listed, price_get, prices_listed, reconciliations_latest
 from billing.services import (
     InvoiceFrozen,
+    invoice_deletable,
+    invoice_delete_draft,
     invoice_draft,
     invoice_finalize,
     invoice_mark_paid,
@@ -162,6 +164,7 @@ def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
         "payment": invoicing.payment(invoice, today=now.astimezone(UTC).date()),
         # Only a month that has ended is finalized (billing.services.invoice_finalize refuses it before).
         "month_ended": invoicing.month_ended(invoice.period, now=now),
+        "deletable": invoice_deletable(invoice),
         "finalize_from": invoicing.month_bounds(invoice.period)[1],
         **invoice_lines_context(invoice),
     }
@@ -204,6 +207,21 @@ def invoice_finalize_view(request: HttpRequest, invoice_id: int) -> HttpResponse
 @require_POST
 def invoice_pay_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
     return _move(request, invoice_id, "marked paid", invoice_mark_paid)
+
+
+@platform_admin_required
+@require_POST
+def invoice_delete_view(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    """Delete a draft (the latest: its number is given back); its usage goes to the next draft."""
+    invoice = _invoice_or_404(invoice_id)
+    number, organization = invoicing.display_number(invoice), invoice.organization
+    try:
+        invoice_delete_draft(invoice=invoice)
+    except InvalidInput as exc:
+        messages.error(request, _refusal(invoice, exc))
+        return redirect("console:invoice", invoice_id=invoice.pk)
+    messages.success(request, f"Draft {number} deleted; its usage waits for the month's next draft.")
+    return redirect("console:customer-invoices", org_id=organization.pk)
 
 
 @platform_admin_required
@@ -396,6 +414,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{INVOICE}refresh/", invoice_refresh_view, name="invoice-refresh"),
     path(f"{INVOICE}finalize/", invoice_finalize_view, name="invoice-finalize"),
     path(f"{INVOICE}pay/", invoice_pay_view, name="invoice-pay"),
+    path(f"{INVOICE}delete/", invoice_delete_view, name="invoice-delete"),
     path(f"{INVOICE}void/", invoice_void_view, name="invoice-void"),
     path(f"{INVOICE}reissue/", invoice_reissue_view, name="invoice-reissue"),
     path(f"{INVOICE}pdf/", invoice_download, {"kind": "pdf"}, name="invoice-pdf"),

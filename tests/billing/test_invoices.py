@@ -21,6 +21,8 @@ from billing.invoicing import invoiced_usage, line_amount, round_cents, totals
 from billing.models import Invoice, InvoiceLine, InvoiceSequence
 from billing.services import (
     InvoiceFrozen,
+    invoice_deletable,
+    invoice_delete_draft,
     invoice_draft,
     invoice_finalize,
     invoice_mark_paid,
@@ -245,6 +247,27 @@ class TestDrafting:
         assert late.invoice_id == first.pk
         assert Invoice.objects.count() == 1
         assert InvoiceSequence.objects.get(name="invoices").next_number == first.number + 1
+
+    def test_the_latest_draft_is_deleted_its_number_given_back_and_its_usage_released(self, key, bob_org, model):
+        """Issue 40, item 10: a draft is deleted, not voided (Stripe), without a gap in the numbers."""
+        p = price(model, "2026-09-01", "1", "1")
+        used = record(key, "2026-10-05", prompt=1_000_000, price=p)
+        first = invoice_draft(organization=key.organization, period=OCT)
+        assert invoice_deletable(first)
+        invoice_delete_draft(invoice=first)
+        assert not Invoice.objects.filter(pk=first.pk).exists()
+        assert not InvoiceLine.objects.filter(invoice_id=first.pk).exists()
+        used.refresh_from_db()
+        assert used.invoice_id is None
+        again = invoice_draft(organization=key.organization, period=OCT)
+        assert again.number == first.number  # given back: no gap
+        # A draft with a later number after it is voided instead; so is a finalized invoice.
+        later = invoice_draft(organization=bob_org, period=OCT)
+        assert not invoice_deletable(again)
+        with pytest.raises(InvalidInput, match="void this draft instead"):
+            invoice_delete_draft(invoice=again)
+        assert Invoice.objects.filter(pk=again.pk).exists()
+        assert later.number == again.number + 1
 
     def test_late_usage_after_finalizing_is_next_months_adjustment(self, key, model):
         p = price(model, "2026-09-01", "1", "1")

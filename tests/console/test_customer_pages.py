@@ -435,6 +435,15 @@ class TestInvoices:
         assert reverse("console:invoice-finalize", kwargs={"invoice_id": draft.pk}) in ended
         assert "Draft, not sent yet" in ended
 
+    def test_the_latest_draft_is_deleted_not_voided(self, world, draft):
+        page = text(world.client().get(reverse("console:invoice", kwargs={"invoice_id": draft.pk})))
+        delete = reverse("console:invoice-delete", kwargs={"invoice_id": draft.pk})
+        assert delete in page
+        assert reverse("console:invoice-void", kwargs={"invoice_id": draft.pk}) not in page
+        response = world.client().post(delete, follow=True)
+        assert f"Draft {invoicing.display_number(draft)} deleted" in text(response)
+        assert not Invoice.objects.filter(pk=draft.pk).exists()
+
     def test_voiding_needs_a_reason(self, world, draft):
         url = reverse("console:invoice-void", kwargs={"invoice_id": draft.pk})
         assert "Void invoice" in text(world.client().get(url))
