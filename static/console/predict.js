@@ -70,7 +70,14 @@
       input.required = true;
       input.dataset.feature = String(i);
       input.value = example[i] === undefined ? "" : String(example[i]);
-      input.addEventListener("input", () => { instance.value = JSON.stringify(currentInstance()); showCode(); });
+      input.addEventListener("input", () => {
+        try {
+          instance.value = JSON.stringify(currentInstance());
+        } catch {
+          return; // a field being typed (or emptied): Predict explains it
+        }
+        showCode();
+      });
       label.append(name, input);
       featuresBox.append(label);
     }

@@ -139,6 +139,7 @@ class TestAdminConsole:
         page.click("tr[data-model='smollm2-135m-instruct'] td a")
         page.wait_for_selector("h2:has-text('Artifact')")
         assert page.locator("[data-checksum]").inner_text().strip() != ""
+        page.click("summary:has(#config-title)")  # the raw config is folded
         assert "max_seq_len" in page.locator("pre.config").inner_text()
         screenshot(page, "console-model-version")
 
