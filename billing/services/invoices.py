@@ -135,8 +135,7 @@ def invoice_refresh(*, invoice: Invoice) -> Invoice:
 def invoice_finalize(*, invoice: Invoice) -> Invoice:
     """Freeze a draft: from here on it never changes. Once committed, it is emailed with its
     PDF to the organisation's billing address (a Celery task, retried if mail fails)."""
-    _, end = invoicing.month_bounds(invoice.period)
-    if timezone.now() < end:
+    if not invoicing.month_ended(invoice.period, now=timezone.now()):
         raise InvalidInput("period", f"{invoicing.period_label(invoice.period)} has not ended yet")
     with transaction.atomic():
         organization = Organization.objects.select_for_update().get(pk=invoice.organization_id)

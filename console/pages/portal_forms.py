@@ -147,15 +147,23 @@ class ApiKeyCreateForm(KeyForm):
     def __init__(self, *args: Any, ceilings: dict[str, int | Decimal | None], currency: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["monthly_spend_cap"].label = f"Spend per month ({currency})"
+        self.require()
         for name in self.LIMITS:
             ceiling = ceilings.get(name)
             if ceiling is None:
-                limit = "no plan limit"
+                allows = "no plan limit"
             elif name == "monthly_spend_cap":  # as configured: a cap of 0.0002 is $0.0002
-                limit = f"your plan allows at most {formats.unit_price(ceiling, currency)}"
+                allows = f"your plan allows at most {formats.unit_price(ceiling, currency)}"
             else:
-                limit = f"your plan allows at most {ceiling:,}"
-            self.fields[name].help_text = f"Optional: empty for the default; {limit}."
+                allows = f"your plan allows at most {ceiling:,}"
+            empty = self.EMPTY if not self.fields[name].required else ""
+            self.fields[name].help_text = f"{empty}{allows}."
+
+    # What a limit left empty means, before what the plan allows.
+    EMPTY = "Optional: empty for the default; "
+
+    def require(self) -> None:
+        """Make required the limits this form cannot leave empty (none, to create a key)."""
 
     def values(self) -> dict[str, Any]:
         """The key's name and the limits given (left-out ones are not passed, so the service
@@ -168,20 +176,11 @@ class ApiKeyEditForm(ApiKeyCreateForm):
     """A key's name and limits, as an org admin changes them: within the plan; an optional
     limit left empty is no limit of the key's own (the organisation's and the plan's still hold)."""
 
-    def __init__(self, *args: Any, ceilings: dict[str, int | Decimal | None], currency: str, **kwargs: Any) -> None:
-        super().__init__(*args, ceilings=ceilings, currency=currency, **kwargs)
+    EMPTY = "Empty: none of the key's own; "
+
+    def require(self) -> None:
         for name in ("rate_limit_rpm", "rate_limit_tpm"):
             self.fields[name].required = True  # a key always has both (accounts.services)
-        for name in self.LIMITS:
-            ceiling = ceilings.get(name)
-            if ceiling is None:
-                limit = "no plan limit"
-            elif name == "monthly_spend_cap":
-                limit = f"at most {formats.unit_price(ceiling, currency)}"
-            else:
-                limit = f"at most {ceiling:,}"
-            empty = "" if self.fields[name].required else "empty: none of the key's own; "
-            self.fields[name].help_text = f"{empty}your plan allows {limit}."
 
     def values(self) -> dict[str, Any]:
         """The key's name and every limit (None: none of its own)."""
