@@ -108,6 +108,9 @@ class UsageEvent:
     # A line of a batch job (``serving.batches``): priced at its price's batch percent,
     # billed on lines of its own, never charged to the interactive per-minute limits.
     batch: bool = False
+    # A cache hit's tier (exact, same, typo, reordered, paraphrase) and the entry it came from.
+    cache_tier: str = ""
+    cache_entry: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -173,6 +176,8 @@ class UsageEvent:
             revision=count("revision") if text.get("revision") else 0,
             inferences=count("inferences") if text.get("inferences") else 0,
             batch=text.get("batch") == "True",
+            cache_tier=_cache_tier(text.get("cache_tier") or ""),
+            cache_entry=count("cache_entry") if text.get("cache_entry") else None,
         )
 
 
@@ -245,6 +250,16 @@ _REFUSALS = {
 def _cache_outcome(value: str) -> str:
     if value not in ("miss", "hit", "semantic-hit"):
         raise ValueError(f"cache is not miss, hit or semantic-hit: {value!r}")
+    return value
+
+
+# The longest cache tier a usage record keeps (UsageRecord.cache_tier's max_length).
+CACHE_TIER_MAX_LENGTH = 12
+
+
+def _cache_tier(value: str) -> str:
+    if value and (len(value) > CACHE_TIER_MAX_LENGTH or not value.replace("-", "").isalpha()):
+        raise ValueError(f"cache_tier is not a tier name: {value!r}")
     return value
 
 

@@ -46,6 +46,12 @@ class UsageRecord(models.Model):
     status_code = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(help_text="when the request was admitted (UTC)")
     cache = models.CharField(max_length=12, choices=CacheOutcome.choices, default=CacheOutcome.MISS)
+    # A hit's tier and entry (serving.semcache): what the request log shows and feedback names.
+    cache_tier = models.CharField(
+        max_length=12, blank=True, default="", db_default="",
+        help_text="a cache hit's tier: exact, same, typo, reordered or paraphrase",
+    )  # fmt: skip
+    cache_entry = models.BigIntegerField(null=True, blank=True, help_text="the cache entry a hit was served from")
     # The engine's own words, not choices: engines add reasons ("abort", "tool_calls", ...).
     finish_reason = models.CharField(
         max_length=16,

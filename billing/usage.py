@@ -208,6 +208,8 @@ def parse_event(fields: dict[bytes, bytes]) -> UsageRecord:
         price_id=event.price_id,
         cost=event.cost,
         cache=event.cache,
+        cache_tier=event.cache_tier,
+        cache_entry=event.cache_entry,
         finish_reason=event.finish_reason,
         error_code=event.error_code,
         revision=event.revision,

@@ -36,6 +36,12 @@ CACHE_OUTCOMES = {
     "hit": "the same question's stored answer",
     "semantic-hit": "a verified near-repeat's stored answer",
 }
+CACHE_TIERS = {
+    "same": "the same words",
+    "typo": "the same words but for a typo",
+    "reordered": "the same words in another order",
+    "paraphrase": "a paraphrase, judged by the learned verifier within the entry's own bound",
+}
 
 
 class RequestIdForm(forms.Form):
@@ -149,7 +155,12 @@ def trail(record: UsageRecord) -> list[tuple[str, str]]:
                                 f" the {arm} arm"))  # fmt: skip
     if record.batch:
         steps.append(("Batch", "a line of a batch job, at the batch price"))
-    steps.append(("Cache", CACHE_OUTCOMES.get(record.cache, record.cache)))
+    served = CACHE_OUTCOMES.get(record.cache, record.cache)
+    if record.cache_tier in CACHE_TIERS:
+        served += f" ({CACHE_TIERS[record.cache_tier]})"
+    if record.cache_entry is not None:
+        served += f", entry {record.cache_entry}"
+    steps.append(("Cache", served))
     return steps
 
 

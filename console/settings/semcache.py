@@ -62,3 +62,20 @@ SEMANTIC_CACHE_MAX_DB_CALLS = envint("SEMANTIC_CACHE_MAX_DB_CALLS", 4)
 SEMANTIC_CACHE_RETRY_AFTER = envfloat("SEMANTIC_CACHE_RETRY_AFTER", 5.0)
 #: How long embeddings requests' answers stay in their exact-match cache in Redis (seconds).
 EMBEDDINGS_CACHE_TTL_SECONDS = envint("EMBEDDINGS_CACHE_TTL_SECONDS", 3600)
+
+# The paraphrase tier (serving/semcache/paraphrase.py, bound.py): prompts worded otherwise,
+# found by their embedding's nearest neighbours and judged by the learned verifier.
+#: Whether models without a cache policy row serve paraphrases (a bool; a policy row says per model).
+SEMANTIC_CACHE_PARAPHRASES = envbool("SEMANTIC_CACHE_PARAPHRASES", "true")
+#: Nearest entries of the scope the verifier judges per lookup (a count).
+SEMANTIC_CACHE_PARAPHRASE_CANDIDATES = envint("SEMANTIC_CACHE_PARAPHRASE_CANDIDATES", 4)
+#: Entries less similar than this (embedding cosine) are not judged at all (0-1).
+SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY", 0.5)
+#: The share of would-be paraphrase hits the engine answers instead, to test the entry's threshold (0-1).
+SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE = envfloat("SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE", 0.05)
+#: How many observations the offline calibration counts for in an entry's estimate (serving.semcache.bound).
+SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT = envfloat("SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT", 20)
+#: The paraphrase tier's prior in the error budget: would-be hits judged offline (held-out sources) …
+SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED = envfloat("SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED", 600)
+#: … and of those, how many were wrong (bench/semantic_cache_sources.py).
+SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = envfloat("SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG", 1)

@@ -33,6 +33,11 @@ class CachePolicy(models.Model):
         help_text="the share of wrong semantic hits accepted, in % (empty: SEMANTIC_CACHE_WRONG_HIT_BUDGET); "
                   "a wording tier whose measured rate may exceed it is not served",
     )  # fmt: skip
+    paraphrases = models.BooleanField(
+        null=True, blank=True,
+        help_text="serve prompts worded otherwise when the learned verifier and the entry's own bound agree "
+                  "(empty: SEMANTIC_CACHE_PARAPHRASES)",
+    )  # fmt: skip
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

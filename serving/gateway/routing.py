@@ -73,6 +73,7 @@ class CacheRules:
     ttl_seconds: int
     shared_scope: bool
     wrong_hit_budget: float = 0.0  # the share of wrong semantic hits accepted (serving.semcache.budget)
+    paraphrases: bool = False  # the paraphrase tier serves prompts worded otherwise (serving.semcache.bound)
 
     @property
     def wrong_hit_budget_percent(self) -> str:
@@ -87,6 +88,7 @@ class CacheRules:
             ttl_seconds=settings.SEMANTIC_CACHE_TTL_SECONDS,
             shared_scope=False,
             wrong_hit_budget=settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET,
+            paraphrases=settings.SEMANTIC_CACHE_PARAPHRASES,
         )
 
     @classmethod
@@ -105,6 +107,7 @@ class CacheRules:
                 if policy.wrong_hit_budget is not None
                 else settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET
             ),
+            paraphrases=settings.SEMANTIC_CACHE_PARAPHRASES if policy.paraphrases is None else policy.paraphrases,
         )
 
 

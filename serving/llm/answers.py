@@ -83,4 +83,7 @@ def annotate_answer(response: HttpResponseBase, call: InferenceCall) -> None:
         response["x-cache"] = call.cache_outcome
         if call.cache_hit is not None:
             response["x-cache-similarity"] = f"{call.cache_hit.similarity:.4f}"
+            response["x-cache-tier"] = call.cache_hit.wording
+            if call.cache_hit.score is not None:
+                response["x-cache-score"] = f"{call.cache_hit.score:.4f}"
     response["Server-Timing"] = ", ".join(f"{stage};dur={ms:.2f}" for stage, ms in call.stage_ms.items())

@@ -278,7 +278,7 @@ class InferenceCall(Call):
                 default_temperature=self.version.default_temperature,
             )
             self.cache_probe = CacheProbe(
-                intent=intent, scope=scope, query=query, model=self.model.name,
+                intent=intent, scope=scope, query=query, model=self.model.name, paraphrases=rules.paraphrases,
                 wrong_hit_budget=(
                     rules.wrong_hit_budget
                     if self.grant.cache_wrong_hit_budget is None
@@ -681,6 +681,8 @@ class InferenceCall(Call):
             ttft_ms=self.ttft_ms,
             cost=cost,
             cache=self.cache_outcome,
+            cache_tier=self.cache_hit.wording if self.cache_hit is not None else "",
+            cache_entry=self.cache_hit.entry_id if self.cache_hit is not None else None,
             finish_reason="" if draft else self.finish_reason,
             error_code="" if draft else (self.error_code or error_code_of(status)),
         )

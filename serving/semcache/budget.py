@@ -45,6 +45,7 @@ from core.stats import wilson
 logger = logging.getLogger(__name__)
 
 EXACT = "exact"  # the same text: always served, counted for the figures and feedback
+PARAPHRASE = "paraphrase"  # worded otherwise, judged by the learned verifier (serving.semcache.paraphrase)
 COUNTERS = ("served", "audits", "disagreed", "reported")
 SERVE = "serve"
 AUDIT = "audit"
@@ -69,7 +70,11 @@ class Prior:
     wrong: float
 
     @classmethod
-    def from_settings(cls) -> Prior:
+    def from_settings(cls, tier: str = "") -> Prior:
+        """The word tiers' prior, or the paraphrase tier's own (another verifier, measured apart)."""
+        if tier == PARAPHRASE:
+            return cls(n=float(settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED),
+                       wrong=float(settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG))  # fmt: skip
         return cls(n=float(settings.SEMANTIC_CACHE_PRIOR_SERVED), wrong=float(settings.SEMANTIC_CACHE_PRIOR_WRONG))
 
 
@@ -136,7 +141,7 @@ async def decide_for(model: str, tier: str, *, budget: float) -> str:
     return decide(
         records.get(tier, TierRecord()),
         budget=budget,
-        prior=Prior.from_settings(),
+        prior=Prior.from_settings(tier),
         audit_rate=settings.SEMANTIC_CACHE_AUDIT_RATE,
     )
 
@@ -183,14 +188,21 @@ def agree_by_text(cached: str, live: str) -> bool | None:
     return None
 
 
-async def audit(*, model: str, tier: str, cached: str, live: str) -> bool:
-    """Compare a would-be hit's cached answer with the engine's own; count it. True: agreed."""
+async def agree(cached: str, live: str) -> bool:
+    """Whether a cached answer says what the engine's own answer says: the same text, else the
+    same numbers and embeddings at least SEMANTIC_CACHE_AUDIT_AGREEMENT alike."""
     from serving.semcache.embed import cosine, embed_texts
 
     agreed = agree_by_text(cached, live)
     if agreed is None:
         first, second = await embed_texts([cached, live])
         agreed = cosine(first, second) >= settings.SEMANTIC_CACHE_AUDIT_AGREEMENT
+    return agreed
+
+
+async def audit(*, model: str, tier: str, cached: str, live: str) -> bool:
+    """Compare a would-be hit's cached answer with the engine's own; count it. True: agreed."""
+    agreed = await agree(cached, live)
     await count(model, tier, "audits")
     if not agreed:
         await count(model, tier, "disagreed")
@@ -243,9 +255,9 @@ def quality_of(model: str, *, wrong_hit_budget: float, records: dict[str, TierRe
     records = records_sync(model) if records is None else records
     prior = Prior.from_settings()
     tiers = []
-    for tier in TIERS:
+    for tier in (*TIERS, PARAPHRASE):
         record = records.get(tier, TierRecord())
-        found = estimate(record, prior)
+        found = estimate(record, Prior.from_settings(tier))
         tiers.append(TierQuality(tier=tier, record=record, estimate=found, serving=found.high <= wrong_hit_budget))
     together = TierRecord(
         served=sum(t.record.served for t in tiers), audits=sum(t.record.audits for t in tiers),

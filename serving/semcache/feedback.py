@@ -6,8 +6,10 @@ which wording tier, in which scope and organisation. A report (``POST /v1/cache/
 with the organisation's own key, or a platform admin in the console) then, at once:
 
 - tightens the entry and its neighbours (entries of the same scope at least
-  ``SEMANTIC_CACHE_FEEDBACK_NEIGHBOUR_SIMILARITY`` similar to it): served at a typo or
-  reordered tier, they serve only the same words from now on (strictness 1); served for the
+  ``SEMANTIC_CACHE_FEEDBACK_NEIGHBOUR_SIMILARITY`` similar to it): served at a typo,
+  reordered or paraphrase tier, they serve only the same words from now on (strictness 1:
+  no paraphrase either), and a paraphrase hit's score is recorded as a disagreement in the
+  entry's evidence (``bound``); served for the
   same words, only the same text (strictness 2); served for the same text, the entry is
   withdrawn (its answer is wrong for its own question) and its neighbours keep to the same
   text;
@@ -30,7 +32,7 @@ from django.db import connection, transaction
 
 from core import keys
 from core.redis import async_redis, sync_redis
-from serving.semcache import budget
+from serving.semcache import budget, store
 from serving.semcache.models import CacheEntry, CacheFeedback
 from serving.semcache.verify import SAME
 
@@ -55,6 +57,7 @@ class Served:
     entry_id: int | None
     wording: str
     scope: str
+    score: float | None = None  # a paraphrase hit's verifier score (becomes the entry's evidence)
 
 
 def parse_request_id(text: str) -> uuid.UUID | None:
@@ -93,6 +96,9 @@ def report(request_id: uuid.UUID, *, organization_id: int | None, reported_by: s
         return existing
     with transaction.atomic():
         tightened = _tighten(served) if served.entry_id is not None else 0
+        if served.entry_id is not None and served.score is not None:
+            # A disagreement at the score it was served at: the entry's own threshold rises above it.
+            store.observe_sync(entry_id=served.entry_id, score=served.score, agreed=False)
         feedback = CacheFeedback.objects.create(
             request_id=request_id.hex,
             organization_id=served.organization_id,

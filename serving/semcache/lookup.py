@@ -17,6 +17,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from core import keys
 from core.lifecycle import Background, unobserved
 from core.redis import async_redis
 from serving.gateway import metrics
-from serving.semcache import budget, feedback, signature, store
+from serving.semcache import bound, budget, feedback, paraphrase, signature, store
 from serving.semcache.embed import cosine, embed_texts
 from serving.semcache.policy import ANSWER_NEUTRAL, CacheIntent
 from serving.semcache.verify import SAME, Thresholds, verify_words
@@ -62,15 +63,22 @@ class CacheHit:
     completion_tokens: int
     prompt_tokens: int  # embeddings: the stored answer's; chat: the request's own count is used
     entry_id: int | None = None
-    wording: str = budget.EXACT  # the tier it was verified at (verify.TIERS), or the same text
+    wording: str = budget.EXACT  # the tier it was verified at (verify.TIERS, budget.PARAPHRASE), or the same text
+    score: float | None = None  # the paraphrase verifier's score for a paraphrase hit
 
 
 @dataclass(frozen=True)
 class Audit:
-    """A would-be hit answered by the engine instead: its cached answer, to compare."""
+    """The engine answers a prompt the cache held an answer for: its cached answer, to compare.
+
+    A would-be hit (``counted``: the tier's error budget counts the comparison) or, for the
+    paraphrase tier, a near miss (only the entry's evidence learns from it)."""
 
     wording: str
     cached: str
+    entry_id: int | None = None
+    score: float | None = None  # the paraphrase verifier's score: the comparison is the entry's evidence
+    counted: bool = True
 
 
 @dataclass
@@ -83,6 +91,7 @@ class CacheProbe:
     query: str
     model: str
     wrong_hit_budget: float = 0.01  # the rate accepted (the model's CachePolicy or the default)
+    paraphrases: bool = False  # the paraphrase tier may serve (the model's rules)
     embedding: list[float] | None = None
     audit: Audit | None = None
     # A miss's question embedded alongside its generation, for storing its answer (``remember``).
@@ -148,7 +157,7 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
                 continue  # reported wrong once: this entry and its neighbours serve less
             if probe.embedding is None:
                 # Only now, for a candidate whose words pass: a miss never waits on the embedder.
-                [probe.embedding] = await embed_texts([text])
+                probe.embedding = await _embed_query(text)
             similarity = cosine(probe.embedding, entry.embedding)
             minimum = Thresholds.from_settings().minimum
             if similarity < minimum:
@@ -176,8 +185,85 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
             entry_id=entry.entry_id,
             wording=wording,
         )
+    if probe.paraphrases:
+        hit = await _paraphrase(probe)
+        if hit is not None or (probe.audit is not None and probe.audit.counted):
+            return hit
     metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
     _embed_ahead(probe)
+    return None
+
+
+async def _embed_query(text: str) -> list[float]:
+    """The prompt's embedding: in process when the cache's local models are built (a few ms,
+    the same all-MiniLM-L6-v2 vectors), else from an embedding replica."""
+    local = paraphrase.local_models()
+    if local is not None:
+        [vector] = await asyncio.to_thread(local.embed, [text])
+        return vector
+    [vector] = await embed_texts([text])
+    return vector
+
+
+async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
+    """The paraphrase tier: the scope's nearest entries by embedding, scored by the learned
+    verifier, each held to its own threshold (``bound``); the model's error budget and the
+    exploration rate send some would-be hits to the engine, to compare."""
+    local = paraphrase.local_models()
+    if local is None:
+        return None
+    if probe.embedding is None:
+        [probe.embedding] = await asyncio.to_thread(local.embed, [probe.query])
+    found = [
+        candidate
+        for candidate in await store.search(
+            scope=probe.scope, embedding=probe.embedding, limit=settings.SEMANTIC_CACHE_PARAPHRASE_CANDIDATES
+        )
+        if candidate.similarity >= settings.SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY
+        and candidate.strictness == 0  # reported wrong once: no paraphrases for it or its neighbours
+        and _normalised(candidate.prompt) != _normalised(probe.query)  # the signature tier's own
+    ]
+    if not found:
+        return None
+    # Milliseconds of a cross-encoder: never on the event loop.
+    scores = await asyncio.to_thread(local.score, [(candidate.prompt, probe.query) for candidate in found])
+    curve = local.curve()
+    near: tuple[store.Candidate, float] | None = None
+    for candidate, score in sorted(zip(found, scores, strict=True), key=lambda pair: -pair[1]):
+        threshold = bound.threshold(
+            bound.evidence_of(candidate.evidence), curve=curve, delta=probe.wrong_hit_budget,
+            prior_weight=settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT,
+        )  # fmt: skip
+        cached = str((candidate.response.get("message") or {}).get("content") or "")
+        if score < threshold:
+            if near is None and score >= threshold - bound.NEAR_MISS_BAND:
+                near = (candidate, score)
+            metrics.CACHE_REJECTIONS.labels("paraphrase_score").inc()
+            continue
+        decision = await budget.decide_for(probe.model, budget.PARAPHRASE, budget=probe.wrong_hit_budget)
+        if decision == budget.AUDIT or random.random() < settings.SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE:
+            # The engine answers, and the answers are compared: the tier's estimate and this
+            # entry's evidence both learn from it.
+            probe.audit = Audit(wording=budget.PARAPHRASE, cached=cached, entry_id=candidate.entry_id, score=score)
+            metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
+            return None
+        metrics.CACHE_LOOKUPS.labels(probe.model, SEMANTIC_HIT).inc()
+        _background.spawn(store.record_hit(entry_id=candidate.entry_id), what="record a cache hit")
+        return CacheHit(
+            outcome=SEMANTIC_HIT,
+            similarity=candidate.similarity,
+            answer=candidate.response,
+            completion_tokens=candidate.completion_tokens,
+            prompt_tokens=candidate.prompt_tokens,
+            entry_id=candidate.entry_id,
+            wording=budget.PARAPHRASE,
+            score=score,
+        )
+    if near is not None:
+        candidate, score = near
+        cached = str((candidate.response.get("message") or {}).get("content") or "")
+        probe.audit = Audit(wording=budget.PARAPHRASE, cached=cached, entry_id=candidate.entry_id, score=score,
+                            counted=False)  # fmt: skip
     return None
 
 
@@ -191,7 +277,7 @@ def _embed_ahead(probe: CacheProbe) -> None:
 
     async def embed() -> None:
         try:
-            [embedding] = await embed_texts([probe.query])
+            embedding = await _embed_query(probe.query)
         except Exception as exc:  # noqa: BLE001 - handed to ``remember``, which embeds again
             ahead.set_exception(exc)
         else:
@@ -209,7 +295,7 @@ def note_served(probe: CacheProbe, hit: CacheHit, *, request_id: uuid.UUID, orga
     """A chat answer was served from the cache: keep what for feedback, count it (off the path)."""
     served = feedback.Served(
         organization_id=organization_id, model=probe.model, model_version=model_version, entry_id=hit.entry_id,
-        wording=hit.wording, scope=probe.scope,
+        wording=hit.wording, scope=probe.scope, score=hit.score,
     )  # fmt: skip
     _background.spawn(feedback.note_served(request_id, served), what="note a served cache answer")
 
@@ -219,10 +305,16 @@ def audit_answer(probe: CacheProbe, live: str) -> None:
     off the request path."""
     if probe.audit is None or not live:
         return
-    found = probe.audit
-    _background.spawn(
-        budget.audit(model=probe.model, tier=found.wording, cached=found.cached, live=live), what="audit a cache answer"
-    )
+    _background.spawn(_compare(probe.model, probe.audit, live), what="audit a cache answer")
+
+
+async def _compare(model: str, found: Audit, live: str) -> None:
+    if found.counted:
+        agreed = await budget.audit(model=model, tier=found.wording, cached=found.cached, live=live)
+    else:
+        agreed = await budget.agree(found.cached, live)
+    if found.entry_id is not None and found.score is not None:
+        await store.observe(entry_id=found.entry_id, score=found.score, agreed=agreed)
 
 
 def remember(
@@ -245,7 +337,7 @@ def remember(
             except Exception:
                 logger.debug("the question's embedding ahead failed; embedding it again", exc_info=True)
         if embedding is None:
-            [embedding] = await embed_texts([probe.query])
+            embedding = await _embed_query(probe.query)
         scope, text = probe.scope, probe.query
         signatures = await _off_loop_if_long(len(text), lambda: signature.of_entry(scope, text))
         await store.insert(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
+from django.db.models import Value
 from pgvector.django import HnswIndex, VectorField
 
 # all-minilm-l6-v2, the bundled embedding model the cache embeds prompts with.
@@ -38,6 +39,9 @@ class CacheEntry(models.Model):
     # Raised by feedback on a wrong hit (serving.semcache.feedback), for the entry and its
     # neighbours: 0 serves every wording tier, 1 only the same words, 2 only the same text.
     strictness = models.PositiveSmallIntegerField(default=0)
+    # The paraphrase tier's evidence on this entry (serving.semcache.bound): its answer compared
+    # with the engine's for prompts the verifier scored against it, as [[score, agreed], …].
+    evidence = models.JSONField(default=list, db_default=Value([], output_field=models.JSONField()), blank=True)
     # How a lookup finds it without embedding the query: hashes of its normalised word bag
     # and variants (serving.semcache.signature), matched by overlap through a GIN index.
     signatures = ArrayField(models.BigIntegerField(), default=list, blank=True)

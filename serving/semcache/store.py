@@ -76,6 +76,7 @@ class Candidate:
     prompt_tokens: int
     completion_tokens: int
     strictness: int = 0  # raised by feedback: 1 serves only the same words, 2 only the same text
+    evidence: Any = ()  # the paraphrase tier's observations, as stored (serving.semcache.bound)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ WITH nearest AS MATERIALIZED (
     ORDER BY similarity DESC, id
     LIMIT %(limit)s
 )
-SELECT e.id, e.scope, n.similarity, e.prompt, e.response, e.prompt_tokens, e.completion_tokens, e.strictness
+SELECT e.id, e.scope, n.similarity, e.prompt, e.response, e.prompt_tokens, e.completion_tokens, e.strictness,
+       e.evidence
 FROM nearest n JOIN {TABLE} e ON e.id = n.id
 ORDER BY n.similarity DESC, n.id
 """
@@ -126,7 +128,7 @@ ORDER BY n.similarity DESC, n.id
 # HNSW index's scan (PostgreSQL 18 counts disabled nodes rather than pricing them).
 HNSW_SQL = f"""
 SELECT id, scope, 1 - (embedding <=> %(query)s::vector) AS similarity,
-       prompt, response, prompt_tokens, completion_tokens, strictness
+       prompt, response, prompt_tokens, completion_tokens, strictness, evidence
 FROM {TABLE}
 WHERE scope = %(scope)s AND scope LIKE %(bucket)s AND expires_at > now()
 ORDER BY embedding <=> %(query)s::vector
@@ -215,10 +217,19 @@ def search_rows(
             prompt_tokens=int(prompt_tokens),
             completion_tokens=int(completion_tokens),
             strictness=int(strictness),
+            evidence=orjson.loads(evidence) if isinstance(evidence, str | bytes) else evidence,
         )
-        for entry_id, row_scope, similarity, prompt, response, prompt_tokens, completion_tokens, strictness in (
-            cursor.fetchall()
-        )
+        for (
+            entry_id,
+            row_scope,
+            similarity,
+            prompt,
+            response,
+            prompt_tokens,
+            completion_tokens,
+            strictness,
+            evidence,
+        ) in cursor.fetchall()
         if row_scope == scope
     ]
     # relaxed_order may emit rows slightly out of order; callers get them most similar first.
@@ -378,6 +389,42 @@ async def record_hit(*, entry_id: int) -> None:
         await _guarded(run, timeout_s=timeout_ms / 1000)
     except CacheUnavailable:
         logger.debug("hit on cache entry %s not recorded", entry_id)
+
+
+_OBSERVE_SQL = f"""
+UPDATE {TABLE} SET evidence = (
+    CASE WHEN jsonb_array_length(evidence) >= %(keep)s THEN evidence - 0 ELSE evidence END
+) || jsonb_build_array(jsonb_build_array(%(score)s::float8, %(agreed)s::int))
+WHERE id = %(id)s
+"""
+
+
+def observe_sync(*, entry_id: int, score: float, agreed: bool) -> None:
+    """Append one paraphrase observation to an entry's evidence (the oldest beyond
+    ``bound.MAX_EVIDENCE`` dropped), in one statement: concurrent observations never lose
+    each other."""
+    from serving.semcache.bound import MAX_EVIDENCE
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _OBSERVE_SQL,
+            {"id": int(entry_id), "score": round(float(score), 4), "agreed": int(agreed), "keep": MAX_EVIDENCE},
+        )
+
+
+async def observe(*, entry_id: int, score: float, agreed: bool) -> None:
+    """``observe_sync`` off the request path, bounded like every write; best effort."""
+
+    def run() -> None:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL statement_timeout = {int(WRITE_TIMEOUT_MS)}")
+            observe_sync(entry_id=entry_id, score=score, agreed=agreed)
+
+    try:
+        await _guarded(run, timeout_s=WRITE_TIMEOUT_MS / 1000)
+    except CacheUnavailable:
+        logger.debug("observation on cache entry %s not recorded", entry_id)
 
 
 # --- Scope sizes (the plan choice's input) ------------------------------------------------
