@@ -332,6 +332,10 @@ class CachePolicyForm(forms.Form):
         help_text="the share of wrong semantic hits accepted; a wording tier whose measured rate may exceed it is "
                   "answered by the engine instead (empty: the platform's default)",
     )  # fmt: skip
+    paraphrases = forms.BooleanField(
+        label="Serve paraphrases", required=False,
+        help_text="prompts worded otherwise, judged by the learned verifier and held to each entry's own bound",
+    )  # fmt: skip
 
 
 def _policy_initial(policy: CachePolicy | None) -> dict[str, Any]:
@@ -339,10 +343,12 @@ def _policy_initial(policy: CachePolicy | None) -> dict[str, Any]:
     if policy is None:
         return {"enabled": rules.enabled, "max_temperature": Decimal(str(rules.max_temperature)),
                 "max_prompt_tokens": rules.max_prompt_tokens, "ttl_seconds": rules.ttl_seconds,
-                "shared_scope": rules.shared_scope, "wrong_hit_budget": None}  # fmt: skip
+                "shared_scope": rules.shared_scope, "wrong_hit_budget": None,
+                "paraphrases": rules.paraphrases}  # fmt: skip
     return {"enabled": policy.enabled, "max_temperature": policy.max_temperature,
             "max_prompt_tokens": policy.max_prompt_tokens, "ttl_seconds": policy.ttl_seconds,
-            "shared_scope": policy.shared_scope, "wrong_hit_budget": policy.wrong_hit_budget}  # fmt: skip
+            "shared_scope": policy.shared_scope, "wrong_hit_budget": policy.wrong_hit_budget,
+            "paraphrases": CacheRules.of(policy).paraphrases}  # fmt: skip
 
 
 @platform_admin_required
@@ -359,7 +365,8 @@ def cache_policy_edit(request: HttpRequest, name: str) -> HttpResponse:
             cache_policy_set(model=model, actor=request.user, enabled=data["enabled"],
                              max_temperature=data["max_temperature"], max_prompt_tokens=data["max_prompt_tokens"],
                              ttl_seconds=data["ttl_seconds"], shared_scope=data["shared_scope"],
-                             wrong_hit_budget=data.get("wrong_hit_budget"))  # fmt: skip
+                             wrong_hit_budget=data.get("wrong_hit_budget"),
+                             paraphrases=data["paraphrases"])  # fmt: skip
         except InvalidInput as exc:
             refuse(form, exc)
         else:

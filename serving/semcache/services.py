@@ -79,6 +79,7 @@ def _cache_policy_snapshot(policy: CachePolicy | None) -> dict[str, Any] | None:
         "ttl_seconds": policy.ttl_seconds,
         "shared_scope": policy.shared_scope,
         "wrong_hit_budget": None if policy.wrong_hit_budget is None else str(policy.wrong_hit_budget),
+        "paraphrases": policy.paraphrases,
     }
 
 
@@ -94,11 +95,13 @@ def cache_policy_set(
     ttl_seconds: int,
     shared_scope: bool,
     wrong_hit_budget: Decimal | float | str | None = None,
+    paraphrases: bool | None = None,
     actor: Actor = None,
 ) -> CachePolicy:
     """Set ``model``'s semantic-cache rules (``serving.semcache.policy``), creating its policy
     if it had none; every gateway applies them at once (they are part of the routing
-    snapshot). Entries already stored keep their expiry. Audited."""
+    snapshot). Entries already stored keep their expiry. ``paraphrases`` None: the platform's
+    default (SEMANTIC_CACHE_PARAPHRASES). Audited."""
     try:
         temperature = Decimal(str(max_temperature))
     except InvalidOperation:
@@ -123,6 +126,7 @@ def cache_policy_set(
         "ttl_seconds": ttl_seconds,
         "shared_scope": bool(shared_scope),
         "wrong_hit_budget": budget,
+        "paraphrases": None if paraphrases is None else bool(paraphrases),
     }
     with transaction.atomic():
         before = _cache_policy_snapshot(CachePolicy.objects.select_for_update().filter(model=model).first())

@@ -217,6 +217,19 @@ class TestPolicy:
         assert ">off<" in row.group(1)
         assert "<td>42</td>" in row.group(1)
 
+    def test_paraphrases_are_the_models_choice_shown_in_the_list(self, admin_browser: Client) -> None:
+        model = Model.objects.create(name="paraphrase-policy", task=Task.CHAT)
+        admin_browser.post("/console/cache/policies/paraphrase-policy/", {**self.VALID, "paraphrases": "on"})
+        assert CachePolicy.objects.get(model=model).paraphrases is True
+        html = admin_browser.get("/console/cache/policies/", {"q": "paraphrase-policy"}).content.decode()
+        row = re.search(r'<tr data-model="paraphrase-policy">(.*?)</tr>', html, re.S)
+        assert row
+        assert "<td>served</td>" in row.group(1)
+        admin_browser.post("/console/cache/policies/paraphrase-policy/", self.VALID)
+        assert CachePolicy.objects.get(model=model).paraphrases is False
+        form = admin_browser.get("/console/cache/policies/paraphrase-policy/").content.decode()
+        assert 'name="paraphrases"' in form
+
     def test_a_valid_edit_saves_audits_and_redirects(self, admin_browser: Client, admin: Any) -> None:
         AuditEntry.objects.all().delete()
         model = Model.objects.create(name="policy-model", task=Task.CHAT)
@@ -232,7 +245,8 @@ class TestPolicy:
         audit = AuditEntry.objects.get(action="cache_policy.set")
         assert (audit.actor_id, audit.target, audit.before) == (admin.pk, "policy-model", None)
         assert audit.after == {"enabled": True, "max_temperature": "0.30", "max_prompt_tokens": 1500,
-                               "ttl_seconds": 600, "shared_scope": True, "wrong_hit_budget": "0.50"}  # fmt: skip
+                               "ttl_seconds": 600, "shared_scope": True, "wrong_hit_budget": "0.50",
+                               "paraphrases": False}  # fmt: skip
         assert [str(m) for m in get_messages(response.wsgi_request)] == [
             "Saved the cache policy of policy-model; gateways apply it at once."
         ]
