@@ -97,7 +97,9 @@ def decide(pairs: list[sources.Pair], deltas: tuple[float, ...]) -> dict[str, An
     scored = time.perf_counter() - started
     curve = local.curve()
     thresholds = {
-        delta: bound.threshold((), curve=curve, delta=delta, prior_weight=settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT)
+        delta: bound.threshold(
+            (), curve=curve, delta=delta, prior_weight=settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT
+        )
         for delta in deltas
     }
     by_delta = {delta: [i in scores and scores[i] >= t for i in range(len(pairs))] for delta, t in thresholds.items()}
@@ -130,9 +132,7 @@ def table(found: dict[str, Any], names: list[str]) -> str:
     for name in names:
         labels = found.get(name, {})
         hit, trap = labels.get("hit", {}).get("all"), labels.get("trap", {}).get("all")
-        lines.append(
-            f"| {name} | {sources.percent(hit) if hit else '—'} | {sources.percent(trap) if trap else '—'} |"
-        )
+        lines.append(f"| {name} | {sources.percent(hit) if hit else '—'} | {sources.percent(trap) if trap else '—'} |")
     return "\n".join(lines)
 
 
