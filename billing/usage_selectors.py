@@ -1,23 +1,25 @@
 """Reads of usage for people and keys: daily usage by model (and key), from the daily rollups only.
 
-Raw UsageRecord rows are never read here: pages and APIs answer from ``UsageRollup``
-(built by ``billing.rollups`` every minute), so a request for a year costs a year of
-daily rows, not a year of requests. Pages are keyset-paginated on (day, model, key)
-with an opaque cursor; every read is scoped to one key or one organisation.
+Raw UsageRecord rows are read only by ``cache_hits_by_tier`` (a rollup does not keep a
+hit's tier; it reads a window of records by an index on their time). Everything else
+answers from ``UsageRollup`` (built by ``billing.rollups`` every minute), so a request for
+a year costs a year of daily rows, not a year of requests. Pages are keyset-paginated on
+(day, model, key) with an opaque cursor; every read is scoped to one key or one organisation.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
 import orjson
-from django.db.models import Max, Q, QuerySet, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum
 
-from billing.models import UsageRollup
+from billing.models import CacheOutcome, UsageRecord, UsageRollup
 
 USAGE_DEFAULT_DAYS = 30
 USAGE_PAGE_DEFAULT = 30
@@ -217,6 +219,58 @@ def cache_by_model(*, organization_id: int, start: date, end: date) -> dict[str,
     days = UsageRollup.objects.filter(_days(start, end), organization_id=organization_id)
     rows = days.values("model").annotate(hits=Sum("cache_hits"), saved=Sum("saved"))
     return {row["model"]: (int(row["hits"] or 0), Decimal(row["saved"] or 0)) for row in rows}
+
+
+# A hit's tier as a usage record names it (serving.semcache: the same text, then the wording
+# tiers and the paraphrase tier); billing knows them as names only.
+CACHE_HIT_TIERS = ("exact", "same", "typo", "reordered", "paraphrase")
+# Semantic hits recorded before their tier was (billing 0016): one of the word tiers, unknown which.
+UNRECORDED_WORD_TIER = "words"
+
+
+@dataclass
+class TierHits:
+    """One model's requests over a window and its cache hits by tier (``CACHE_HIT_TIERS``, and
+    ``UNRECORDED_WORD_TIER`` for older semantic hits)."""
+
+    model: str
+    requests: int = 0
+    hits: dict[str, int] = field(default_factory=dict)
+
+    def share(self, tier: str) -> float | None:
+        """The tier's hits as a share of the model's requests (None: no requests)."""
+        return self.hits.get(tier, 0) / self.requests if self.requests else None
+
+
+def _hit_tier(cache: str, tier: str) -> str | None:
+    if cache == CacheOutcome.HIT:
+        return "exact"  # before billing 0016 an exact hit's tier was empty
+    if cache == CacheOutcome.SEMANTIC_HIT:
+        return tier if tier in CACHE_HIT_TIERS and tier != "exact" else UNRECORDED_WORD_TIER
+    return None
+
+
+def cache_hits_by_tier(
+    *, since: datetime, until: datetime, organization_id: int | None = None, models: Collection[str] | None = None
+) -> dict[str, TierHits]:
+    """Per model, the requests recorded from ``since`` (included) to ``until`` (excluded) and
+    their cache hits by tier; ``organization_id``'s requests only, when given. One GROUP BY over
+    the usage records of the window, found by usage_org_time (an organisation), usage_model_time
+    (models named) or usage_time."""
+    records = UsageRecord.objects.filter(created_at__gte=since, created_at__lt=until)
+    if organization_id is not None:
+        records = records.filter(organization_id=organization_id)
+    if models is not None:
+        records = records.filter(model__in=list(models))
+    rows = records.values_list("model", "cache", "cache_tier").annotate(n=Count("id")).order_by()
+    found: dict[str, TierHits] = {}
+    for model, cache, tier, n in rows:
+        figures = found.setdefault(model, TierHits(model=model))
+        figures.requests += n
+        hit = _hit_tier(cache, tier)
+        if hit is not None:
+            figures.hits[hit] = figures.hits.get(hit, 0) + n
+    return found
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,34 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
 from accounts.models import Organization
 from accounts.selectors import organizations_visible_to
 from billing.cache_savings import CacheSavings, CacheSavingsReport, cache_savings
+from billing.usage_selectors import UNRECORDED_WORD_TIER, TierHits, cache_hits_by_tier
 from console.pages import charts
 from console.pages.access import platform_admin_required
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
 from core.errors import InvalidInput
+from core.formats import money
+from core.stats import wilson
 from registry.models import Model
 from registry.selectors import model_named, models_for_board
 from serving.gateway.routing import CacheRules
 from serving.models import CachePolicy
-from serving.semcache.budget import ModelQuality
+from serving.semcache.budget import EXACT, PARAPHRASE, ModelQuality, TierQuality
 from serving.semcache.feedback import NotServedFromCache, parse_request_id, report
-from serving.semcache.selectors import cache_entries_count, cache_policies_by_model, cache_quality
+from serving.semcache.selectors import (
+    RaisedEntries,
+    cache_entries_count,
+    cache_policies_by_model,
+    cache_quality,
+    entries_raised_by_mismatch,
+)
 from serving.semcache.services import MAX_CACHE_TTL_SECONDS, cache_policy_set, cache_purge
 from serving.semcache.store import cache_stats
 
@@ -169,14 +179,27 @@ def cache_overview(request: HttpRequest) -> HttpResponse:
     form = CacheFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     window = WINDOWS[filters.get("window") or DEFAULT_WINDOW]
-    report = cache_savings(span=window.span)
+    now = timezone.now()
+    report = cache_savings(span=window.span, now=now)
     stats = cache_stats()
     rows = _version_rows(stats, report, filters.get("q", ""))
+    models = {row.model for row in rows}
+    quality = quality_context(
+        cache_quality(models=models),
+        hits=cache_hits_by_tier(since=report.since, until=now, models=models),
+        raised=entries_raised_by_mismatch(models=models),
+    )
+    saved: dict[str, Decimal] = {}
+    for version in report.versions:
+        saved[version.model] = saved.get(version.model, Decimal(0)) + version.saved
+    for row in quality["quality"]:
+        row["saved"] = money(saved.get(row["model"], Decimal(0)), str(settings.BILLING_CURRENCY))
     context = {
-        **quality_context(cache_quality(models={row.model for row in rows})),
+        **quality,
         "feedback_form": FeedbackForm(),
         "form": form,
         "window": window,
+        "tier_window": window.label.lower(),
         "report": report,
         "stats": stats,
         "sizes": _sizes(stats),
@@ -197,24 +220,127 @@ def _percent(share: float) -> str:
     return f"{value:.2f} %" if value < 10 else f"{value:.1f} %"
 
 
-def quality_rows(quality: list[ModelQuality]) -> list[dict[str, Any]]:
-    """The cache-quality table's rows (templates/console/cache/_quality.html)."""
-    return [
-        {
+# The tiers in the order a lookup tries them, in words (serving.semcache: verify's word tiers,
+# then budget.PARAPHRASE); UNRECORDED_WORD_TIER only where such older hits fall in the window.
+TIER_LABELS = {
+    EXACT: "Same text",
+    "same": "Same words",
+    "typo": "Same words but for a typo",
+    "reordered": "Same words, a clause moved",
+    PARAPHRASE: "Paraphrases (learned verifier)",
+    UNRECORDED_WORD_TIER: "Same words, tier not recorded (older hits)",
+}
+ALWAYS, SERVING, CLOSED, OFF = "always", "serving", "closed", "off"
+STATE_LABELS = {ALWAYS: "always served", SERVING: "serving", CLOSED: "closed: outside δ",
+                OFF: "off (the model's policy)"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TierRow:
+    """One tier of one model: its hits in the window, and its audits and estimate so far."""
+
+    tier: str
+    label: str
+    hits: int
+    share: str  # of the model's requests in the window
+    audits: int | None = None  # None: the tier is not audited (the same text; older hits)
+    disagreed: int = 0
+    reported: int = 0
+    observed: str = ""  # the wrong rate from audits and reports alone, with its 95 % interval
+    estimate: str = ""  # with the prior too: what decides
+    state: str = ""
+
+    @property
+    def state_label(self) -> str:
+        return STATE_LABELS.get(self.state, "")
+
+
+def _rate(wrong: float, n: float) -> str:
+    low, high = wilson(wrong, n)
+    return f"{_percent(wrong / n)} [{_percent(low)} to {_percent(high)}]"
+
+
+def _tier_state(q: ModelQuality, t: TierQuality, bound: float) -> str:
+    if t.tier == PARAPHRASE and not q.paraphrases:
+        return OFF
+    return SERVING if t.estimate.high <= bound else CLOSED
+
+
+def tier_rows(q: ModelQuality, hits: TierHits | None, *, bound: float) -> list[TierRow]:
+    """A model's tiers: hits served in the window (``hits``) and their share of its requests;
+    audits, disagreements and reports since its counters began, the wrong rate they alone
+    show and the estimate with the prior; serving or closed against ``bound``."""
+    hits = hits or TierHits(model=q.model)
+
+    def share(tier: str) -> str:
+        found = hits.share(tier)
+        return "—" if found is None else _percent(found)
+
+    rows = [TierRow(tier=EXACT, label=TIER_LABELS[EXACT], hits=hits.hits.get(EXACT, 0), share=share(EXACT),
+                    state=ALWAYS)]  # fmt: skip
+    for t in q.tiers:
+        record = t.record
+        n = record.audits + record.reported
+        rows.append(
+            TierRow(
+                tier=t.tier, label=TIER_LABELS.get(t.tier, t.tier), hits=hits.hits.get(t.tier, 0), share=share(t.tier),
+                audits=record.audits, disagreed=record.disagreed, reported=record.reported,
+                observed=_rate(record.disagreed + record.reported, n) if n else "no audits yet",
+                estimate=f"{_percent(t.estimate.rate)} [{_percent(t.estimate.low)} to {_percent(t.estimate.high)}]",
+                state=_tier_state(q, t, bound),
+            )
+        )  # fmt: skip
+    if hits.hits.get(UNRECORDED_WORD_TIER):
+        tier = UNRECORDED_WORD_TIER
+        rows.append(TierRow(tier=tier, label=TIER_LABELS[tier], hits=hits.hits[tier], share=share(tier)))
+    return rows
+
+
+def _raised_text(found: RaisedEntries | None) -> str:
+    if found is None:
+        return "0"
+    return f"at least {found.raised:,} (of the first {found.scanned:,} read)" if found.capped else f"{found.raised:,}"
+
+
+def quality_rows(
+    quality: list[ModelQuality],
+    *,
+    hits: dict[str, TierHits] | None = None,
+    raised: dict[str, RaisedEntries] | None = None,
+    own_budget: float | None = None,
+) -> list[dict[str, Any]]:
+    """The cache-quality table's rows (templates/console/cache/_quality.html), each with its
+    tiers; ``own_budget``: an organisation's own bound, where stricter than a model's the one
+    its requests are served under."""
+    rows = []
+    for q in quality:
+        bound = q.budget if own_budget is None else min(q.budget, own_budget)
+        tiers = tier_rows(q, (hits or {}).get(q.model), bound=bound)
+        served = [t.tier for t in tiers[1:] if t.state == SERVING]
+        rows.append({
             "model": q.model, "exact": q.exact_served, "semantic": q.semantic_served, "audits": q.audits,
             "disagreed": q.disagreed, "feedback": q.feedback, "estimate": _percent(q.estimate.rate),
             "interval": f"{_percent(q.estimate.low)} to {_percent(q.estimate.high)}", "budget": _percent(q.budget),
-            "tiers": ", ".join(t.tier for t in q.tiers if t.serving) or "the same text only",
-        }
-        for q in quality
-    ]  # fmt: skip
+            "own_budget": _percent(bound) if bound < q.budget else "",
+            "tiers": ", ".join(served) or "the same text only", "tier_rows": tiers,
+            "raised": _raised_text((raised or {}).get(q.model)) if raised is not None else None,
+        })  # fmt: skip
+    return rows
 
 
-def quality_context(quality: list[ModelQuality]) -> dict[str, Any]:
+def quality_context(
+    quality: list[ModelQuality],
+    *,
+    hits: dict[str, TierHits] | None = None,
+    raised: dict[str, RaisedEntries] | None = None,
+    own_budget: float | None = None,
+) -> dict[str, Any]:
     return {
-        "quality": quality_rows(quality),
+        "quality": quality_rows(quality, hits=hits, raised=raised, own_budget=own_budget),
         "prior_served": settings.SEMANTIC_CACHE_PRIOR_SERVED,
         "prior_wrong": settings.SEMANTIC_CACHE_PRIOR_WRONG,
+        "paraphrase_prior_served": settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED,
+        "paraphrase_prior_wrong": settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG,
     }
 
 

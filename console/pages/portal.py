@@ -10,7 +10,7 @@ either): that answer is not cacheable, and reloading it does not show the secret
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -31,7 +31,7 @@ from accounts.selectors import api_keys_of, plan_key_ceilings
 from accounts.services import organization_update
 from billing import invoicing
 from billing.models import Invoice
-from billing.usage_selectors import cache_by_model, usage_by_key
+from billing.usage_selectors import cache_by_model, cache_hits_by_tier, usage_by_key
 from console.pages import org_scoped
 from console.pages.access import ORG_ADMIN_ROLES, OrgRequest, org_member_required
 from console.pages.cache import quality_context
@@ -139,7 +139,14 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
     )
     currency = str(settings.BILLING_CURRENCY)
     cached = cache_by_model(organization_id=organization.pk, start=start, end=end)
-    quality = quality_context(cache_quality(models=set(cached), organization_id=organization.pk))
+    since, until = (datetime.combine(day, time.min, UTC) for day in (start, end + timedelta(days=1)))
+    hits = cache_hits_by_tier(since=since, until=until, organization_id=organization.pk)
+    own_budget = organization.cache_wrong_hit_budget
+    quality = quality_context(
+        cache_quality(models=set(cached) | set(hits), organization_id=organization.pk),
+        hits=hits,
+        own_budget=None if own_budget is None else float(own_budget) / 100,
+    )
     for row in quality["quality"]:
         row["hits"], saved = cached.get(row["model"], (0, Decimal(0)))
         row["saved"] = money_text(saved)
@@ -148,6 +155,7 @@ def usage(request: OrgRequest, org_id: int) -> HttpResponse:
     context = {
         **quality,
         "own_reports": True,
+        "tier_window": f"{start.isoformat()} to {end.isoformat()}, UTC",
         "cache_budget_form": CacheBudgetForm(initial={"cache_wrong_hit_budget": organization.cache_wrong_hit_budget})
         if _is_admin(request)
         else None,

@@ -231,6 +231,7 @@ class ModelQuality:
     tiers: tuple[TierQuality, ...]
     estimate: Estimate  # over every tier together
     feedback: int = 0  # reports recorded (CacheFeedback), set by the selector
+    paraphrases: bool = True  # the model's rules let the paraphrase tier serve, set by the selector
 
     @property
     def semantic_served(self) -> int:

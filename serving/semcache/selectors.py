@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Collection
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count
 
 from serving.gateway.models import CachePolicy
@@ -19,11 +20,13 @@ def cache_policies_by_model() -> dict[int, CachePolicy]:
 
 
 def cache_quality(*, models: Collection[str], organization_id: int | None = None) -> list[ModelQuality]:
-    """Each model's semantic hits, wrong-hit estimate (95 % interval) and budget, and the
-    wrong answers reported (by ``organization_id`` only, when given)."""
-    policies = CachePolicy.objects.filter(model__name__in=models, wrong_hit_budget__isnull=False)
-    pairs = policies.values_list("model__name", "wrong_hit_budget")
-    budgets = {name: float(percent or 0) / 100 for name, percent in pairs}
+    """Each model's semantic hits, wrong-hit estimate (95 % interval) and budget, whether its
+    rules let the paraphrase tier serve, and the wrong answers reported (by ``organization_id``
+    only, when given)."""
+    policies = CachePolicy.objects.filter(model__name__in=models)
+    rules = policies.values_list("model__name", "wrong_hit_budget", "paraphrases")
+    budgets = {name: float(percent) / 100 for name, percent, _ in rules if percent is not None}
+    paraphrases = {name: allowed for name, _, allowed in rules if allowed is not None}
     reports = CacheFeedback.objects.filter(model__in=models)
     if organization_id is not None:
         reports = reports.filter(organization_id=organization_id)
@@ -31,7 +34,8 @@ def cache_quality(*, models: Collection[str], organization_id: int | None = None
     out = []
     for model in sorted(models):
         found = quality_of(model, wrong_hit_budget=budgets.get(model, settings.SEMANTIC_CACHE_WRONG_HIT_BUDGET))
-        out.append(dataclasses.replace(found, feedback=int(counted.get(model, 0))))
+        allowed = paraphrases.get(model, settings.SEMANTIC_CACHE_PARAPHRASES)
+        out.append(dataclasses.replace(found, feedback=int(counted.get(model, 0)), paraphrases=allowed))
     return out
 
 
@@ -48,3 +52,46 @@ def cache_entries_count(
     if organization_id is not None:
         entries = entries.filter(organization_id=organization_id)
     return entries.count()
+
+
+# Entries looked at per model when counting those a mismatch tightened: the count reads each
+# entry's evidence (no index can answer it), so a model with more entries is counted on its
+# first ENTRIES_SCANNED_CAP live ones only, and says so.
+ENTRIES_SCANNED_CAP = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class RaisedEntries:
+    """A model's live entries whose own paraphrase threshold a mismatch raised (``serving.semcache.bound``:
+    a disagreement in their evidence), among the ``scanned`` looked at."""
+
+    raised: int
+    scanned: int
+    capped: bool  # ``cap`` entries were read, the model may have more: ``raised`` is a lower bound
+
+
+def entries_raised_by_mismatch(*, models: Collection[str], cap: int = ENTRIES_SCANNED_CAP) -> dict[str, RaisedEntries]:
+    """Per model, its live entries with a disagreement in their evidence, in one query that reads
+    at most ``cap`` entries of each model (by the index on model and version). The path is strict:
+    lax mode would unwrap each ``[score, agreed]`` pair and find nothing; silent: a malformed
+    observation is no match, not an error."""
+    if not models:
+        return {}
+    sql = f"""
+        SELECT m.model, s.scanned, s.raised
+        FROM unnest(%s::text[]) AS m(model)
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS scanned,
+                   count(*) FILTER (WHERE jsonb_path_exists(e.evidence, 'strict $[*] ? (@[1] == 0)', '{{}}', true))
+                       AS raised
+            FROM (SELECT evidence FROM {CacheEntry._meta.db_table}
+                  WHERE model = m.model AND expires_at > now() LIMIT %s) AS e
+        ) AS s
+    """  # the table's own name in the text; the values as parameters
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [sorted(models), cap])
+        found = cursor.fetchall()
+    return {
+        model: RaisedEntries(raised=int(raised), scanned=int(scanned), capped=int(scanned) >= cap)
+        for model, scanned, raised in found
+    }

@@ -18,8 +18,10 @@ from django.utils import timezone
 from accounts.models import ApiKey, Membership, Organization, Role
 from accounts.services import api_key_create, organization_create
 from billing.cache_savings import cache_savings
-from billing.models import UsageRollup
+from billing.models import UsageRecord, UsageRollup
+from billing.usage_selectors import TierHits, cache_hits_by_tier
 from core.errors import InvalidInput
+from core.stats import wilson
 from registry.models import AuditEntry, Model, Task
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry, CachePolicy
 from serving.semcache.services import cache_policy_set
@@ -39,13 +41,22 @@ def rollup(key: ApiKey, *, start: datetime, model: str, version: str = "1", requ
 
 
 def entry(*, model: str, version: str = "1", organization: Organization | None = None, expired: bool = False,
-          hits: int = 0) -> CacheEntry:  # fmt: skip
+          hits: int = 0, evidence: list[list[float]] | None = None) -> CacheEntry:  # fmt: skip
     now = timezone.now()
     return CacheEntry.objects.create(
         scope="a" * 64, organization=organization, model=model, model_version=version,
         embedding=[0.1] * EMBEDDING_DIMENSIONS, prompt="hello", response={"message": {"content": "hi"}},
-        prompt_tokens=3, completion_tokens=2, hit_count=hits,
+        prompt_tokens=3, completion_tokens=2, hit_count=hits, evidence=evidence or [],
         expires_at=now - timedelta(minutes=1) if expired else now + timedelta(hours=1),
+    )  # fmt: skip
+
+
+def requests(key: ApiKey, model: str, counts: dict[tuple[str, str], int], *, at: datetime) -> None:
+    """Usage records of ``model`` at ``at``: per (cache, cache_tier), that many requests."""
+    UsageRecord.objects.bulk_create(
+        UsageRecord(api_key=key, organization_id=key.organization_id, model=model, model_version="1",
+                    status_code=200, created_at=at, cache=cache, cache_tier=tier)
+        for (cache, tier), n in counts.items() for _ in range(n)
     )  # fmt: skip
 
 
@@ -324,7 +335,7 @@ class TestWrongHits:
         cells = dict(re.findall(r'data-col="([a-z]+)">(.*?)</td>', row.group(1), re.S))
         assert (cells["exact"], cells["semantic"], cells["audits"]) == ("7", "40", "100 (9)")
         assert cells["budget"] == "1.00 %"
-        assert cells["tiers"] == "same, reordered"  # typo closed by its disagreements
+        assert cells["tiers"] == "same, reordered, paraphrase"  # typo closed by its disagreements
         assert re.fullmatch(r"[\d.]+ % <span class=\"muted small\">\[[\d.]+ % to [\d.]+ %\]</span>", cells["estimate"])
 
     def test_an_admin_reports_a_wrong_answer(self, admin_browser: Client, org) -> None:
@@ -353,3 +364,102 @@ class TestWrongHits:
             assert "No answer from the cache" in " ".join(str(m) for m in get_messages(unknown.wsgi_request))
         finally:
             budget.reset(model)
+
+
+class TestTiers:
+    """Issue 39: per model and tier, the window's hits and their share, the audits' observed wrong
+    rate with its interval beside the estimate, serving or closed against δ."""
+
+    MISS, HIT, SEMANTIC = "miss", "hit", "semantic-hit"
+
+    def test_the_selector_counts_requests_and_hits_by_tier(self, key: ApiKey) -> None:
+        other = api_key_create(organization=organization_create(name="Other Tier Org"), name="other").api_key
+        now = timezone.now()
+        requests(key, "tiers-a", {
+            (self.MISS, ""): 10, (self.HIT, ""): 3, (self.HIT, "exact"): 2, (self.SEMANTIC, "same"): 4,
+            (self.SEMANTIC, ""): 1, (self.SEMANTIC, "paraphrase"): 5,
+        }, at=now - timedelta(hours=1))  # fmt: skip
+        requests(key, "tiers-a", {(self.SEMANTIC, "paraphrase"): 7}, at=now - timedelta(days=2))  # before the window
+        requests(other, "tiers-a", {(self.MISS, ""): 1, (self.SEMANTIC, "typo"): 2}, at=now - timedelta(hours=1))
+        requests(key, "tiers-b", {(self.MISS, ""): 2}, at=now - timedelta(hours=1))
+        since = now - timedelta(days=1)
+        every = cache_hits_by_tier(since=since, until=now, models=["tiers-a", "tiers-b"])
+        assert every == {
+            "tiers-a": TierHits("tiers-a", 28, {"exact": 5, "same": 4, "words": 1, "paraphrase": 5, "typo": 2}),
+            "tiers-b": TierHits("tiers-b", 2, {}),
+        }
+        own = cache_hits_by_tier(since=since, until=now, organization_id=key.organization_id, models=["tiers-a"])
+        assert own == {"tiers-a": TierHits("tiers-a", 25, {"exact": 5, "same": 4, "words": 1, "paraphrase": 5})}
+        assert own["tiers-a"].share("paraphrase") == 0.2
+
+    def test_the_page_shows_each_tiers_share_observed_rate_state_and_bound(self, admin_browser: Client, key) -> None:
+        import uuid
+
+        from serving.semcache import budget
+
+        model = f"tiers-{uuid.uuid4().hex[:6]}"
+        requests(key, model, {(self.MISS, ""): 30, (self.HIT, "exact"): 2, (self.SEMANTIC, "same"): 3,
+                              (self.SEMANTIC, "paraphrase"): 5}, at=timezone.now() - timedelta(hours=1))  # fmt: skip
+        entry(model=model, evidence=[[0.91, 1], [0.82, 0]])  # raised by a mismatch
+        entry(model=model, evidence=[[0.95, 1]])
+        entry(model=model, evidence=[[0.7, 0]], expired=True)  # no longer served
+        budget.count_sync(model, budget.PARAPHRASE, "audits", 50)
+        budget.count_sync(model, budget.PARAPHRASE, "disagreed", 3)
+        budget.count_sync(model, budget.PARAPHRASE, "reported", 1)
+        try:
+            html = admin_browser.get("/console/cache/").content.decode()
+        finally:
+            budget.reset(model)
+        assert "Error bound δ" in html
+        assert re.search(rf'<tr data-model="{model}">.*?data-col="budget">1.00 %</td>', html, re.S)
+        tiers = re.search(rf'<tr class="quality-tiers" data-tiers-of="{model}">(.*?)</details>', html, re.S)
+        assert tiers, html
+        cells = {
+            tier: dict(re.findall(r'data-col="([a-z]+)"[^>]*>(.*?)</td>', row, re.S))
+            for tier, row in re.findall(r'<tr data-tier="([a-z]+)">(.*?)</tr>', tiers.group(1), re.S)
+        }
+        assert list(cells) == ["exact", "same", "typo", "reordered", "paraphrase"]
+        assert "Paraphrases (learned verifier)" in tiers.group(1)
+        paraphrase = cells["paraphrase"]
+        assert (paraphrase["hits"], paraphrase["share"], paraphrase["audits"], paraphrase["reported"]) == (
+            "5", "12.5 %", "50 (3)", "1")  # fmt: skip
+        low, high = wilson(4, 51)  # 3 disagreed and 1 reported, of 50 audits and 1 report
+        assert paraphrase["observed"] == f"7.84 % [{low * 100:.2f} % to {high * 100:.1f} %]"
+        # With the prior (600 judged offline, 1 wrong) the estimate's upper end still passes 1 %: closed.
+        prior_low, prior_high = wilson(1 + 4, 600 + 51)
+        assert prior_high > 0.01
+        assert paraphrase["estimate"] == f"0.77 % [{prior_low * 100:.2f} % to {prior_high * 100:.2f} %]"
+        assert "closed: outside δ" in paraphrase["state"]
+        assert "serving" in cells["same"]["state"]
+        assert cells["same"]["observed"] == "no audits yet"
+        assert (cells["same"]["hits"], cells["same"]["share"]) == ("3", "7.50 %")
+        assert "always served" in cells["exact"]["state"]
+        assert cells["exact"]["audits"] == "—"
+        assert re.search(r'data-col="raised">.*?<strong>1</strong>', tiers.group(1), re.S)
+
+    def test_a_model_whose_policy_turns_paraphrases_off_says_so(self, admin_browser: Client) -> None:
+        model = Model.objects.create(name="no-paraphrases", task=Task.CHAT)
+        CachePolicy.objects.create(model=model, paraphrases=False)
+        entry(model=model.name)
+        html = admin_browser.get("/console/cache/").content.decode()
+        row = re.search(r'<tr data-model="no-paraphrases">.*?data-col="tiers">(.*?)</td>', html, re.S)
+        assert row
+        assert row.group(1) == "same, typo, reordered"
+        tiers = re.search(r'data-tiers-of="no-paraphrases">(.*?)</details>', html, re.S)
+        assert tiers
+        state = re.search(r'<tr data-tier="paraphrase">.*?data-col="state">(.*?)</td>', tiers.group(1), re.S)
+        assert state
+        assert "off (the model&#x27;s policy)" in state.group(1)
+
+    def test_the_count_of_raised_entries_is_capped_and_says_so(self) -> None:
+        from serving.semcache.selectors import RaisedEntries, entries_raised_by_mismatch
+
+        for evidence in ([[0.9, 0]], [[0.8, 0]], [[0.85, 0]], [[0.99, 1]]):
+            entry(model="raised-cap", evidence=evidence)
+        assert entries_raised_by_mismatch(models=["raised-cap", "nothing-stored"]) == {
+            "raised-cap": RaisedEntries(raised=3, scanned=4, capped=False),
+            "nothing-stored": RaisedEntries(raised=0, scanned=0, capped=False),
+        }
+        capped = entries_raised_by_mismatch(models=["raised-cap"], cap=2)["raised-cap"]
+        assert (capped.scanned, capped.capped) == (2, True)
+        assert capped.raised <= 2

@@ -553,6 +553,44 @@ class TestCacheFigures:
         assert "0.0125" in cells["saved"] or "0.01" in cells["saved"]
         assert "%" in cells["estimate"]
 
+    def test_the_cache_section_shows_the_orgs_share_per_tier_and_the_models_estimate_against_its_bound(self, world):
+        """Issue 39: per tier the organisation's own hits and their share of its requests; the model's
+        audits, observed wrong rate and estimate; δ, and the organisation's stricter own bound."""
+        import uuid
+
+        from billing.models import UsageRecord
+        from core.stats import wilson
+        from serving.semcache import budget
+
+        model = f"portal-tiers-{uuid.uuid4().hex[:6]}"
+        at = timezone.now() - timedelta(minutes=1)
+        for key, misses, paraphrases in ((world.key, 8, 2), (world.other_key, 2, 8)):
+            UsageRecord.objects.bulk_create(
+                UsageRecord(api_key=key, organization_id=key.organization_id, model=model, model_version="1",
+                            status_code=200, created_at=at, cache=cache, cache_tier=tier)
+                for cache, tier, n in (("miss", "", misses), ("semantic-hit", "paraphrase", paraphrases))
+                for _ in range(n)
+            )  # fmt: skip
+        Organization.objects.filter(pk=world.org.pk).update(cache_wrong_hit_budget=Decimal("0.5"))
+        budget.count_sync(model, budget.PARAPHRASE, "audits", 40)
+        try:
+            html = world.client("member").get(url("portal-usage", world.org)).content.decode()
+        finally:
+            budget.reset(model)
+        assert re.search(rf'<tr data-model="{model}">.*?data-col="budget">1.00 %</td>', html, re.S)  # the model's δ
+        tiers = re.search(rf'data-tiers-of="{model}">(.*?)</details>', html, re.S)
+        assert tiers, html
+        assert "your requests: δ 0.50 %" in tiers.group(1)
+        row = re.search(r'<tr data-tier="paraphrase">(.*?)</tr>', tiers.group(1), re.S)
+        assert row
+        cells = dict(re.findall(r'data-col="([a-z]+)"[^>]*>(.*?)</td>', row.group(1), re.S))
+        assert (cells["hits"], cells["share"], cells["audits"]) == ("2", "20.0 %", "40 (0)")  # its own 2 of 10
+        assert cells["observed"] == f"0.00 % [0.00 % to {wilson(0, 40)[1] * 100:.2f} %]"
+        low, high = wilson(1, 600 + 40)  # with the prior: 1 wrong of 600 judged offline
+        assert 0.005 < high <= 0.01  # inside the model's δ, outside the organisation's own
+        assert cells["estimate"] == f"0.16 % [{low * 100:.2f} % to {high * 100:.2f} %]"
+        assert "closed: outside δ" in cells["state"]
+
     def test_org_admins_set_the_orgs_wrong_hit_budget(self, world):
         budget_url = url("portal-cache-budget", world.org)
         assert "cache-budget-form" in world.client("admin").get(url("portal-usage", world.org)).content.decode()
