@@ -156,7 +156,7 @@ def main() -> None:
     pairs = [p for p in load() if args.held_out or p.source not in HELD_OUT]
     decided = decide(pairs, tuple(args.deltas))
     style_of = styles()
-    names = sorted({p.source for p in pairs} - set(HELD_OUT)) + ["tuned"]
+    names = [*sorted({p.source for p in pairs} - set(HELD_OUT)), "tuned"]
     if args.held_out:
         names += [*HELD_OUT, "held_out"]
     report: dict[str, Any] = {"held_out": args.held_out, "seconds": decided["seconds"], "by_delta": {}}
