@@ -1,7 +1,7 @@
 """The registry's management API under /api/v1/, for platform admins: register model versions,
-deploy them, split a model's traffic between its versions, set a deployment's replicas, restart a
-replica, read the audit log. Canaries, hot-swaps and autoscaling policies are rollout's
-(``rollout.api``, under the same prefix).
+deploy them, split a model's traffic between its versions, set a deployment's replicas and its
+LoRA adapters per batch, restart a replica, read the audit log. Canaries, hot-swaps and
+autoscaling policies are rollout's (``rollout.api``, under the same prefix).
 
 Views parse, call ``registry.services`` (which hold every write and its audit entry) and
 render. A service's refusal is a 400 naming the field; registering a version again is 200
@@ -34,6 +34,7 @@ from registry.services import (
     MAX_ADAPTERS_PER_BATCH,
     VersionConflict,
     adapter_version_create,
+    deployment_adapters_set,
     deployment_bounds_set,
     deployment_create,
     deployment_scale,
@@ -564,6 +565,40 @@ def deployment_replicas(request: Request, pk: int) -> Response:
                 )
             if "standby" in data:
                 deployment_standby_set(actor=request.user, deployment=deployment, standby=data["standby"])
+    except InvalidInput as exc:
+        raise refused(exc) from exc
+    return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)
+
+
+class AdaptersSerializer(serializers.Serializer[Any]):
+    max_adapters = serializers.IntegerField(
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH,
+        help_text="LoRA adapters each engine runs in one batch (vLLM --max-loras); 0: LoRA off",
+    )  # fmt: skip
+
+
+@extend_schema(
+    tags=["registry"],
+    description="Set how many LoRA adapters each engine of the deployment runs in one batch (`max_adapters`, "
+    "vLLM's `--max-loras`; 0 turns LoRA off). LoRA is built when an engine starts, so the supervisors then "
+    "restart the deployment's engines one replica at a time, each drained first (those in flight finish) and "
+    "started again with the new value: a deployment with two replicas or more, or a warm standby, keeps "
+    "serving throughout; one with a single replica and no standby pauses while it restarts. Only a pending or "
+    "running deployment of a chat or completion model on the platform's vLLM engines; 0 is refused while "
+    "adapters deployed on its version have no other deployment to run on.",
+    request=AdaptersSerializer,
+    responses={200: DeploymentSerializer, 400: OpenApiResponse(description="`max_adapters` refused, and why")},
+)
+@api_view(["PUT"])
+@permission_classes([IsPlatformAdmin])
+def deployment_adapters(request: Request, pk: int) -> Response:
+    deployment = deployment_numbered(pk)
+    body = AdaptersSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    try:
+        deployment_adapters_set(
+            actor=request.user, deployment=deployment, max_adapters=body.validated_data["max_adapters"]
+        )
     except InvalidInput as exc:
         raise refused(exc) from exc
     return Response(DeploymentSerializer(deployments_with_replicas().get(pk=pk)).data)

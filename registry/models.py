@@ -99,7 +99,8 @@ class Deployment(models.Model):
     standby = models.PositiveSmallIntegerField(default=0)
     # LoRA adapters one engine of this deployment runs in a batch (vLLM --enable-lora
     # --max-loras); 0: its engines take none. Adapters of its version are loaded into its
-    # ready replicas at run time (serving.supervisor.adapters), never by a restart.
+    # ready replicas at run time (serving.supervisor.adapters), never by a restart; a new value
+    # (registry.services.deployment_adapters_set) restarts its engines one replica at a time.
     max_adapters = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -40,6 +40,7 @@ from registry.models import (
     Task,
     Upstream,
 )
+from registry.selectors import adapters_wanted
 from registry.signatures import is_predict_framework, predict_config
 from registry.upstreams import (
     UPSTREAM_FRAMEWORK,
@@ -762,6 +763,59 @@ def replica_restart_request(*, actor: Actor, replica: Replica) -> Replica:
     return locked
 
 
+# A replica of a deployment that is not serving steadily: starting, draining, failed (its
+# supervisor restarts it), or asked to restart. A roll waits until the deployment has none.
+_UNSETTLED_STATES = (Replica.State.STARTING, Replica.State.DRAINING, Replica.State.FAILED)
+_UNSETTLED = models.Q(state__in=_UNSETTLED_STATES) | models.Q(restart_requested_at__isnull=False)
+
+
+def replica_roll_request(*, deployment_id: int, running: Mapping[int, int]) -> int | None:
+    """Ask for the restart of the next replica of ``deployment_id`` whose engine runs with a
+    ``max_adapters`` other than the deployment's now (changed since it started:
+    ``deployment_adapters_set``). ``running``: the ready replicas of the deployment on the
+    caller's host, each with the value its engine was started with. Returns the replica asked
+    (the lowest id), or None.
+
+    One replica of a deployment at a time, on every host: nothing is asked while any replica of
+    the deployment is starting, draining, failed or asked to restart, which the deployment's row
+    lock makes true of two supervisors asking at once. An engine that fails with the new value
+    holds the roll there. Audited ``replica.restart`` by the engine supervisor, with the
+    change; the supervisor then carries it out as any requested restart (drained, stopped,
+    started again with the deployment's value).
+    """
+    if Replica.objects.filter(_UNSETTLED, deployment_id=deployment_id).exists():
+        return None  # read first without the lock: a roll held up is asked again every pass
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().filter(pk=deployment_id).first()
+        if locked is None or locked.status not in SERVING_STATUSES:
+            return None
+        stale = sorted(replica_id for replica_id, value in running.items() if value != locked.max_adapters)
+        if not stale or Replica.objects.filter(_UNSETTLED, deployment=locked).exists():
+            return None
+        replica = (
+            Replica.objects.filter(pk__in=stale, deployment=locked, state=Replica.State.READY).order_by("pk").first()
+        )
+        if replica is None:
+            return None
+        requested_at = timezone.now()
+        Replica.objects.filter(pk=replica.pk).update(restart_requested_at=requested_at)
+        audit_record(
+            actor=SUPERVISOR,
+            action="replica.restart",
+            target_type="replica",
+            target=str(replica.pk),
+            before={"state": replica.state, "pid": replica.pid, "max_adapters": running[replica.pk]},
+            after={
+                "restart_requested_at": requested_at.isoformat(),
+                "host": replica.host,
+                "deployment": locked.pk,
+                "max_adapters": locked.max_adapters,
+                "reason": "max_adapters changed",
+            },
+        )
+    return replica.pk
+
+
 def replica_release_host(*, host: str, keep: list[int] | None = None) -> int:
     """Stop every replica recorded on ``host`` but those in ``keep`` (the ones its supervisor runs)."""
     released = 0
@@ -1077,3 +1131,70 @@ def deployment_bounds_set(
             standby_promote(deployment=locked, reason="scale-up", actor=actor)
     deployment.min_replicas, deployment.max_replicas, deployment.replicas = low, high, replicas
     return locked
+
+
+# --- LoRA adapters per batch, after deploy -----------------------------------------------
+
+
+def deployment_adapters_set(*, actor: Actor, deployment: Deployment, max_adapters: int) -> Deployment:
+    """Set how many LoRA adapters each engine of ``deployment`` runs in one batch (vLLM's
+    ``--max-loras``; 0 turns LoRA off). Audited (``deployment.adapters``, before and after).
+
+    LoRA's layers are built when an engine starts, so running engines keep the value they were
+    started with: their supervisors restart them one replica of the deployment at a time
+    (``replica_roll_request``), each drained first, and each starts again with the new value.
+    Only a serving (pending or running) deployment of a model that can carry adapters; 0 is
+    refused while adapters deployed on its version have no other deployment taking adapters to
+    run on. A value below the number of adapters deployed is allowed: as with more adapters
+    deployed than slots, an engine keeps at most ``max_adapters`` of them in memory and loads
+    the one a request names again from its files when it was evicted (vLLM's LRU cache).
+    """
+    if isinstance(max_adapters, bool) or not isinstance(max_adapters, int):
+        raise InvalidInput("max_adapters", f"Must be a whole number between 0 and {MAX_ADAPTERS_PER_BATCH}.")
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().select_related("version__model").get(pk=deployment.pk)
+        if locked.status not in SERVING_STATUSES:
+            raise InvalidInput(
+                "max_adapters", f"Deployment {locked.pk} is {locked.status}: it runs no engines to change."
+            )
+        if is_adapter_framework(locked.version.framework):
+            raise InvalidInput(
+                "max_adapters", "A LoRA adapter runs on its base's replicas; set this on the base's deployment."
+            )
+        adapters_check(locked.version, max_adapters)
+        if locked.max_adapters == max_adapters:
+            return locked
+        if max_adapters == 0:
+            _adapters_keep_a_carrier(locked)
+        before = {"max_adapters": locked.max_adapters}
+        Deployment.objects.filter(pk=locked.pk).update(max_adapters=max_adapters)
+        locked.max_adapters = max_adapters
+        audit_record(
+            actor=actor, action="deployment.adapters", target_type="deployment", target=str(locked.pk),
+            before=before, after={"max_adapters": max_adapters},
+        )  # fmt: skip
+    deployment.max_adapters = max_adapters
+    return locked
+
+
+def _adapters_keep_a_carrier(deployment: Deployment) -> None:
+    """Refuse to turn LoRA off on ``deployment`` (row locked) while adapters deployed on its
+    version would be left with no engine to run on: no other serving deployment of the version
+    takes adapters."""
+    deployed = adapters_wanted(base_ids=[deployment.version_id])
+    if not deployed:
+        return
+    others = (
+        Deployment.objects.filter(version_id=deployment.version_id, status__in=SERVING_STATUSES, max_adapters__gt=0)
+        .exclude(pk=deployment.pk)
+        .exists()
+    )
+    if others:
+        return
+    names = ", ".join(adapter.lora_name for adapter in deployed[:5]) + (", …" if len(deployed) > 5 else "")
+    raise InvalidInput(
+        "max_adapters",
+        f"{len(deployed)} LoRA adapter{'s are' if len(deployed) != 1 else ' is'} deployed on {deployment.version} "
+        f"({names}) and only this deployment's engines take adapters: stop "
+        f"{'their deployments' if len(deployed) != 1 else 'its deployment'} first, or keep at least 1.",
+    )

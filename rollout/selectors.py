@@ -156,7 +156,9 @@ class TimelineEvent:
 
 
 # Changes to one of the version's deployments that its timeline shows (besides the swaps).
-_DEPLOYMENT_ACTIONS = ("deployment.create", *SCALE_ACTIONS, "deployment.bounds", "deployment.autoscale")
+_DEPLOYMENT_ACTIONS = (
+    "deployment.create", *SCALE_ACTIONS, "deployment.bounds", "deployment.autoscale", "deployment.adapters",
+)  # fmt: skip
 _SWAP_ACTIONS = (SWAP, SWAP_SHIFT, SWAP_DRAIN, SWAP_DONE)
 
 
@@ -225,6 +227,9 @@ def _event(entry: AuditEntry, number: str, mine: set[str], swaps: dict[int, Audi
     if action == "deployment.autoscale":
         enabled = bool((after.get("autoscale") or {}).get("enabled"))
         return "scaled", f"autoscaling of {deployment} {'on' if enabled else 'off'}"
+    if action == "deployment.adapters":
+        count, was = after.get("max_adapters"), before.get("max_adapters")
+        return "scaled", f"{deployment} runs {count} LoRA adapter{'' if count == 1 else 's'} per batch (was {was})"
     return None
 
 

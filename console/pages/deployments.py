@@ -1,5 +1,5 @@
-"""Deployments and rollouts in the console: replicas (and their restart), scaling, traffic splits, hot-swaps,
-rollbacks, canaries, shadows.
+"""Deployments and rollouts in the console: replicas (and their restart), scaling, LoRA adapters per
+batch, traffic splits, hot-swaps, rollbacks, canaries, shadows.
 
 One page lists each model's deployments with every form beside them; each form posts to its
 own URL, which calls the same service as the management API and redirects back (or, refused,
@@ -25,10 +25,17 @@ from console.pages import canaries
 from console.pages.access import platform_admin_required
 from console.pages.lists import page_of, query_without_page, refuse
 from console.pages.nav import CONSOLE, NavItem
-from console.pages.rollout_forms import AutoscaleForm, DeployForm, ScaleForm, SwapForm, TrafficSplitForm
+from console.pages.rollout_forms import (
+    AdaptersForm,
+    AutoscaleForm,
+    DeployForm,
+    ScaleForm,
+    SwapForm,
+    TrafficSplitForm,
+)
 from core.errors import InvalidInput
 from core.formats import MISSING
-from registry.adapters import is_adapter_framework
+from registry.adapters import base_refusal, is_adapter_framework
 from registry.models import AuditEntry, Deployment, Model, Replica
 from registry.selectors import (
     SCALE_ACTIONS,
@@ -46,6 +53,8 @@ from registry.selectors import (
     scale_decisions,
 )
 from registry.services import (
+    SERVING_STATUSES,
+    deployment_adapters_set,
     deployment_bounds_set,
     deployment_create,
     deployment_scale,
@@ -82,6 +91,7 @@ CHANGES = {
     **dict.fromkeys(SCALE_ACTIONS, "scaled"),
     "deployment.bounds": "replica bounds set",
     "deployment.autoscale": "autoscaling set",
+    "deployment.adapters": "LoRA adapters per batch set",
     SWAP: "hot-swap started",
     SWAP_SHIFT: "hot-swap shifted traffic",
     SWAP_DRAIN: "hot-swap draining",
@@ -149,6 +159,7 @@ class DeploymentRow:
     last_change: AuditEntry | None = None
     lifecycle: Lifecycle | None = None
     outlook: str = ""  # a predictive policy's busiest moment expected in the next day
+    adapters_form: forms.Form | None = None  # None: its version cannot carry LoRA adapters
 
     @property
     def last_change_words(self) -> str:
@@ -169,7 +180,11 @@ class DeploymentRow:
     @property
     def refused(self) -> str:
         """The drawer to open with the page: the scaling one ("replicas") holds both scaling forms."""
-        scaling = _refused(replicas=self.scale_form) or _refused(replicas=self.autoscale_form)
+        scaling = (
+            _refused(replicas=self.scale_form)
+            or _refused(replicas=self.autoscale_form)
+            or _refused(replicas=self.adapters_form)
+        )
         return scaling or _refused(swap=self.swap_form)
 
     @property
@@ -240,6 +255,12 @@ def _panel(model: Model, deployments: list[Deployment], load: dict[int, float], 
                 or SwapForm(versions=versions, current=deployment.version.version, prefix=f"swap-{key}"),
                 swap=swap_get(swap_id=swap_id) if swap_id is not None else None,
                 outlook=_outlook(deployment),
+                adapters_form=refused.get(("adapters", key))
+                or (
+                    AdaptersForm(initial={"max_adapters": deployment.max_adapters}, prefix=f"adapters-{key}")
+                    if _takes_adapters(deployment)
+                    else None
+                ),
             )
         )
     split = model_traffic_split(model=model)
@@ -426,6 +447,39 @@ def scale(request: HttpRequest, pk: int) -> HttpResponse:
     return _board(request, refused)
 
 
+@platform_admin_required
+@require_POST
+def adapters(request: HttpRequest, pk: int) -> HttpResponse:
+    """A deployment's LoRA adapters per batch; its supervisors restart its engines one replica at a time."""
+    deployment = _deployment_or_404(pk)
+    form = AdaptersForm(request.POST, prefix=f"adapters-{pk}")
+    if form.is_valid():
+        before = deployment.max_adapters
+        try:
+            changed = deployment_adapters_set(
+                actor=request.user, deployment=deployment, max_adapters=form.cleaned_data["max_adapters"]
+            )
+        except InvalidInput as exc:
+            refuse(form, exc)
+        else:
+            count = changed.max_adapters
+            what = "LoRA off" if count == 0 else f"{count} LoRA adapter{'s' if count != 1 else ''} per batch"
+            if count == before:
+                messages.success(request, f"Deployment {pk}: {what} already.")
+            else:
+                messages.success(
+                    request, f"Deployment {pk}: {what}; its engines restart one replica at a time to take it."
+                )
+            return _back(request, deployment.version.model)
+    return _refused_board(request, ("adapters", str(pk)), form)
+
+
+def _takes_adapters(deployment: Deployment) -> bool:
+    """Whether the deployment's adapters per batch can be set: it serves a chat or completion
+    model on the platform's vLLM engines."""
+    return deployment.status in SERVING_STATUSES and base_refusal(deployment.version) is None
+
+
 def _policy_changed(deployment: Deployment, policy: dict[str, Any]) -> bool:
     """Whether the scaling form's policy differs from the one in force: the form always posts
     one, and a count changed alone must not rewrite (and audit) an unchanged policy."""
@@ -585,6 +639,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("console/deployments/models/<str:name>/traffic/", traffic, name="deployments-traffic"),
     path("console/deployments/models/<str:name>/rollback/", rollback, name="deployments-rollback"),
     path("console/deployments/<int:pk>/scale/", scale, name="deployments-scale"),
+    path("console/deployments/<int:pk>/adapters/", adapters, name="deployments-adapters"),
     path("console/deployments/<int:pk>/swap/", swap, name="deployments-swap"),
     path("console/deployments/swaps/<int:swap_id>/cancel/", swap_cancel, name="deployments-swap-cancel"),
     path("console/deployments/replicas/<int:replica_id>/restart/", replica_restart, name="deployments-replica-restart"),

@@ -68,6 +68,15 @@ class ScaleForm(forms.Form):
     max_replicas = forms.IntegerField(min_value=1, max_value=SMALLINT, label="Max")
 
 
+class AdaptersForm(forms.Form):
+    """A deployment's LoRA adapters per batch, after deploy (``registry.services.deployment_adapters_set``)."""
+
+    max_adapters = forms.IntegerField(
+        min_value=0, max_value=MAX_ADAPTERS_PER_BATCH, label="LoRA adapters per batch",
+        help_text="vLLM's --max-loras; 0 turns LoRA off. Its engines restart one replica at a time to take it",
+    )  # fmt: skip
+
+
 class AutoscaleForm(forms.Form):
     """The autoscaling policy (``rollout.autoscaler.AutoscalePolicy``); a blank field is its default."""
 

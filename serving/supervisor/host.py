@@ -16,6 +16,10 @@ stopped like the others, with nothing to start or kill.
 - restarts a replica a person asked to (``registry.services.replica_restart_request``):
   drained and stopped like one no longer wanted, then started again through the same
   restart path, at once;
+- rolls a deployment's new ``max_adapters`` (set after deploy) out to its running engines:
+  asks the restart of one stale engine of the deployment at a time, once none of its replicas
+  is starting, draining, failed or restarting (``registry.services.replica_roll_request``),
+  and each restart starts the engine with the deployment's value then;
 - records each replica's load time (start to first good /health) in the log, the audit
   log (``replica.ready``) and the ``inference_replica_load_seconds`` gauge;
 - carries every hot-swap under way through its next step (``rollout.hotswap``);
@@ -78,6 +82,7 @@ from registry.services import (
     replica_record_load_time,
     replica_record_pid,
     replica_release_host,
+    replica_roll_request,
     replica_shortfall,
     replica_surplus,
     replica_transition,
@@ -454,6 +459,7 @@ class Supervisor(LeaseKeeping):
         for engine in list(self.engines.values()):
             if engine.deployment_id not in wanted_ids:
                 self._begin_drain(engine)
+        self._roll_stale_engines(deployments)
         # A serving replica failed, stopped or was lost: a ready standby takes its place first.
         self._promoted(deployments_promote_standbys(deployment_ids=list(wanted_ids)))
         for deployment in deployments:
@@ -498,6 +504,28 @@ class Supervisor(LeaseKeeping):
         in_use = {e.artifact for e in self.engines.values() if e.artifact} | self.adapters.in_use()
         self.weights.release_unused(in_use, time.monotonic())
 
+    def _roll_stale_engines(self, deployments: list[Deployment]) -> None:
+        """Restart, one replica of a deployment at a time, the ready engines started with another
+        ``max_adapters`` than their deployment's now (``registry.services.deployment_adapters_set``):
+        each is asked to restart as a person would ask, and ``_take_restart_requests`` begins it
+        on the next pass. A deployment with an engine of this host not ready (or restarting)
+        waits; so does one with such a replica elsewhere (the service checks, row locked)."""
+        for deployment in deployments:
+            mine = [e for e in self.engines.values() if e.deployment_id == deployment.id]
+            stale = {
+                e.replica_id: e.max_adapters
+                for e in mine
+                if e.phase == "ready" and e.recorded and e.max_adapters != deployment.max_adapters
+            }
+            if not stale or any(e.phase != "ready" or e.restart_requested for e in mine):
+                continue
+            replica_id = replica_roll_request(deployment_id=deployment.id, running=stale)
+            if replica_id is not None:
+                self.report(
+                    f"replica {replica_id}: restarting for its deployment's max_adapters "
+                    f"({stale[replica_id]} → {deployment.max_adapters})"
+                )
+
     def _promoted(self, replica_ids: list[int]) -> None:
         if replica_ids:
             self._routing_changed = True  # announced at the end of the pass, off the loop
@@ -516,7 +544,9 @@ class Supervisor(LeaseKeeping):
 
     def _start(self, engine: EngineProcess, deployment: Deployment) -> None:
         """Start the replica: its engine's process, or for a kind with none (an external
-        upstream) attach it to its upstream, read here (URL, served name, key)."""
+        upstream) attach it to its upstream, read here (URL, served name, key). ``deployment``
+        is read afresh for each start, so a restart takes the deployment's settings of now."""
+        engine.max_adapters = deployment.max_adapters
         if engine.kind.runs_process:
             self._spawn(engine, deployment)
             return

@@ -259,6 +259,59 @@ class TestDeployAndScale:
         assert "Must be at least min_replicas (3)." in response.content.decode()
 
 
+class TestAdaptersPerBatch:
+    def test_the_drawer_sets_the_adapters_per_batch_and_says_the_engines_roll(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        drawer = html[html.index(f'id="drawer-replicas-{deployment.pk}"') :].split("</dialog>")[0]
+        assert f'action="/console/deployments/{deployment.pk}/adapters/"' in drawer
+        assert f'name="adapters-{deployment.pk}-max_adapters"' in drawer
+        assert "restarts them one replica at a time" in drawer
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/adapters/", {f"adapters-{deployment.pk}-max_adapters": "4"}
+        )
+        assert response.status_code == 302
+        deployment.refresh_from_db()
+        assert deployment.max_adapters == 4
+        entry = AuditEntry.objects.get(action="deployment.adapters", target=str(deployment.pk))
+        assert (entry.before, entry.after) == ({"max_adapters": 0}, {"max_adapters": 4})
+        page = admin_client.get(response["Location"]).content.decode()
+        assert "4 LoRA adapters per batch; its engines restart one replica at a time" in page
+
+    def test_a_refused_value_shows_on_its_field_and_changes_nothing(self, admin_client, chat_model):
+        deployment = deployment_of(chat_model, "v1")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/adapters/", {f"adapters-{deployment.pk}-max_adapters": "65"}
+        )
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "Ensure this value is less than or equal to 64." in html
+        assert "data-open-on-load" in html[html.index(f'id="drawer-replicas-{deployment.pk}"') :][:200]
+        Deployment.objects.filter(pk=deployment.pk).update(status="draining")
+        response = admin_client.post(
+            f"/console/deployments/{deployment.pk}/adapters/", {f"adapters-{deployment.pk}-max_adapters": "2"}
+        )
+        assert f"Deployment {deployment.pk} is draining" in response.content.decode()
+        assert Deployment.objects.get(pk=deployment.pk).max_adapters == 0
+        assert not AuditEntry.objects.filter(action="deployment.adapters").exists()
+
+    def test_not_offered_where_adapters_cannot_run_nor_to_organisation_users(self, admin_client, chat_model, alice_org):
+        chat_model.task = "embedding"
+        chat_model.save(update_fields=["task"])
+        deployment = deployment_of(chat_model, "v1")
+        html = admin_client.get("/console/deployments/?model=gpt-tiny").content.decode()
+        assert "data-adapters-form" not in html
+        user = get_user_model().objects.create_user(username="org-admin", password="x")
+        Membership.objects.create(user=user, organization=alice_org, role=Role.ORG_ADMIN)
+        client = Client()
+        client.force_login(user)
+        posted = client.post(
+            f"/console/deployments/{deployment.pk}/adapters/", {f"adapters-{deployment.pk}-max_adapters": "2"}
+        )
+        assert posted.status_code == 403
+        assert Deployment.objects.get(pk=deployment.pk).max_adapters == 0
+
+
 def scaling(deployment: Deployment, replicas: int = 1, low: int = 1, high: int = 4, **policy: str) -> dict[str, str]:
     """The one scaling form as posted: the count and bounds, and the policy's fields given."""
     scale, auto = f"scale-{deployment.pk}-", f"autoscale-{deployment.pk}-"
@@ -662,8 +715,10 @@ class TestDrawers:
         drawer = html[html.index(f'id="drawer-replicas-{v1.pk}"') :].split("</dialog>")[0]
         assert "Replicas and scaling of deployment #" in drawer
         assert 'class="replicas"' in drawer
-        [form] = drawer.split('<form method="post"')[1:]
+        # Beside it, apart (a roll of restarts, not a count): the LoRA adapters per batch.
+        [form, adapters] = drawer.split('<form method="post"')[1:]
         assert f'action="/console/deployments/{v1.pk}/scale/"' in form
+        assert f'action="/console/deployments/{v1.pk}/adapters/"' in adapters
         for name in ("scale-{}-replicas", "scale-{}-max_replicas", "autoscale-{}-enabled", "autoscale-{}-predictive"):
             assert f'name="{name.format(v1.pk)}"' in form
         assert "<legend>Autoscaling</legend>" in form

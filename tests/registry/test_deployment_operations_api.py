@@ -208,6 +208,46 @@ class TestReplicas:
         assert not AuditEntry.objects.exists()
 
 
+class TestAdapters:
+    def test_it_sets_the_adapters_per_batch(self, ml, chat_model):
+        deployment = running(chat_model, "v1")
+        response = ml.put(f"/api/v1/deployments/{deployment.pk}/adapters", {"max_adapters": 4}, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["resources"]["max_adapters"] == 4
+        deployment.refresh_from_db()
+        assert deployment.max_adapters == 4
+        entry = AuditEntry.objects.get(action="deployment.adapters")
+        assert (entry.target, entry.before, entry.after) == (
+            str(deployment.pk),
+            {"max_adapters": 0},
+            {"max_adapters": 4},
+        )
+        # 0 turns LoRA off (no adapter is deployed on v1).
+        response = ml.put(f"/api/v1/deployments/{deployment.pk}/adapters", {"max_adapters": 0}, format="json")
+        assert response.status_code == 200
+        assert response.json()["resources"]["max_adapters"] == 0
+
+    @pytest.mark.parametrize(
+        ("version", "body", "why"),
+        [
+            ("v1", {"max_adapters": 65}, "less than or equal to 64"),
+            ("v1", {"max_adapters": -1}, "greater than or equal to 0"),
+            ("v1", {}, "required"),
+            ("v3", {"max_adapters": 2}, "is stopped"),
+        ],
+    )
+    def test_a_bad_value_is_a_400_naming_max_adapters(self, ml, chat_model, version, body, why):
+        deployment = running(chat_model, version)
+        response = ml.put(f"/api/v1/deployments/{deployment.pk}/adapters", body, format="json")
+        assert response.status_code == 400
+        assert why in str(response.json()["max_adapters"])
+        assert Deployment.objects.get(pk=deployment.pk).max_adapters == 0
+        assert not AuditEntry.objects.exists()
+
+    def test_an_unknown_deployment_is_a_404(self, ml):
+        assert ml.put("/api/v1/deployments/999999/adapters", {"max_adapters": 1}, format="json").status_code == 404
+
+
 class TestAutoscale:
     def test_it_sets_the_policy(self, ml, chat_model):
         deployment = running(chat_model, "v1")
@@ -294,6 +334,7 @@ OPERATIONS: list[tuple[str, str, Any]] = [
     ("get", "/api/v1/deployments/{pk}/swap", None),
     ("delete", "/api/v1/deployments/{pk}/swap", None),
     ("put", "/api/v1/deployments/{pk}/replicas", {"replicas": 1}),
+    ("put", "/api/v1/deployments/{pk}/adapters", {"max_adapters": 2}),
     ("put", "/api/v1/deployments/{pk}/autoscale", {"enabled": True}),
     ("get", "/api/v1/models/gpt-tiny/shadow", None),
     ("put", "/api/v1/models/gpt-tiny/shadow", {"version": "v2", "percent": 5}),
@@ -318,6 +359,7 @@ class TestAccess:
         paths = ml.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
         assert {"get", "post", "delete"} <= paths["/api/v1/deployments/{id}/swap"].keys()
         assert "put" in paths["/api/v1/deployments/{id}/replicas"]
+        assert "put" in paths["/api/v1/deployments/{id}/adapters"]
         assert "put" in paths["/api/v1/deployments/{id}/autoscale"]
         assert {"get", "put", "delete"} <= paths["/api/v1/models/{name}/shadow"].keys()
         assert {"get", "post"} <= paths["/api/v1/models/{name}/rollback"].keys()

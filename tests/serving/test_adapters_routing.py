@@ -39,14 +39,18 @@ class TestEngineCommand:
         assert not set(FLAGS) & set(command)
 
 
+def registered(task: str = "chat", framework: str = "transformers", name: str = "") -> ModelVersion:
+    model = Model.objects.create(name=name or f"m-{uuid.uuid4().hex[:6]}", task=task)
+    return ModelVersion.objects.create(
+        model=model, version="1", framework=framework, artifact_uri="local://x", artifact_sha256="0" * 64,
+        artifact_size=1, config={},
+    )  # fmt: skip
+
+
 @pytest.mark.django_db
 class TestDeployments:
     def version(self, task: str = "chat", framework: str = "transformers") -> ModelVersion:
-        model = Model.objects.create(name=f"m-{uuid.uuid4().hex[:6]}", task=task)
-        return ModelVersion.objects.create(
-            model=model, version="1", framework=framework, artifact_uri="local://x", artifact_sha256="0" * 64,
-            artifact_size=1, config={},
-        )  # fmt: skip
+        return registered(task, framework)
 
     def test_an_adapters_deployment_has_no_replicas_of_its_own(self):
         from registry.models import Adapter
@@ -92,6 +96,122 @@ class TestDeployments:
         assert deployment_create(version=version, max_adapters=MAX_ADAPTERS_PER_BATCH).max_adapters == 64
         with pytest.raises(InvalidInput):
             deployment_create(version=version, max_adapters=MAX_ADAPTERS_PER_BATCH + 1)
+
+
+@pytest.mark.django_db
+class TestAdaptersPerBatchAfterDeploy:
+    """``deployment_adapters_set`` and the roll it starts (``replica_roll_request``); the
+    supervisor carrying it out: tests/serving/test_supervisor.py::TestAdaptersRoll."""
+
+    def base(self, *, max_adapters: int = 2, replicas: int = 1, task: str = "chat") -> Deployment:
+        from registry.services import deployment_create
+
+        return deployment_create(
+            version=registered(task), replicas=replicas, max_replicas=replicas, max_adapters=max_adapters
+        )
+
+    def adapter_on(self, base: Deployment, name: str) -> Deployment:
+        from registry.models import Adapter
+        from registry.services import deployment_create
+
+        version = registered(framework="lora", name=name)
+        Adapter.objects.create(version=version, base=base.version, rank=8)
+        return deployment_create(version=version)
+
+    def test_it_sets_the_value_audited_before_and_after(self):
+        from registry.models import AuditEntry
+        from registry.services import deployment_adapters_set
+        from rollout.selectors import version_timeline
+
+        base = self.base(max_adapters=2)
+        deployment_adapters_set(actor=None, deployment=base, max_adapters=8)
+        base.refresh_from_db()
+        assert base.max_adapters == 8
+        entry = AuditEntry.objects.get(action="deployment.adapters", target=str(base.pk))
+        assert (entry.before, entry.after) == ({"max_adapters": 2}, {"max_adapters": 8})
+        labels = [event.label for event in version_timeline(version=base.version)]
+        assert f"deployment #{base.pk} runs 8 LoRA adapters per batch (was 2)" in labels
+        deployment_adapters_set(actor=None, deployment=base, max_adapters=8)  # the same again: nothing recorded
+        assert AuditEntry.objects.filter(action="deployment.adapters", target=str(base.pk)).count() == 1
+
+    @pytest.mark.parametrize("value", [65, -1, True, "4"])
+    def test_a_value_out_of_range_is_refused(self, value):
+        from registry.services import deployment_adapters_set
+
+        with pytest.raises(InvalidInput) as refused:
+            deployment_adapters_set(actor=None, deployment=self.base(), max_adapters=value)
+        assert refused.value.field == "max_adapters"
+
+    def test_a_deployment_that_cannot_carry_adapters_or_is_an_adapter_is_refused(self):
+        from registry.services import deployment_adapters_set
+
+        with pytest.raises(InvalidInput, match="Only a chat or completion model"):
+            deployment_adapters_set(actor=None, deployment=self.base(task="embedding", max_adapters=0), max_adapters=2)
+        adapter = self.adapter_on(self.base(), "lora-a")
+        with pytest.raises(InvalidInput, match="set this on the base's deployment"):
+            deployment_adapters_set(actor=None, deployment=adapter, max_adapters=2)
+
+    @pytest.mark.parametrize("status", ["draining", "stopped"])
+    def test_a_deployment_that_is_stopping_or_stopped_is_refused(self, status):
+        from registry.models import AuditEntry
+        from registry.services import deployment_adapters_set
+
+        base = self.base(max_adapters=2)
+        Deployment.objects.filter(pk=base.pk).update(status=status)
+        with pytest.raises(InvalidInput, match=f"is {status}") as refused:
+            deployment_adapters_set(actor=None, deployment=base, max_adapters=4)
+        assert refused.value.field == "max_adapters"
+        assert Deployment.objects.get(pk=base.pk).max_adapters == 2
+        assert not AuditEntry.objects.filter(action="deployment.adapters", target=str(base.pk)).exists()
+
+    def test_lora_off_is_refused_while_deployed_adapters_would_have_no_engine(self):
+        from registry.services import deployment_adapters_set, deployment_create
+
+        base = self.base(max_adapters=2)
+        self.adapter_on(base, "lora-one")
+        self.adapter_on(base, "lora-two")
+        with pytest.raises(InvalidInput) as refused:
+            deployment_adapters_set(actor=None, deployment=base, max_adapters=0)
+        assert refused.value.field == "max_adapters"
+        assert "2 LoRA adapters are deployed" in refused.value.message
+        assert "lora-one@1, lora-two@1" in refused.value.message
+        assert Deployment.objects.get(pk=base.pk).max_adapters == 2
+        # Another serving deployment of the version takes adapters: they run there.
+        deployment_create(version=base.version, max_adapters=1)
+        deployment_adapters_set(actor=None, deployment=base, max_adapters=0)
+        assert Deployment.objects.get(pk=base.pk).max_adapters == 0
+
+    def test_fewer_slots_than_deployed_adapters_is_allowed(self):
+        # vLLM keeps max_loras adapters in memory and loads an evicted one again from its files
+        # when a request names it: as when more adapters are deployed than a base has slots.
+        from registry.services import deployment_adapters_set
+
+        base = self.base(max_adapters=4)
+        for name in ("lora-x", "lora-y", "lora-z"):
+            self.adapter_on(base, name)
+        deployment_adapters_set(actor=None, deployment=base, max_adapters=1)
+        assert Deployment.objects.get(pk=base.pk).max_adapters == 1
+
+    def test_the_roll_asks_one_stale_replica_at_a_time(self):
+        from registry.models import AuditEntry, Replica
+        from registry.services import deployment_adapters_set, replica_roll_request
+
+        base = self.base(max_adapters=2, replicas=2)
+        Deployment.objects.filter(pk=base.pk).update(status="running")
+        first, second = (Replica.objects.create(deployment=base, host="h", state="ready", pid=pid) for pid in (1, 2))
+        running = {first.pk: 2, second.pk: 2}
+        assert replica_roll_request(deployment_id=base.pk, running=running) is None  # nothing changed
+        deployment_adapters_set(actor=None, deployment=base, max_adapters=4)
+        assert replica_roll_request(deployment_id=base.pk, running=running) == first.pk
+        assert Replica.objects.get(pk=first.pk).restart_requested_at is not None
+        entry = AuditEntry.objects.get(action="replica.restart", target=str(first.pk))
+        assert entry.actor_name == "engine supervisor"
+        assert (entry.before["max_adapters"], entry.after["max_adapters"]) == (2, 4)
+        assert replica_roll_request(deployment_id=base.pk, running=running) is None  # the first restarts
+        Replica.objects.filter(pk=first.pk).update(state="starting", restart_requested_at=None)
+        assert replica_roll_request(deployment_id=base.pk, running={second.pk: 2}) is None  # still starting
+        Replica.objects.filter(pk=first.pk).update(state="ready")
+        assert replica_roll_request(deployment_id=base.pk, running={first.pk: 4, second.pk: 2}) == second.pk
 
 
 @pytest.fixture

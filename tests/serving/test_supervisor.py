@@ -32,7 +32,13 @@ from console.management.commands.runplatform import AlreadyRunning, ChildProcess
 from registry.artifacts import ArtifactUnavailable, LocalArtifactStore
 from registry.models import AuditEntry, Deployment, HostLease, Model, ModelVersion, Replica
 from registry.replica_keys import replica_api_key
-from registry.services import deployment_create, deployment_transition, host_lease_take, replica_restart_request
+from registry.services import (
+    deployment_adapters_set,
+    deployment_create,
+    deployment_transition,
+    host_lease_take,
+    replica_restart_request,
+)
 from serving.gateway.engine_kinds import PREDICT, VLLM
 from serving.supervisor.engines import DATABASE_MARKER, HOST_MARKER, REPLICA_MARKER, marked_engines, warm_up
 from serving.supervisor.host import Supervisor
@@ -63,14 +69,16 @@ def fake_launcher(settings, tmp_path):
 OURS: set[str] = set()
 
 
-def create_deployment(name: str = "tiny-chat", replicas: int = 1) -> Deployment:
+def create_deployment(name: str = "tiny-chat", replicas: int = 1, max_adapters: int = 0) -> Deployment:
     OURS.add(name)
     model = Model.objects.create(name=name, task="chat")
     version = ModelVersion.objects.create(
         model=model, version="1", framework="fake", artifact_uri=f"local://{name}/1", artifact_sha256="0" * 64,
         artifact_size=1, config={"max_seq_len": 512},
     )  # fmt: skip
-    return deployment_create(version=version, replicas=replicas, max_replicas=max(2, replicas))
+    return deployment_create(
+        version=version, replicas=replicas, max_replicas=max(2, replicas), max_adapters=max_adapters
+    )
 
 
 @pytest.fixture
@@ -260,6 +268,72 @@ class TestRestartOnRequest:
         assert supervisor.engines == {}
         assert Replica.objects.get(pk=replica.pk).restart_requested_at is None
         assert not alive(replica.pid)
+
+
+def command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def max_loras(pid: int) -> str:
+    command = command_line(pid)
+    return command[command.index("--max-loras") + 1] if "--max-loras" in command else "none"
+
+
+class TestAdaptersRoll:
+    """A deployment's ``max_adapters`` set after deploy (``deployment_adapters_set``) rolls out
+    to its running engines: one replica restarted at a time, each with the new value."""
+
+    def test_a_new_value_restarts_one_engine_at_a_time_and_each_takes_it(self, make_supervisor):
+        messages: list[str] = []
+        supervisor = make_supervisor(report=messages.append)
+        deployment = create_deployment("roll-base", replicas=2, max_adapters=2)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 2)
+        first = {r.pk: r.pid for r in ready_replicas(deployment)}
+        assert {max_loras(pid) for pid in first.values()} == {"2"}
+        for _ in range(5):  # its value is the deployment's: nothing restarts
+            supervisor.step()
+        assert {r.pk: r.pid for r in ready_replicas(deployment)} == first
+
+        deployment_adapters_set(actor=None, deployment=deployment, max_adapters=4)
+        deadline = time.monotonic() + 60
+        most_unsettled = 0
+        while True:
+            supervisor.step()
+            engines = [e for e in supervisor.engines.values() if e.deployment_id == deployment.pk]
+            unsettled = sum(1 for e in engines if e.phase != "ready" or e.restart_requested)
+            rows = Replica.objects.filter(deployment=deployment)
+            unsettled_rows = sum(1 for r in rows if r.state != "ready" or r.restart_requested_at is not None)
+            most_unsettled = max(most_unsettled, unsettled, unsettled_rows)
+            assert max(unsettled, unsettled_rows) <= 1, [(e.replica_id, e.phase) for e in engines]
+            now = {r.pk: r.pid for r in rows if r.state == "ready"}
+            if now.keys() == first.keys() and all(now[pk] != first[pk] for pk in first):
+                break
+            assert time.monotonic() < deadline, "not rolled within 60 s"
+            time.sleep(0.05)
+        assert most_unsettled == 1
+        for replica in ready_replicas(deployment):
+            assert max_loras(replica.pid) == "4"
+            assert supervisor.engines[replica.pk].max_adapters == 4
+        restarts = AuditEntry.objects.filter(action="replica.restart", target__in=[str(pk) for pk in first])
+        assert sorted((e.actor_name, e.after["max_adapters"]) for e in restarts) == [("engine supervisor", 4)] * 2
+        assert sum("restarting for its deployment's max_adapters (2 → 4)" in m for m in messages) == 2, messages
+        # Rolled: each engine has the value now, and nothing restarts again.
+        rolled = {r.pk: r.pid for r in ready_replicas(deployment)}
+        for _ in range(5):
+            supervisor.step()
+        assert {r.pk: r.pid for r in ready_replicas(deployment)} == rolled
+
+    def test_lora_turned_off_restarts_the_engine_without_it(self, supervisor):
+        deployment = create_deployment("roll-off", replicas=1, max_adapters=2)
+        step_until(supervisor, lambda: len(ready_replicas(deployment)) == 1)
+        replica = ready_replicas(deployment)[0]
+        assert "--enable-lora" in command_line(replica.pid)
+        deployment_adapters_set(actor=None, deployment=deployment, max_adapters=0)
+        step_until(supervisor, lambda: {r.pid for r in ready_replicas(deployment)} - {replica.pid, None}, 30)
+        restarted = ready_replicas(deployment)[0]
+        assert restarted.pk == replica.pk  # the same replica, restarted: none claimed in its place
+        assert "--enable-lora" not in command_line(restarted.pid)
+        assert supervisor.engines[replica.pk].max_adapters == 0
 
 
 class TestLoadTimesAndModels:
