@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from core import embedded
+
 from .env import envbool, envfloat, envint
 
 #: Whether chat and completion answers may be served from the semantic cache (a bool).
@@ -60,5 +62,8 @@ SEMANTIC_CACHE_SEARCH_TIMEOUT_MS = envint("SEMANTIC_CACHE_SEARCH_TIMEOUT_MS", 25
 SEMANTIC_CACHE_MAX_DB_CALLS = envint("SEMANTIC_CACHE_MAX_DB_CALLS", 4)
 #: After a database failure, no cache call is tried for this long (seconds).
 SEMANTIC_CACHE_RETRY_AFTER = envfloat("SEMANTIC_CACHE_RETRY_AFTER", 5.0)
+# Built by `manage.py build_cache_verifier` (bootstrap runs it): serving/semcache/paraphrase.py.
+#: Where the paraphrase tier's local models (embedder, cross-encoder, calibration) are built (a folder).
+SEMANTIC_CACHE_VERIFIER_DIR = os.environ.get("SEMANTIC_CACHE_VERIFIER_DIR", str(embedded.VAR_DIR / "semcache-verifier"))
 #: How long embeddings requests' answers stay in their exact-match cache in Redis (seconds).
 EMBEDDINGS_CACHE_TTL_SECONDS = envint("EMBEDDINGS_CACHE_TTL_SECONDS", 3600)
