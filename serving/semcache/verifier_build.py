@@ -8,20 +8,21 @@ nothing downloaded:
   short query in-process;
 - ``cross_encoder.onnx``: a cross-encoder fine-tuned here, "[CLS] cached [SEP] query [SEP]"
   → one logit, P(the cached answer also answers the query). The embedding layers and the
-  lower ``FROZEN_LAYERS`` transformer layers keep MiniLM's weights (their output is computed
-  once per pair, which is what keeps the build within a few minutes on two cores); the upper
-  layers and a head on the mean-pooled tokens are trained on the tuning sources' pairs, in
-  both orders. Exported with int8 dynamic quantisation where that keeps the scores (checked
-  at build, else float32).
+  lower ``Recipe.frozen_layers`` transformer layers keep MiniLM's weights (their output is
+  computed once per pair, which is what keeps the build within a few minutes on two cores);
+  the upper layers and a head are trained on the tuning sources' pairs. The head reads each
+  side's mean token, their difference and product, and how well each side's tokens align
+  with the other's. Exported with int8 dynamic quantisation where that keeps the scores
+  (checked at build), else float32.
 
 Calibration is honest by construction: leave-one-source-out over the tuning sources (train
 on the others, score the left-out one); per left-out source and threshold of a fixed grid,
 the hits and the traps served, per kind too. ``paraphrase.LocalModels.threshold_for`` reads
-that table. The model served is then trained on every tuning source.
+that table. The model served is then trained on every tuning source with the same recipe.
 
 The artifact's folder holds a ``manifest.json``: each file's SHA-256, the digest of the
-inputs (the tuning files, this module's source, the base weights' checksum and the recipe)
-and the calibration. A build whose inputs digest matches and whose files verify is skipped.
+inputs (the tuning files, ``BUILDER_VERSION``, the recipe, the base weights) and the
+calibration. A build whose inputs digest matches and whose files verify is skipped.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ import numpy as np
 from serving.semcache import paraphrase
 
 BASE_DIR = Path(__file__).resolve().parents[2]
-# Bump when the recipe changes in a way this module's source digest would not show.
+# Bump with any change to this module or to paraphrase.combine that changes what is built:
+# the source itself is not hashed, so that an edit that changes nothing (a comment, a
+# reformat) does not cost every installation a rebuild.
 BUILDER_VERSION = "1"
 SEED = 20261201
 
@@ -67,16 +70,20 @@ TUNING_SOURCES = (
 class Recipe:
     """How the cross-encoder is trained (part of the inputs digest)."""
 
-    frozen_layers: int = 3
+    frozen_layers: int = 4
     epochs: int = 2
     batch_size: int = 32
     learning_rate: float = 1e-4
     head_learning_rate: float = 1e-3
     warmup: float = 0.1
-    both_orders: bool = True
+    both_orders: bool = False
     # "mean": the head reads the mean of every token; "sides": the means of the cached and the
     # query's tokens, their difference and product (the two sides compared explicitly).
     pooling: str = "sides"
+    # The head also reads how well each side's tokens align with the other's (per token, its
+    # best cosine to the other side; the least and the mean of those, both ways): a word
+    # with no counterpart, diluted in a mean, stands out in a minimum.
+    alignment: bool = True
     # For tests: at most this many pairs per source and no leave-one-source-out (0: all, with it).
     max_pairs_per_source: int = 0
     calibrate: bool = True
@@ -128,14 +135,13 @@ def _sha256_file(path: Path) -> str:
 
 
 def inputs_digest(recipe: Recipe = FULL) -> str:
-    """What the artifact is built from: the tuning files, this module's and the runtime's
-    source, the base weights and the recipe. A change to any of them rebuilds."""
+    """What the artifact is built from: the tuning files, ``BUILDER_VERSION``, the recipe and
+    the base weights. A change to any of them rebuilds."""
     from registry.small_models import _minilm_dir
 
     digest = hashlib.sha256()
     parts: list[tuple[str, str]] = [("builder_version", BUILDER_VERSION), ("recipe", json.dumps(asdict(recipe)))]
     parts += [(f"source:{s.name}", _sha256_file(s.path)) for s in available_sources()]
-    parts += [(f"code:{p.name}", _sha256_file(p)) for p in (Path(__file__), Path(paraphrase.__file__))]
     weights = _minilm_dir()
     parts += [(f"base:{name}", _sha256_file(weights / name)) for name in ("model.safetensors", "tokenizer.json")]
     for key, value in parts:
@@ -209,6 +215,7 @@ class _Trainer:
         _seed_everything()
         top = copy.deepcopy(self.base.encoder.layer[self.recipe.frozen_layers :])
         width = self.base.config.hidden_size * (4 if self.recipe.pooling == "sides" else 1)
+        width += 4 if self.recipe.alignment else 0
         head = torch.nn.Linear(width, 1)
         return torch.nn.ModuleDict({"top": top, "head": head})
 
@@ -223,6 +230,8 @@ class _Trainer:
             pooled = torch.cat([cached, query, (cached - query).abs(), cached * query], dim=-1)
         else:
             pooled = _mean_pool(torch, hidden, mask)
+        if self.recipe.alignment:
+            pooled = torch.cat([pooled, _alignment(torch, hidden, mask, types)], dim=-1)
         return model["head"](pooled).squeeze(-1)
 
     def train(self, pairs: Sequence[Pair], progress: Callable[[str], None], label: str) -> Any:
@@ -304,6 +313,21 @@ class _Trainer:
 def _additive(torch: Any, mask: Any) -> Any:
     """BERT's additive attention mask: 0 where a token is, the float minimum at padding."""
     return (1.0 - mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+
+
+def _alignment(torch: Any, hidden: Any, mask: Any, types: Any) -> Any:
+    """Per token, its best cosine to a token of the other side; of those, the least and the
+    mean on each side: [batch, 4]."""
+    unit = torch.nn.functional.normalize(hidden, dim=-1)
+    similarity = unit @ unit.transpose(1, 2)
+    cached, query = mask * (1 - types), mask * types
+    features = []
+    for side, other in ((cached, query), (query, cached)):
+        best = similarity.masked_fill(other[:, None, :] == 0, -2.0).amax(-1)
+        features.append(best.masked_fill(side == 0, 2.0).amin(-1))
+        weights = side.to(best.dtype)
+        features.append((best * weights).sum(-1) / weights.sum(-1).clamp(min=1.0))
+    return torch.stack(features, dim=-1)
 
 
 def _mean_pool(torch: Any, hidden: Any, mask: Any) -> Any:
