@@ -42,3 +42,7 @@ LIMITS_TEST_CLOCK = True
 # A semantic hit is not sampled for an audit in tests unless a test asks for it (a 2 % draw
 # would make "the second ask is a hit" flaky); the budget's own tests set it.
 SEMANTIC_CACHE_AUDIT_RATE = float(os.environ.get("SEMANTIC_CACHE_AUDIT_RATE", "0"))
+# The cache's local models (the paraphrase tier's embedder and verifier) only where a test asks
+# for them (the ``cache_verifier`` fixture, which builds them once): elsewhere a lookup embeds
+# through the (fake) embedding replica, as those tests expect.
+SEMANTIC_CACHE_VERIFIER_DIR = os.environ.get("TEST_SEMANTIC_CACHE_VERIFIER_DIR", str(embedded.VAR_DIR / "no-verifier"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from core import embedded
+
 from .env import envbool, envfloat, envint
 
 #: Whether chat and completion answers may be served from the semantic cache (a bool).
@@ -60,15 +62,18 @@ SEMANTIC_CACHE_SEARCH_TIMEOUT_MS = envint("SEMANTIC_CACHE_SEARCH_TIMEOUT_MS", 25
 SEMANTIC_CACHE_MAX_DB_CALLS = envint("SEMANTIC_CACHE_MAX_DB_CALLS", 4)
 #: After a database failure, no cache call is tried for this long (seconds).
 SEMANTIC_CACHE_RETRY_AFTER = envfloat("SEMANTIC_CACHE_RETRY_AFTER", 5.0)
+# Built by `manage.py build_cache_verifier` (bootstrap runs it): serving/semcache/paraphrase.py.
+#: Where the paraphrase tier's local models (embedder, cross-encoder, calibration) are built (a folder).
+SEMANTIC_CACHE_VERIFIER_DIR = os.environ.get("SEMANTIC_CACHE_VERIFIER_DIR", str(embedded.VAR_DIR / "semcache-verifier"))
 #: How long embeddings requests' answers stay in their exact-match cache in Redis (seconds).
 EMBEDDINGS_CACHE_TTL_SECONDS = envint("EMBEDDINGS_CACHE_TTL_SECONDS", 3600)
 
 # The paraphrase tier (serving/semcache/paraphrase.py, bound.py): prompts worded otherwise,
 # found by their embedding's nearest neighbours and judged by the learned verifier.
 #: Whether models without a cache policy row serve paraphrases (a bool; a policy row says per model).
-SEMANTIC_CACHE_PARAPHRASES = envbool("SEMANTIC_CACHE_PARAPHRASES", "true")
+SEMANTIC_CACHE_PARAPHRASES = envbool("SEMANTIC_CACHE_PARAPHRASES", "false")
 #: Nearest entries of the scope the verifier judges per lookup (a count).
-SEMANTIC_CACHE_PARAPHRASE_CANDIDATES = envint("SEMANTIC_CACHE_PARAPHRASE_CANDIDATES", 4)
+SEMANTIC_CACHE_PARAPHRASE_CANDIDATES = envint("SEMANTIC_CACHE_PARAPHRASE_CANDIDATES", 2)
 #: Entries less similar than this (embedding cosine) are not judged at all (0-1).
 SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY = envfloat("SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY", 0.5)
 #: The share of would-be paraphrase hits the engine answers instead, to test the entry's threshold (0-1).

@@ -335,7 +335,7 @@ class TestWrongHits:
         cells = dict(re.findall(r'data-col="([a-z]+)">(.*?)</td>', row.group(1), re.S))
         assert (cells["exact"], cells["semantic"], cells["audits"]) == ("7", "40", "100 (9)")
         assert cells["budget"] == "1.00 %"
-        assert cells["tiers"] == "same, reordered, paraphrase"  # typo closed by its disagreements
+        assert cells["tiers"] == "same, reordered"  # typo closed by its disagreements; paraphrases off by default
         assert re.fullmatch(r"[\d.]+ % <span class=\"muted small\">\[[\d.]+ % to [\d.]+ %\]</span>", cells["estimate"])
 
     def test_an_admin_reports_a_wrong_answer(self, admin_browser: Client, org) -> None:
@@ -392,9 +392,12 @@ class TestTiers:
         assert own == {"tiers-a": TierHits("tiers-a", 25, {"exact": 5, "same": 4, "words": 1, "paraphrase": 5})}
         assert own["tiers-a"].share("paraphrase") == 0.2
 
-    def test_the_page_shows_each_tiers_share_observed_rate_state_and_bound(self, admin_browser: Client, key) -> None:
+    def test_the_page_shows_each_tiers_share_observed_rate_state_and_bound(
+        self, admin_browser: Client, key, settings
+    ) -> None:
         import uuid
 
+        settings.SEMANTIC_CACHE_PARAPHRASES = True  # off by default
         from serving.semcache import budget
 
         model = f"tiers-{uuid.uuid4().hex[:6]}"

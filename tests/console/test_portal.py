@@ -553,9 +553,12 @@ class TestCacheFigures:
         assert "0.0125" in cells["saved"] or "0.01" in cells["saved"]
         assert "%" in cells["estimate"]
 
-    def test_the_cache_section_shows_the_orgs_share_per_tier_and_the_models_estimate_against_its_bound(self, world):
+    def test_the_cache_section_shows_the_orgs_share_per_tier_and_the_models_estimate_against_its_bound(
+        self, world, settings
+    ):
         """Issue 39: per tier the organisation's own hits and their share of its requests; the model's
         audits, observed wrong rate and estimate; δ, and the organisation's stricter own bound."""
+        settings.SEMANTIC_CACHE_PARAPHRASES = True  # off by default
         import uuid
 
         from billing.models import UsageRecord

@@ -12,8 +12,10 @@ tests/conftest.py), so that each session fixture starts once whichever folders r
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +43,27 @@ def api_key(django_db_setup, django_db_blocker) -> ApiKeyFixture:
         return ApiKeyFixture(issued.secret, issued.api_key.pk, org.pk)
 
     return committed(django_db_blocker, make)
+
+
+@pytest.fixture(scope="session")
+def cache_verifier() -> Iterator[Path]:
+    """The semantic cache's local models (serving.semcache.paraphrase), built once where
+    ``bootstrap`` builds them (a few minutes on a fresh checkout, nothing when current), and
+    this process's settings pointed at them for the session. A gateway started by a test
+    gets them with ``TEST_SEMANTIC_CACHE_VERIFIER_DIR``."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from core import embedded
+    from serving.semcache import paraphrase, verifier_build
+
+    folder = Path(os.environ.get("SEMANTIC_CACHE_VERIFIER_DIR") or embedded.VAR_DIR / "semcache-verifier")
+    verifier_build.build(folder, progress=lambda line: None)
+    with override_settings(SEMANTIC_CACHE_VERIFIER_DIR=str(folder)):
+        paraphrase.forget()
+        assert str(folder) == settings.SEMANTIC_CACHE_VERIFIER_DIR
+        yield folder
+    paraphrase.forget()
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,8 @@ class Command(BaseCommand):
         if not options["skip_models"]:
             self.stdout.write("== importing bundled models")
             call_command("import_bundled_models", stdout=self.stdout)
+            self.stdout.write("== building the semantic cache's paraphrase verifier")
+            call_command("build_cache_verifier", stdout=self.stdout)
             self._ensure_default_deployments()
             self._ensure_default_prices()
         credentials = _load_credentials()

@@ -1,0 +1,98 @@
+"""The paraphrase tier's local models (serving/semcache/paraphrase.py, verifier_build.py): the
+in-process embedder gives the replica's vectors, the cross-encoder scores a paraphrase above a
+one-word trap, the build is skipped when current and redone when a file is corrupt, and
+without an artifact the tier is off. The examples are written here, not taken from the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from django.test import override_settings
+
+from serving.semcache import paraphrase, verifier_build
+
+# A build small enough for a test: a few pairs, one epoch, no calibration.
+TINY = verifier_build.Recipe(max_pairs_per_source=24, epochs=1, calibrate=False)
+
+
+@pytest.fixture
+def models(cache_verifier: Path) -> paraphrase.LocalModels:
+    """The built artifact (tests/support/fixtures.py: built once per session if not current)."""
+    loaded = paraphrase.local_models()
+    assert loaded is not None
+    return loaded
+
+
+def test_the_embedder_matches_the_torch_reference(models):
+    texts = [
+        "Who wrote the novel Middlemarch?",
+        "ok",
+        "My laptop's battery drains overnight even when it is shut down; what settings should I check first? " * 3,
+    ]
+    reference = verifier_build.reference_embeddings(texts)
+    batch = np.array(models.embed(texts))  # padded together
+    assert batch.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-4)
+    assert (batch * reference).sum(axis=1).min() >= 0.999
+    alone = np.array(models.embed([texts[0]]))
+    assert float(alone[0] @ reference[0]) >= 0.999
+
+
+def test_a_paraphrase_scores_above_a_one_word_trap(models):
+    cached = "How long should I boil an egg to get a soft yolk?"
+    paraphrase_score, trap_score, number_trap = models.score([
+        (cached, "For a runny yolk, how many minutes do I boil an egg?"),
+        (cached, "How long should I boil an egg to get a hard yolk?"),
+        ("How long should I boil 2 eggs?", "How long should I boil 6 eggs?"),
+    ])  # fmt: skip
+    assert 0.0 <= trap_score < paraphrase_score <= 1.0
+    assert number_trap == 0.0  # other numbers: never served
+    assert models.score([]) == []
+
+
+def test_thresholds_come_from_the_calibration(models):
+    strict, loose = models.threshold_for(0.005), models.threshold_for(0.05)
+    assert loose <= strict  # a looser bound never needs a higher threshold
+    assert math.isinf(models.threshold_for(0.0)) or models.threshold_for(0.0) >= strict
+    assert len(models.digest) == 64
+
+
+def test_the_build_is_skipped_when_current_and_redone_when_a_file_is_corrupt(tmp_path, monkeypatch):
+    folder = tmp_path / "verifier"
+    lines: list[str] = []
+    first = verifier_build.build(folder, recipe=TINY, progress=lines.append)
+    assert set(first["files"]) == {paraphrase.TOKENIZER, paraphrase.CROSS_ENCODER, paraphrase.EMBEDDER}
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an up-to-date artifact was rebuilt")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(verifier_build, "_Trainer", no_training)
+        lines.clear()
+        assert verifier_build.build(folder, recipe=TINY, progress=lines.append) == first
+        assert any("up to date" in line for line in lines)
+
+    embedder = folder / paraphrase.EMBEDDER
+    embedder.write_bytes(embedder.read_bytes()[:-10] + b"corrupted!")
+    assert "does not match its checksum" in verifier_build.is_current(folder, verifier_build.inputs_digest(TINY))
+    lines.clear()
+    second = verifier_build.build(folder, recipe=TINY, progress=lines.append)
+    assert any("does not match its checksum" in line for line in lines)
+    assert verifier_build.is_current(folder, verifier_build.inputs_digest(TINY)) == ""
+    assert second["files"][paraphrase.EMBEDDER] == first["files"][paraphrase.EMBEDDER]  # deterministic
+
+
+def test_without_an_artifact_the_tier_is_off_and_says_why(tmp_path, caplog):
+    with override_settings(SEMANTIC_CACHE_VERIFIER_DIR=str(tmp_path / "absent")), caplog.at_level(logging.WARNING):
+        paraphrase.forget()
+        assert paraphrase.local_models() is None
+        assert paraphrase.local_models() is None  # logged once
+    paraphrase.forget()
+    (record,) = [r for r in caplog.records if r.name == "serving.semcache.paraphrase"]
+    assert "paraphrase tier is off" in record.getMessage()
+    assert "build_cache_verifier" in record.getMessage()
