@@ -217,6 +217,13 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
 
     unavailable = 0
 
+    if args.paraphrase:
+        from serving.semcache import paraphrase
+
+        assert paraphrase.local_models() is not None, (
+            "build the cache's local models first: manage.py build_cache_verifier"
+        )
+
     async def run() -> None:
         nonlocal found_near, unavailable, served
         minimum = settings.SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY

@@ -197,7 +197,7 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
 async def _embed_query(text: str) -> list[float]:
     """The prompt's embedding: in process when the cache's local models are built (a few ms,
     the same all-MiniLM-L6-v2 vectors), else from an embedding replica."""
-    local = paraphrase.local_models()
+    local = paraphrase.ready()
     if local is not None:
         [vector] = await asyncio.to_thread(local.embed, [text])
         return vector
@@ -209,7 +209,7 @@ async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
     """The paraphrase tier: the scope's nearest entries by embedding, scored by the learned
     verifier, each held to its own threshold (``bound``); the model's error budget and the
     exploration rate send some would-be hits to the engine, to compare."""
-    local = paraphrase.local_models()
+    local = paraphrase.ready()
     if local is None:
         return None
     if probe.embedding is None:

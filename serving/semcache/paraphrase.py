@@ -228,6 +228,32 @@ def local_models() -> LocalModels | None:
         return _loaded[folder]
 
 
+_loading: set[Path] = set()
+
+
+def ready() -> LocalModels | None:
+    """What the request path asks: the local models if this process has them loaded; else
+    None, having started loading them in a thread (once): a lookup never waits the ~0.7 s a
+    load takes, the request that found them missing is a miss of the paraphrase tier."""
+    folder = Path(settings.SEMANTIC_CACHE_VERIFIER_DIR)
+    if folder in _loaded:
+        return _loaded[folder]
+    with _lock:
+        if folder in _loading:
+            return None
+        _loading.add(folder)
+
+    def load() -> None:
+        try:
+            local_models()
+        finally:
+            with _lock:
+                _loading.discard(folder)
+
+    threading.Thread(target=load, name="semcache-local-models", daemon=True).start()
+    return None
+
+
 def forget() -> None:
     """Load again on next use (after a build, and in tests)."""
     with _lock:

@@ -66,7 +66,7 @@ class FakeLocal(paraphrase.LocalModels):
 @pytest.fixture
 def local(monkeypatch) -> FakeLocal:
     fake = FakeLocal()
-    monkeypatch.setattr(paraphrase, "local_models", lambda: fake)
+    monkeypatch.setattr(paraphrase, "ready", lambda: fake)
     return fake
 
 
@@ -296,7 +296,7 @@ class TestParaphraseTier:
         assert records[budget.PARAPHRASE].reported == 1
 
     async def test_no_local_models_means_no_paraphrase_tier(self, cache, monkeypatch, quiet):
-        monkeypatch.setattr(paraphrase, "local_models", lambda: None)
+        monkeypatch.setattr(paraphrase, "ready", lambda: None)
         scope = new_scope()
         cache.add(scope, vector(11))
         probe = probe_for(cache, scope, PARAPHRASE)

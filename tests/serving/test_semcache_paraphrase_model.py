@@ -96,3 +96,35 @@ def test_without_an_artifact_the_tier_is_off_and_says_why(tmp_path, caplog):
     (record,) = [r for r in caplog.records if r.name == "serving.semcache.paraphrase"]
     assert "paraphrase tier is off" in record.getMessage()
     assert "build_cache_verifier" in record.getMessage()
+
+
+# One lookalike trap of each kind, written here: the cached prompt, then the new one.
+TRAPS = {
+    "antonym": ("How do I enable two-factor authentication on my account?",
+                "How do I disable two-factor authentication on my account?"),
+    "negation": ("Can I take ibuprofen with food?", "Can I take ibuprofen without food?"),
+    "direction": ("How do I convert kilograms to pounds?", "How do I convert pounds to kilograms?"),
+    "scope": ("What should I do before a job interview?", "What should I do after a job interview?"),
+    "entity": ("What is the population of Canada?", "What is the population of Australia?"),
+    "number": ("How many calories are in 2 eggs?", "How many calories are in 5 eggs?"),
+    "role_swap": ("Can a landlord evict a tenant in winter?", "Can a tenant evict a landlord in winter?"),
+    "specificity": ("How do I make bread?", "How do I make gluten-free sourdough bread?"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(TRAPS))
+def test_the_verifier_refuses_a_trap_of_each_kind_at_a_one_percent_bound(models, kind):
+    cached, query = TRAPS[kind]
+    [score] = models.score([(cached, query)])
+    assert score < models.threshold_for(0.01), (kind, score)
+
+
+def test_the_request_path_never_waits_for_a_load(cache_verifier):
+    import time
+
+    paraphrase.forget()
+    assert paraphrase.ready() is None  # loading in a thread: this lookup goes without
+    deadline = time.monotonic() + 60
+    while paraphrase.ready() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert isinstance(paraphrase.ready(), paraphrase.LocalModels)
