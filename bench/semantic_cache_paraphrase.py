@@ -80,7 +80,12 @@ def decide(pairs: list[sources.Pair], deltas: tuple[float, ...]) -> dict[str, An
         raise SystemExit("the cache's local models are not built: python manage.py build_cache_verifier")
     texts = sorted({t for p in pairs for t in (p.a, p.b)})
     started = time.perf_counter()
-    vectors = dict(zip(texts, np.asarray(local.embed(texts)), strict=True))
+    # In batches of similar lengths: one batch pads every text to the longest.
+    texts.sort(key=len)
+    vectors: dict[str, Any] = {}
+    for start in range(0, len(texts), 64):
+        batch = texts[start : start + 64]
+        vectors.update(zip(batch, np.asarray(local.embed(batch)), strict=True))
     embedded = time.perf_counter() - started
     scope = "0" * 64
     words: list[bool] = []
@@ -93,7 +98,11 @@ def decide(pairs: list[sources.Pair], deltas: tuple[float, ...]) -> dict[str, An
         if not served and similarity >= settings.SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY:
             candidates.append(i)
     started = time.perf_counter()
-    scores = dict(zip(candidates, local.score([(pairs[i].a, pairs[i].b) for i in candidates]), strict=True))
+    candidates.sort(key=lambda i: len(pairs[i].a) + len(pairs[i].b))
+    scores: dict[int, float] = {}
+    for start in range(0, len(candidates), 32):
+        judged = candidates[start : start + 32]
+        scores.update(zip(judged, local.score([(pairs[i].a, pairs[i].b) for i in judged]), strict=True))
     scored = time.perf_counter() - started
     curve = local.curve()
     thresholds = {
