@@ -11,6 +11,9 @@
   conservative by construction: the same words in the same order once spelling, numerals,
   politeness, the question's frame, one typo or a moved clause are normalised away, or a
   miss;
+- ``paraphrase`` (built by ``verifier_build``), ``bound``: the paraphrase tier below the word
+  tiers, off by default: the prompt embedded in process, the scope's nearest entries, a
+  learned verifier's score held to each entry's own threshold (its evidence, vCache's idea);
 - ``lookup``: the above in order, within a time budget; any failure is a miss.
 
 ``serving.llm.call`` asks it before admission and replays a verified hit like a live

@@ -3,7 +3,7 @@ wrong-hit rate stays inside what the operator accepts.
 
 The operator states the share of wrong semantic hits they accept (``CachePolicy.wrong_hit_budget``,
 else ``SEMANTIC_CACHE_WRONG_HIT_BUDGET``). For each model and wording tier (``verify.TIERS``:
-same, typo, reordered) the cache keeps four counters in Redis:
+same, typo, reordered, and the paraphrase tier) the cache keeps four counters in Redis:
 
 - ``served``: semantic hits served at that tier;
 - ``audits``: would-be hits answered by the engine instead, their answers compared with the
