@@ -398,6 +398,7 @@ class TestTiers:
         import uuid
 
         settings.SEMANTIC_CACHE_PARAPHRASES = True  # off by default
+        settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED, settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = 600, 1
         from serving.semcache import budget
 
         model = f"tiers-{uuid.uuid4().hex[:6]}"

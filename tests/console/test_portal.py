@@ -559,6 +559,7 @@ class TestCacheFigures:
         """Issue 39: per tier the organisation's own hits and their share of its requests; the model's
         audits, observed wrong rate and estimate; δ, and the organisation's stricter own bound."""
         settings.SEMANTIC_CACHE_PARAPHRASES = True  # off by default
+        settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED, settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = 600, 1
         import uuid
 
         from billing.models import UsageRecord
