@@ -76,6 +76,8 @@ def quiet(settings) -> None:
     settings.SEMANTIC_CACHE_AUDIT_RATE = 0.0
     settings.SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE = 0.0
     settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT = 20
+    # The tier's own error budget open (the default prior, 2 wrong of 71, keeps it closed at 1 %).
+    settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_SERVED, settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = 5000, 1
 
 
 class Cache:
@@ -243,12 +245,23 @@ class TestParaphraseTier:
         records = await budget.records_of(cache.model)
         assert budget.PARAPHRASE not in records  # a near miss is not one of the tier's audits
 
+    async def test_the_default_prior_keeps_the_tier_closed_at_one_percent(self, cache, local, settings):
+        settings.SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE = 0.0
+        scope = new_scope()
+        local.vectors[PARAPHRASE] = vector(12, near=local.embed([QUESTION])[0], similarity=0.9)
+        cache.add(scope, local.embed([QUESTION])[0])
+        local.scores[(QUESTION, PARAPHRASE)] = 0.99
+        probe = probe_for(cache, scope, PARAPHRASE)
+        assert await lookup.lookup(probe) is None  # 2 wrong of 71 offline: not certain of 1 %
+        assert probe.audit is not None
+        assert probe.audit.counted
+
     async def test_a_tier_outside_its_budget_is_audited_not_served(self, cache, local, quiet, settings):
         scope = new_scope()
         local.vectors[PARAPHRASE] = vector(7, near=local.embed([QUESTION])[0], similarity=0.9)
         cache.add(scope, local.embed([QUESTION])[0])
         local.scores[(QUESTION, PARAPHRASE)] = 0.95
-        settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = 30  # 5 % wrong offline: outside 1 %
+        settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WRONG = 300  # 6 % wrong offline: outside 1 %
         probe = probe_for(cache, scope, PARAPHRASE)
         assert await lookup.lookup(probe) is None
         assert probe.audit is not None
