@@ -167,10 +167,7 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
             wording = verdict.wording
             if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
                 # Outside the error budget (or sampled): the engine answers, and the two are compared.
-                probe.audit = Audit(
-                    wording=wording,
-                    cached=str((entry.response.get("message") or {}).get("content") or ""),
-                )
+                probe.audit = Audit(wording=wording, cached=_answer_text(entry.response))
                 metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
                 return None
             outcome = SEMANTIC_HIT
@@ -194,6 +191,11 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
     return None
 
 
+def _answer_text(response: dict[str, Any]) -> str:
+    """A stored chat answer's text (what an audit compares with the engine's)."""
+    return str((response.get("message") or {}).get("content") or "")
+
+
 async def _embed_query(text: str) -> list[float]:
     """The prompt's embedding: in process when the cache's local models are built (a few ms,
     the same all-MiniLM-L6-v2 vectors), else from an embedding replica."""
@@ -213,7 +215,7 @@ async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
     if local is None:
         return None
     if probe.embedding is None:
-        [probe.embedding] = await asyncio.to_thread(local.embed, [probe.query])
+        probe.embedding = await _embed_query(probe.query)
     found = [
         candidate
         for candidate in await store.search(
@@ -234,7 +236,6 @@ async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
             bound.evidence_of(candidate.evidence), curve=curve, delta=probe.wrong_hit_budget,
             prior_weight=settings.SEMANTIC_CACHE_PARAPHRASE_PRIOR_WEIGHT,
         )  # fmt: skip
-        cached = str((candidate.response.get("message") or {}).get("content") or "")
         if score < threshold:
             if near is None and score >= threshold - bound.NEAR_MISS_BAND:
                 near = (candidate, score)
@@ -244,7 +245,8 @@ async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
         if decision == budget.AUDIT or random.random() < settings.SEMANTIC_CACHE_PARAPHRASE_EXPLORE_RATE:
             # The engine answers, and the answers are compared: the tier's estimate and this
             # entry's evidence both learn from it.
-            probe.audit = Audit(wording=budget.PARAPHRASE, cached=cached, entry_id=candidate.entry_id, score=score)
+            probe.audit = Audit(wording=budget.PARAPHRASE, cached=_answer_text(candidate.response),
+                                entry_id=candidate.entry_id, score=score)  # fmt: skip
             metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
             return None
         metrics.CACHE_LOOKUPS.labels(probe.model, SEMANTIC_HIT).inc()
@@ -261,9 +263,8 @@ async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
         )
     if near is not None:
         candidate, score = near
-        cached = str((candidate.response.get("message") or {}).get("content") or "")
-        probe.audit = Audit(wording=budget.PARAPHRASE, cached=cached, entry_id=candidate.entry_id, score=score,
-                            counted=False)  # fmt: skip
+        probe.audit = Audit(wording=budget.PARAPHRASE, cached=_answer_text(candidate.response),
+                            entry_id=candidate.entry_id, score=score, counted=False)  # fmt: skip
     return None
 
 

@@ -149,6 +149,10 @@ class LocalModels:
         self._texts = text_tokenizer(folder / TOKENIZER)
         self._cross_encoder = session(folder / CROSS_ENCODER, onnxruntime)
         self._embedder = session(folder / EMBEDDER, onnxruntime)
+        # The calibration as a function of the threshold, read once (every paraphrase lookup asks).
+        from serving.semcache.bound import curve_from
+
+        self._curve = curve_from(curve_points(manifest.get("calibration") or {}))
         files = "".join(f"{name}={checksum}\n" for name, checksum in sorted(manifest["files"].items()))
         self._digest = hashlib.sha256(f"{manifest['inputs_digest']}\n{files}".encode()).hexdigest()
 
@@ -183,9 +187,7 @@ class LocalModels:
 
     def curve(self) -> Callable[[float], float]:
         """The calibration as a function of the threshold (``serving.semcache.bound``)."""
-        from serving.semcache.bound import curve_from
-
-        return curve_from(curve_points(self.manifest.get("calibration") or {}))
+        return self._curve
 
 
 _lock = threading.Lock()
