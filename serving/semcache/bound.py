@@ -54,9 +54,6 @@ class Observation:
     score: float
     agreed: bool
 
-    def as_json(self) -> list[float | int]:
-        return [round(self.score, 4), int(self.agreed)]
-
 
 def evidence_of(raw: object) -> tuple[Observation, ...]:
     """The stored JSON (``[[score, agreed], …]``) as observations; anything malformed is skipped."""
@@ -69,12 +66,6 @@ def evidence_of(raw: object) -> tuple[Observation, ...]:
                 except (TypeError, ValueError):
                     continue
     return tuple(found[-MAX_EVIDENCE:])
-
-
-def appended(evidence: Sequence[Observation], observation: Observation) -> list[list[float | int]]:
-    """The evidence with one more observation, as stored (bounded)."""
-    kept = [*evidence, observation][-MAX_EVIDENCE:]
-    return [o.as_json() for o in kept]
 
 
 def wrong_rate(

@@ -167,7 +167,16 @@ class TestEntryBound:
     def test_evidence_is_bounded_and_malformed_items_are_skipped(self):
         raw: list[Any] = [[0.5, 1]] * (bound.MAX_EVIDENCE + 4) + [["x", 1], [0.9], "junk"]
         assert len(bound.evidence_of(raw)) == bound.MAX_EVIDENCE
-        assert len(bound.appended(bound.evidence_of(raw), bound.Observation(0.9, False))) == bound.MAX_EVIDENCE
+
+    def test_the_stored_evidence_stays_bounded_oldest_first_out(self, cache):
+        entry_id = cache.add(new_scope(), vector(13))
+        for i in range(bound.MAX_EVIDENCE + 1):
+            cache.run(lambda i=i: store.observe_sync(entry_id=entry_id, score=i / 100, agreed=True))
+        cache.run(lambda: store.observe_sync(entry_id=entry_id, score=0.9, agreed=False))
+        evidence = cache.entry(entry_id).evidence
+        assert len(evidence) == bound.MAX_EVIDENCE
+        assert evidence[-1] == [0.9, 0]
+        assert evidence[0] == [0.02, 1]  # 0.00 and 0.01 dropped
 
 
 # --- The tier, end to end below the gateway --------------------------------------------------
