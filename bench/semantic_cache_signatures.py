@@ -38,6 +38,16 @@ then the embed-and-search cost, and ``miss_scored`` the same misses with every o
 SEMANTIC_CACHE_PARAPHRASE_CANDIDATES neighbours scored (the minimum similarity set to -1),
 the worst a miss can pay.
 
+``--vectors clustered`` stores vectors drawn around topics instead (the distribution of
+bench/semantic_cache_lookup.py: half from topics every scope shares, half from the scope's
+own; an entry ~0.75 cosine from its topic), and with ``--paraphrase`` each fresh question,
+after being embedded for real (its cost counted), is searched as a new question of its
+scope's topics: nearer what a cache of real prompts holds than uniform random vectors, which
+give an HNSW walk no neighbourhood to follow. Some misses then have neighbours alike enough
+to be scored.
+
+    .venv/bin/python bench/semantic_cache_signatures.py --paraphrase --vectors clustered
+
 Writes bench/results/semantic_cache_signatures-<time>.json; drops the scratch database.
 """
 
@@ -66,7 +76,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "bench"))
-from semantic_cache_lookup import admin_dsn, log, percentiles  # noqa: E402  (the scratch-database helpers)
+from semantic_cache_lookup import ENTRY_NOISE, Corpus, admin_dsn, log, percentiles  # noqa: E402  (shared helpers)
 
 SCRATCH_DB = "semcache_sig_bench"
 DIM = 384
@@ -121,7 +131,7 @@ class Questions:
 
 
 def load(args: argparse.Namespace, conn: psycopg.Connection[Any], questions: Questions,
-         scopes: list[str], sizes: list[int], result: dict[str, Any]) -> None:  # fmt: skip
+         scopes: list[str], sizes: list[int], corpus: Corpus, result: dict[str, Any]) -> None:  # fmt: skip
     from serving.semcache import signature
 
     definitions = dict(conn.execute(
@@ -139,8 +149,11 @@ def load(args: argparse.Namespace, conn: psycopg.Connection[Any], questions: Que
     signing = 0.0
     for start in range(0, len(order), 20_000):
         chunk = order[start : start + 20_000]
-        vectors = rng.standard_normal((len(chunk), DIM)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        if args.vectors == "clustered":
+            vectors = corpus.draw(np.array(chunk), ENTRY_NOISE)
+        else:
+            vectors = rng.standard_normal((len(chunk), DIM)).astype(np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         with conn.cursor() as cur, cur.copy(f"COPY {TABLE} ({COPY_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(COPY_TYPES)
             for scope_id, vector in zip(chunk, vectors, strict=True):
@@ -197,7 +210,7 @@ def plan_of(conn: psycopg.Connection[Any], scope: str, text: str) -> str:
 
 
 def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], sizes: list[int],
-            kept: dict[int, list[str]], result: dict[str, Any]) -> None:  # fmt: skip
+            kept: dict[int, list[str]], corpus: Corpus, result: dict[str, Any]) -> None:  # fmt: skip
     from django.db import connection
 
     from serving.semcache import lookup, signature, store
@@ -223,6 +236,18 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
         assert paraphrase.local_models() is not None, (
             "build the cache's local models first: manage.py build_cache_verifier"
         )
+        asking = [0]  # the scope of the question being looked up
+        if args.vectors == "clustered":
+            embed = lookup._embed_query
+
+            async def embed_on_the_topics(text: str) -> list[float]:
+                # The question is embedded for real (its cost is the lookup's), and then
+                # searched as a new question of its scope's topics, like the stored vectors.
+                await embed(text)
+                vector: list[float] = corpus.draw(np.array([asking[0]]), ENTRY_NOISE)[0].tolist()
+                return vector
+
+            lookup._embed_query = embed_on_the_topics  # the bench's vectors
 
     async def run() -> None:
         nonlocal found_near, unavailable, served
@@ -230,6 +255,8 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
         for i in range(args.queries):
             scope_id = questions.rng.choices(range(len(scopes)), weights=weights)[0]
             scope = scopes[scope_id]
+            if args.paraphrase:
+                asking[0] = scope_id
             if i % 2 == 0 or not kept[scope_id]:
                 text = questions.fresh()
                 # With --paraphrase, every other miss has each of its neighbours scored.
@@ -301,6 +328,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the scratch database (then --reuse)")
     parser.add_argument("--reuse", action="store_true", help="reuse a kept scratch database (same arguments)")
     parser.add_argument("--paraphrase", action="store_true", help="build the HNSW indexes; misses try paraphrases")
+    parser.add_argument("--vectors", choices=("random", "clustered"), default="random",
+                        help="stored vectors: uniform random, or around topics (as semantic_cache_lookup)")  # fmt: skip
     args = parser.parse_args()
 
     os.environ["DATABASE_URL"] = admin_dsn(SCRATCH_DB)
@@ -336,13 +365,16 @@ def main() -> None:
     sizes[-1] += args.entries - int(sizes.sum())
     scopes = [rng.bytes(32).hex() for _ in range(args.scopes)]
     questions = Questions(args.seed)
+    corpus = Corpus.make(entries=args.entries, scopes=args.scopes, seed=args.seed)
+    assert corpus.scopes == scopes, "the same scopes as the lookup bench"
+    assert corpus.sizes == [int(s) for s in sizes], "the same scope sizes as the lookup bench"
     conn = psycopg.connect(admin_dsn(SCRATCH_DB), autocommit=True)
     register_vector(conn)
     set_json_dumps(lambda obj: orjson.dumps(obj).decode(), context=conn)
     try:
         if not args.reuse:
             log(f"loading {args.entries:,} entries over {args.scopes} scopes")
-            load(args, conn, questions, scopes, [int(s) for s in sizes], result)
+            load(args, conn, questions, scopes, [int(s) for s in sizes], corpus, result)
         kept = stored_prompts(conn, scopes)
         # The first lookups after a load read the index from disk: the plan of one cold and
         # one warm lookup is kept, then every lookup is timed.
@@ -350,7 +382,7 @@ def main() -> None:
         result["plan_cold"] = plan_of(conn, largest, questions.fresh())
         result["plan_warm"] = plan_of(conn, largest, questions.fresh())
         log(f"a lookup's plan (warm):\n{result['plan_warm']}")
-        measure(args, questions, scopes, [int(s) for s in sizes], kept, result)
+        measure(args, questions, scopes, [int(s) for s in sizes], kept, corpus, result)
     finally:
         conn.close()
         connections.close_all()

@@ -130,65 +130,101 @@ async def _off_loop_if_long(size: int, fn: Callable[[], R]) -> R:
 
 async def _lookup(probe: CacheProbe) -> CacheHit | None:
     """Find the scope's entries by signature (no embedding), verify their words, and only for
-    one whose words pass embed the query for the similarity guard."""
+    one whose words pass embed the query for the similarity guard. With the paraphrase tier
+    on, the query's embedding and its nearest entries are fetched alongside the word tiers
+    (``_Ahead``), so a miss waits for the slower of the two, not for both in turn."""
     scope, text = probe.scope, probe.query
-    signatures, bag = await _off_loop_if_long(
-        len(text), lambda: (signature.of_query(scope, text), signature.bag_of(scope, text))
-    )
-    found = await store.find(scope=scope, prompt=text, signatures=signatures, bag=bag, limit=CANDIDATES)
-    query = _normalised(text)
-    found.sort(key=lambda entry: _normalised(entry.prompt) != query)  # the same text first (stable)
-    for entry in found:
-        if _normalised(entry.prompt) == query:
-            outcome, wording, similarity = HIT, budget.EXACT, 1.0
-        else:
-            cached = entry.prompt
-            verdict = await _off_loop_if_long(
-                len(text) + len(cached), functools.partial(verify_words, query=text, cached=cached)
-            )
-            if not verdict.ok:
-                metrics.CACHE_REJECTIONS.labels(verdict.category or "other").inc()
-                logger.debug("cache entry %s rejected (%s): %s", entry.entry_id, verdict.category, verdict.reason)
-                continue
-            if entry.strictness >= feedback.SAME_TEXT_ONLY or (
-                entry.strictness == feedback.SAME_WORDS_ONLY and verdict.wording != SAME
-            ):
-                metrics.CACHE_REJECTIONS.labels("tightened").inc()
-                continue  # reported wrong once: this entry and its neighbours serve less
-            if probe.embedding is None:
-                # Only now, for a candidate whose words pass: a miss never waits on the embedder.
-                probe.embedding = await _embed_query(text)
-            similarity = cosine(probe.embedding, entry.embedding)
-            minimum = Thresholds.from_settings().minimum
-            if similarity < minimum:
-                metrics.CACHE_REJECTIONS.labels("low_similarity").inc()
-                logger.debug("cache entry %s rejected: similarity %.3f below %.3f", entry.entry_id, similarity, minimum)
-                continue
-            wording = verdict.wording
-            if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
-                # Outside the error budget (or sampled): the engine answers, and the two are compared.
-                probe.audit = Audit(wording=wording, cached=_answer_text(entry.response))
-                metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
-                return None
-            outcome = SEMANTIC_HIT
-        metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
-        _background.spawn(store.record_hit(entry_id=entry.entry_id), what="record a cache hit")
-        return CacheHit(
-            outcome=outcome,
-            similarity=similarity,
-            answer=entry.response,
-            completion_tokens=entry.completion_tokens,
-            prompt_tokens=entry.prompt_tokens,
-            entry_id=entry.entry_id,
-            wording=wording,
+    ahead = _Ahead.start(probe)
+    try:
+        signatures, bag = await _off_loop_if_long(
+            len(text), lambda: (signature.of_query(scope, text), signature.bag_of(scope, text))
         )
-    if probe.paraphrases:
-        hit = await _paraphrase(probe)
-        if hit is not None or (probe.audit is not None and probe.audit.counted):
-            return hit
+        found = await store.find(scope=scope, prompt=text, signatures=signatures, bag=bag, limit=CANDIDATES)
+        query = _normalised(text)
+        found.sort(key=lambda entry: _normalised(entry.prompt) != query)  # the same text first (stable)
+        for entry in found:
+            if _normalised(entry.prompt) == query:
+                outcome, wording, similarity = HIT, budget.EXACT, 1.0
+            else:
+                cached = entry.prompt
+                verdict = await _off_loop_if_long(
+                    len(text) + len(cached), functools.partial(verify_words, query=text, cached=cached)
+                )
+                if not verdict.ok:
+                    metrics.CACHE_REJECTIONS.labels(verdict.category or "other").inc()
+                    logger.debug("cache entry %s rejected (%s): %s", entry.entry_id, verdict.category, verdict.reason)
+                    continue
+                if entry.strictness >= feedback.SAME_TEXT_ONLY or (
+                    entry.strictness == feedback.SAME_WORDS_ONLY and verdict.wording != SAME
+                ):
+                    metrics.CACHE_REJECTIONS.labels("tightened").inc()
+                    continue  # reported wrong once: this entry and its neighbours serve less
+                if probe.embedding is None:
+                    # Only now, for a candidate whose words pass: a miss never waits on the embedder.
+                    probe.embedding = await (ahead.embedding if ahead else _embed_query(text))
+                similarity = cosine(probe.embedding, entry.embedding)
+                minimum = Thresholds.from_settings().minimum
+                if similarity < minimum:
+                    metrics.CACHE_REJECTIONS.labels("low_similarity").inc()
+                    logger.debug(
+                        "cache entry %s rejected: similarity %.3f below %.3f", entry.entry_id, similarity, minimum
+                    )
+                    continue
+                wording = verdict.wording
+                if await budget.decide_for(probe.model, wording, budget=probe.wrong_hit_budget) == budget.AUDIT:
+                    # Outside the error budget (or sampled): the engine answers, and the two are compared.
+                    probe.audit = Audit(wording=wording, cached=_answer_text(entry.response))
+                    metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
+                    return None
+                outcome = SEMANTIC_HIT
+            metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
+            _background.spawn(store.record_hit(entry_id=entry.entry_id), what="record a cache hit")
+            return CacheHit(
+                outcome=outcome,
+                similarity=similarity,
+                answer=entry.response,
+                completion_tokens=entry.completion_tokens,
+                prompt_tokens=entry.prompt_tokens,
+                entry_id=entry.entry_id,
+                wording=wording,
+            )
+        if ahead is not None:
+            probe.embedding = await ahead.embedding
+            hit = await _paraphrase(probe, await ahead.neighbours)
+            if hit is not None or (probe.audit is not None and probe.audit.counted):
+                return hit
+    finally:
+        if ahead is not None:
+            ahead.cancel()  # a word tier answered, or the lookup failed or ran out of time
     metrics.CACHE_LOOKUPS.labels(probe.model, MISS).inc()
     _embed_ahead(probe)
     return None
+
+
+@dataclass
+class _Ahead:
+    """The paraphrase tier's inputs, fetched while the word tiers look: the query's embedding
+    (a few ms in process), then the scope's nearest entries (pgvector)."""
+
+    embedding: asyncio.Future[list[float]]
+    neighbours: asyncio.Future[list[store.Candidate]]
+
+    @classmethod
+    def start(cls, probe: CacheProbe) -> _Ahead | None:
+        if not probe.paraphrases or paraphrase.ready() is None:
+            return None  # tier off, or its models still loading (in a thread, ``paraphrase.ready``)
+        embedding = unobserved(asyncio.ensure_future(_embed_query(probe.query)))
+
+        async def neighbours() -> list[store.Candidate]:
+            return await store.search(
+                scope=probe.scope, embedding=await embedding, limit=settings.SEMANTIC_CACHE_PARAPHRASE_CANDIDATES
+            )
+
+        return cls(embedding=embedding, neighbours=unobserved(asyncio.ensure_future(neighbours())))
+
+    def cancel(self) -> None:
+        for future in (self.neighbours, self.embedding):
+            future.cancel()  # a no-op once done; a worker thread already running finishes unawaited
 
 
 def _answer_text(response: dict[str, Any]) -> str:
@@ -207,20 +243,16 @@ async def _embed_query(text: str) -> list[float]:
     return vector
 
 
-async def _paraphrase(probe: CacheProbe) -> CacheHit | None:
-    """The paraphrase tier: the scope's nearest entries by embedding, scored by the learned
-    verifier, each held to its own threshold (``bound``); the model's error budget and the
-    exploration rate send some would-be hits to the engine, to compare."""
+async def _paraphrase(probe: CacheProbe, neighbours: list[store.Candidate]) -> CacheHit | None:
+    """The paraphrase tier: the scope's nearest entries by embedding (``neighbours``), scored
+    by the learned verifier, each held to its own threshold (``bound``); the model's error
+    budget and the exploration rate send some would-be hits to the engine, to compare."""
     local = paraphrase.ready()
     if local is None:
         return None
-    if probe.embedding is None:
-        probe.embedding = await _embed_query(probe.query)
     found = [
         candidate
-        for candidate in await store.search(
-            scope=probe.scope, embedding=probe.embedding, limit=settings.SEMANTIC_CACHE_PARAPHRASE_CANDIDATES
-        )
+        for candidate in neighbours
         if candidate.similarity >= settings.SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY
         and candidate.strictness == 0  # reported wrong once: no paraphrases for it or its neighbours
         and _normalised(candidate.prompt) != _normalised(probe.query)  # the signature tier's own

@@ -6,6 +6,7 @@ threshold moving with its evidence, feedback, and tenant scopes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from serving.gateway.routing import CacheRules
 from serving.models import EMBEDDING_DIMENSIONS, CacheEntry
-from serving.semcache import bound, budget, feedback, lookup, paraphrase, store
+from serving.semcache import bound, budget, feedback, lookup, paraphrase, signature, store
 from serving.semcache.policy import CacheIntent
 
 QUESTION = "What is the capital of France?"
@@ -48,8 +49,12 @@ class FakeLocal(paraphrase.LocalModels):
         self.vectors: dict[str, list[float]] = {}
         self.scores: dict[tuple[str, str], float] = {}
         self.scored: list[tuple[str, str]] = []
+        self.embedded: list[str] = []
+        self.embedding_started = threading.Event()
 
     def embed(self, texts: list[str]) -> list[list[float]]:
+        self.embedded.extend(texts)
+        self.embedding_started.set()
         return [self.vectors.setdefault(t, vector(abs(hash(t)) % 10_000)) for t in texts]
 
     def score(self, pairs: list[tuple[str, str]]) -> list[float]:
@@ -89,9 +94,12 @@ class Cache:
         self.thread = ThreadPoolExecutor(max_workers=1)
 
     def add(self, scope: str, embedding: list[float], *, prompt: str = QUESTION, answer: str = ANSWER,
-            organization_id: int | None = None) -> int:  # fmt: skip
+            organization_id: int | None = None, signed: bool = False) -> int:  # fmt: skip
+        """``signed``: with its word signatures, so the word tiers find it too."""
+
         def create() -> int:
             return CacheEntry.objects.create(
+                signatures=signature.of_entry(scope, prompt) if signed else [],
                 scope=scope, embedding=embedding, expires_at=timezone.now() + timedelta(hours=1), model=self.model,
                 model_version="1", prompt=prompt, organization_id=organization_id, prompt_tokens=7, completion_tokens=8,
                 response={"message": {"role": "assistant", "content": answer}, "finish_reason": "stop"},
@@ -324,6 +332,61 @@ class TestParaphraseTier:
         probe = probe_for(cache, scope, PARAPHRASE)
         probe.intent = CacheIntent(read=True, write=False)
         assert await lookup.lookup(probe) is None
+
+
+class TestAlongsideTheWordTiers:
+    """With the tier on, the query's embedding and nearest entries are fetched while the word
+    tiers look (a miss waits for the slower of the two), and dropped when a word tier answers."""
+
+    async def test_the_embedding_starts_before_the_word_tiers_answer(self, cache, local, quiet, monkeypatch):
+        scope = new_scope()
+        cache.add(scope, vector(20))
+        find = store.find
+        seen_during_find: list[bool] = []
+
+        async def find_after_a_while(**kwargs: Any) -> list[store.Stored]:
+            # Sequential code would embed only after this returns: give it a second to start.
+            seen_during_find.append(await asyncio.to_thread(local.embedding_started.wait, 1.0))
+            return await find(**kwargs)
+
+        monkeypatch.setattr(store, "find", find_after_a_while)
+        assert await lookup.lookup(probe_for(cache, scope, "Something else entirely?")) is None
+        assert seen_during_find == [True]
+
+    async def test_a_word_tier_hit_drops_the_search_and_embeds_once(self, cache, local, quiet, monkeypatch):
+        scope = new_scope()
+        question_vector = local.embed([QUESTION])[0]
+        local.embedded.clear()
+        cache.add(scope, question_vector, signed=True)
+        searches: list[str] = []
+
+        async def slow_search(**kwargs: Any) -> list[store.Candidate]:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                searches.append("cancelled")
+                raise
+            return []
+
+        monkeypatch.setattr(store, "search", slow_search)
+        casing = QUESTION.lower().rstrip("?")  # the same words: the word tier's, with the similarity guard
+        local.vectors[casing] = vector(21, near=question_vector, similarity=0.99)
+        async with asyncio.timeout(10):
+            hit = await lookup.lookup(probe_for(cache, scope, casing))
+        assert hit is not None
+        assert hit.wording != budget.PARAPHRASE
+        await asyncio.sleep(0)
+        assert searches == ["cancelled"]
+        assert local.embedded == [casing]  # the guard used the embedding made alongside
+        assert local.scored == []
+
+    async def test_without_the_tier_a_miss_embeds_nothing(self, cache, local, quiet):
+        scope = new_scope()
+        cache.add(scope, vector(22))
+        local.embedded.clear()
+        probe = probe_for(cache, scope, "Something else entirely?", paraphrases=False)
+        assert await lookup.lookup(probe) is None
+        assert local.embedded == []
 
 
 def test_the_rules_carry_the_models_choice(settings):
