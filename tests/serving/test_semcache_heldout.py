@@ -60,8 +60,8 @@ def test_at_least_half_the_same_questions_are_served(figures):
 
 @pytest.fixture(scope="module")
 def with_paraphrases(cache_verifier):
-    """Both tiers on the three held-out sources, hand_paraphrase (paraphrases with other words
-    and lookalike traps, 75 % of them reworded) included, at a 1 % bound: each pair decided as
+    """Both tiers on the held-out sources, the two hand_paraphrase ones (paraphrases with other
+    words and lookalike traps, 75 % of them reworded) included, at a 1 % bound: each pair decided as
     bench/semantic_cache_paraphrase.py decides it."""
     sys.path.insert(0, str(BENCH))
     try:
@@ -72,16 +72,19 @@ def with_paraphrases(cache_verifier):
     assert {p.source for p in pairs} == set(bench.HELD_OUT)
     decided = bench.decide(pairs, (0.01,))
     served = [w or p for w, p in zip(decided["words"], decided["paraphrase"][0.01], strict=True)]
-    return bench.figures(pairs, served, bench.styles())["held_out"]
+    return bench.figures(pairs, served, bench.styles())
 
 
 def test_with_the_paraphrase_tier_wrong_hits_stay_within_one_percent(with_paraphrases):
     """The paraphrase tier's bound holds on sources nothing was built or tuned on. (Its target
     of serving half the paraphrases is not met: docs/performance.md.)"""
-    traps = with_paraphrases["trap"]["all"]
+    held_out = with_paraphrases["held_out"]
+    traps = held_out["trap"]["all"]
     assert traps["n"] >= 1000
     assert traps["share"] <= 0.01, traps
     assert traps["high"] <= 0.02, traps
-    for kind, entry in with_paraphrases["trap"].items():
+    for kind, entry in held_out["trap"].items():
         assert entry["served"] <= max(2, entry["n"] // 50), (kind, entry)
-    assert with_paraphrases["hit"]["all"]["share"] >= 0.5  # the word tiers' share is kept
+    # The sources of everyday repeats keep more than half their should-hit pairs served.
+    for source in ("hand_support", "hand_knowledge"):
+        assert with_paraphrases[source]["hit"]["all"]["share"] >= 0.5, source

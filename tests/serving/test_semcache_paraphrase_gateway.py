@@ -1,7 +1,7 @@
 """The paraphrase tier through a real gateway with the real learned verifier (built once per
 session: tests/support/fixtures.py ``cache_verifier``), PostgreSQL + pgvector and Redis; a fake
 engine answers. The model's policy turns the tier on with a loose bound (10 %: a score of
-0.7 with this verifier), since what is tested here is the path (found by embedding, judged,
+0.8 with this verifier), since what is tested here is the path (found by embedding, judged,
 served with its tier named, metered to its entry, shown in the request log, kept inside its
 tenant), not the verifier's quality: that is bench/semantic_cache_paraphrase.py's, on
 held-out sources."""
@@ -22,8 +22,8 @@ from tests.support.processes import Gateway, start_gateway
 
 pytestmark = pytest.mark.django_db
 
-QUESTION = "How do I cancel my subscription?"
-PARAPHRASE = "What are the steps to end my membership?"
+QUESTION = "How long should I boil an egg?"
+PARAPHRASE = "What's the boiling time for an egg?"
 
 
 @dataclass
