@@ -229,6 +229,7 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
     intent = CacheIntent(read=True, write=False)
 
     unavailable = 0
+    plans: dict[str, int] = {"exact": 0, "hnsw": 0}  # the paraphrase tier's search plan, per miss
 
     if args.paraphrase:
         from serving.semcache import paraphrase
@@ -264,6 +265,8 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
                 settings.SEMANTIC_CACHE_PARAPHRASE_MIN_SIMILARITY = -1.0 if scored else minimum
                 probe = lookup.CacheProbe(intent=intent, scope=scope, query=text, model="bench",
                                           paraphrases=args.paraphrase)  # fmt: skip
+                if args.paraphrase:
+                    plans[store.plan_for(await store.scope_size(scope))] += 1
                 began = time.perf_counter()
                 hit = await lookup.lookup(probe)
                 samples["miss_scored" if scored else "miss"].append((time.perf_counter() - began) * 1000)
@@ -311,11 +314,12 @@ def measure(args: argparse.Namespace, questions: Questions, scopes: list[str], s
     result["near_verified"] = {"found": found_near, "of": len(samples["near"])}
     result["fresh_questions_served"] = served
     result["timed_out"] = unavailable
+    result["search_plans"] = plans
     for name, figures in result["latency_ms"].items():
         log(f"{name}: {figures}")
     log(
         f"candidates: {result['candidates']}; near questions verified: {result['near_verified']}; "
-        f"timed out: {unavailable}"
+        f"timed out: {unavailable}; search plans of the misses: {plans}"
     )
 
 
@@ -341,6 +345,8 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connections
+
+    from serving.semcache import store
 
     assert settings.DATABASES["default"]["NAME"] == SCRATCH_DB, "refusing to run on any other database"
     result: dict[str, Any] = {
@@ -376,6 +382,9 @@ def main() -> None:
             log(f"loading {args.entries:,} entries over {args.scopes} scopes")
             load(args, conn, questions, scopes, [int(s) for s in sizes], corpus, result)
         kept = stored_prompts(conn, scopes)
+        # The search plan follows the scope's size as Redis last counted it (a beat task in
+        # production): counted now, or every scope would look new (0) and be searched exactly.
+        result["scopes_counted"] = store.scope_sizes_refresh()
         # The first lookups after a load read the index from disk: the plan of one cold and
         # one warm lookup is kept, then every lookup is timed.
         largest = scopes[int(np.argmax(sizes))]
