@@ -95,7 +95,9 @@ class _BackgroundVerifierBuild:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PGRP, self.process.pid, 0)
         try:
-            code = self.process.wait(timeout=1800)
+            code: int | str = self.process.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            code = "still running after 30 min: stopped"
         finally:
             self.stop()
         if code != 0 and self.log is not None:
