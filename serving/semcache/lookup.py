@@ -177,17 +177,7 @@ async def _lookup(probe: CacheProbe) -> CacheHit | None:
                     metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
                     return None
                 outcome = SEMANTIC_HIT
-            metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
-            _background.spawn(store.record_hit(entry_id=entry.entry_id), what="record a cache hit")
-            return CacheHit(
-                outcome=outcome,
-                similarity=similarity,
-                answer=entry.response,
-                completion_tokens=entry.completion_tokens,
-                prompt_tokens=entry.prompt_tokens,
-                entry_id=entry.entry_id,
-                wording=wording,
-            )
+            return _served(probe, entry, outcome=outcome, similarity=similarity, wording=wording)
         if ahead is not None:
             probe.embedding = await ahead.embedding
             hit = await _paraphrase(probe, await ahead.neighbours)
@@ -225,6 +215,23 @@ class _Ahead:
     def cancel(self) -> None:
         for future in (self.neighbours, self.embedding):
             future.cancel()  # a no-op once done; a worker thread already running finishes unawaited
+
+
+def _served(probe: CacheProbe, entry: store.Stored | store.Candidate, *, outcome: str, similarity: float,
+            wording: str, score: float | None = None) -> CacheHit:  # fmt: skip
+    """A hit of either tier: counted, its entry's hit recorded off the path."""
+    metrics.CACHE_LOOKUPS.labels(probe.model, outcome).inc()
+    _background.spawn(store.record_hit(entry_id=entry.entry_id), what="record a cache hit")
+    return CacheHit(
+        outcome=outcome,
+        similarity=similarity,
+        answer=entry.response,
+        completion_tokens=entry.completion_tokens,
+        prompt_tokens=entry.prompt_tokens,
+        entry_id=entry.entry_id,
+        wording=wording,
+        score=score,
+    )
 
 
 def _answer_text(response: dict[str, Any]) -> str:
@@ -281,18 +288,8 @@ async def _paraphrase(probe: CacheProbe, neighbours: list[store.Candidate]) -> C
                                 entry_id=candidate.entry_id, score=score)  # fmt: skip
             metrics.CACHE_LOOKUPS.labels(probe.model, "audit").inc()
             return None
-        metrics.CACHE_LOOKUPS.labels(probe.model, SEMANTIC_HIT).inc()
-        _background.spawn(store.record_hit(entry_id=candidate.entry_id), what="record a cache hit")
-        return CacheHit(
-            outcome=SEMANTIC_HIT,
-            similarity=candidate.similarity,
-            answer=candidate.response,
-            completion_tokens=candidate.completion_tokens,
-            prompt_tokens=candidate.prompt_tokens,
-            entry_id=candidate.entry_id,
-            wording=budget.PARAPHRASE,
-            score=score,
-        )
+        return _served(probe, candidate, outcome=SEMANTIC_HIT, similarity=candidate.similarity,
+                       wording=budget.PARAPHRASE, score=score)  # fmt: skip
     if near is not None:
         candidate, score = near
         probe.audit = Audit(wording=budget.PARAPHRASE, cached=_answer_text(candidate.response),

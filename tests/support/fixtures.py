@@ -69,7 +69,8 @@ class _BackgroundVerifierBuild:
         from serving.semcache import verifier_build
 
         folder = _verifier_folder()
-        if not verifier_build.is_current(folder, verifier_build.inputs_digest()):
+        why = verifier_build.is_current(folder, verifier_build.inputs_digest())  # "" when current
+        if not why:
             return
         self.log = embedded.VAR_DIR / "logs" / f"build-cache-verifier-{os.environ.get('TEST_SESSION') or '0'}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
