@@ -449,11 +449,13 @@ def verify_words(*, query: str, cached: str, similarity: float = 1.0) -> Verdict
     """``verify`` without the similarity guard: do the two prompts say the same words (at
     which tier)? The lookup asks this first, and embeds the query only for a candidate whose
     words pass (``similarity`` is only for the log line)."""
-    q_words, c_words = analyse(query), analyse(cached)
-    q_words, c_words = _joined(q_words, c_words), _joined(c_words, q_words)
+    q_read, c_read = analyse(query), analyse(cached)
+    q_words, c_words = _joined(q_read, c_read), _joined(c_read, q_read)
+    rejoined = len(q_words) != len(q_read) or len(c_words) != len(c_read)
     wording = SAME
-    if len(q_words) == len(c_words):
-        # One misspelt word: read it as the word it misspells.
+    if len(q_words) == len(c_words) and not rejoined:
+        # One misspelt word: read it as the word it misspells (not on top of two words read as
+        # one: no signature finds that pair, so the lookup could not serve it anyway).
         differing = [i for i, (a, b) in enumerate(zip(q_words, c_words, strict=True)) if a.key != b.key]
         if len(differing) == 1 and _typo(q_words[differing[0]], c_words[differing[0]]):
             q_words = tuple(c_words[i] if i == differing[0] else w for i, w in enumerate(q_words))
