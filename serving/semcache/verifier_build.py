@@ -21,9 +21,19 @@ per left-out fold and threshold of a fixed grid, the hits and the traps served, 
 too. ``paraphrase.LocalModels.threshold_for`` reads that table. The model served is then
 trained on every tuning source with the same recipe.
 
+Training (the folds and the final model: about 7 minutes on two cores) is done once, by
+``manage.py build_cache_verifier --train``, which writes what it learned into the
+repository: ``serving/semcache/data/verifier_trained.npz`` (the tuned layers as float16
+differences from MiniLM's weights, the head as float32) and ``verifier_trained.json`` (the
+digest of the inputs it was trained from, the file's SHA-256, the calibration). Every
+install then assembles the ONNX graphs from MiniLM's weights and those (under a minute). A
+checkout whose training inputs differ from the shipped weights' (a tuning file or the
+recipe edited without ``--train``) trains in place instead, and says so; a test fails
+until the weights are trained again.
+
 The artifact's folder holds a ``manifest.json``: each file's SHA-256, the digest of the
-inputs (the tuning files, ``BUILDER_VERSION``, the recipe, the base weights) and the
-calibration. A build whose inputs digest matches and whose files verify is skipped.
+inputs (the training's inputs and the shipped weights' checksum) and the calibration. A
+build whose inputs digest matches and whose files verify is skipped.
 """
 
 from __future__ import annotations
@@ -105,6 +115,9 @@ class Recipe:
 
 
 FULL = Recipe()
+# What ``--train`` learned with the full recipe, shipped in the repository (see the docstring).
+TRAINED = BASE_DIR / "serving" / "semcache" / "data" / "verifier_trained.npz"
+TRAINED_RECORD = TRAINED.with_suffix(".json")
 # Threshold grid of the calibration table (a score at or above a threshold is served).
 GRID = (
     0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.925, 0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99,
@@ -149,9 +162,9 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def inputs_digest(recipe: Recipe = FULL) -> str:
-    """What the artifact is built from: the tuning files, ``BUILDER_VERSION``, the recipe and
-    the base weights. A change to any of them rebuilds."""
+def training_digest(recipe: Recipe = FULL) -> str:
+    """What a training learns from: the tuning files, ``BUILDER_VERSION``, the recipe and the
+    base weights."""
     from registry.small_models import _minilm_dir
 
     digest = hashlib.sha256()
@@ -162,6 +175,29 @@ def inputs_digest(recipe: Recipe = FULL) -> str:
     for key, value in parts:
         digest.update(f"{key}={value}\n".encode())
     return digest.hexdigest()
+
+
+def shipped_training(recipe: Recipe = FULL) -> tuple[dict[str, Any] | None, str]:
+    """The shipped weights' record when they were trained from these inputs (and the file
+    verifies), else None and why not. Only the full recipe's training is shipped."""
+    if recipe != FULL:
+        return None, "a recipe of its own"
+    if not TRAINED_RECORD.is_file() or not TRAINED.is_file():
+        return None, f"no trained weights in {TRAINED.parent}"
+    record = json.loads(TRAINED_RECORD.read_text())
+    if record.get("training_digest") != training_digest(recipe):
+        return None, "the shipped weights were trained from other inputs (run build_cache_verifier --train)"
+    if _sha256_file(TRAINED) != record.get("weights_sha256"):
+        return None, f"{TRAINED.name} does not match its checksum"
+    return record, ""
+
+
+def inputs_digest(recipe: Recipe = FULL) -> str:
+    """What the artifact folder is built from: the training's inputs and, where they are
+    current, the shipped weights (else the build trains). A change to any of them rebuilds."""
+    record, _ = shipped_training(recipe)
+    weights = record["weights_sha256"] if record else "trained at build"
+    return hashlib.sha256(f"{training_digest(recipe)}\nweights={weights}\n".encode()).hexdigest()
 
 
 # -- the cross-encoder --------------------------------------------------------------------------
@@ -301,6 +337,32 @@ class _Trainer:
                 hidden, mask, types = self._batch(keys[start : start + 64])
                 out.append(self.forward(model, hidden, mask, types).numpy())
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def save(self, model: Any, path: Path) -> None:
+        """The tuned layers as float16 differences from MiniLM's (small numbers: little is lost
+        in float16), the head as float32. About 7 MB where the float32 layers are 14."""
+        fresh = self.model().state_dict()
+        arrays: dict[str, np.ndarray[Any, Any]] = {}
+        for name, value in model.state_dict().items():
+            if name.startswith("top."):
+                arrays[name] = (value - fresh[name]).detach().to(self.torch.float16).numpy()
+            else:
+                arrays[name] = value.detach().numpy()
+        with open(path, "wb") as handle:
+            np.savez_compressed(handle, **arrays)  # type: ignore[arg-type]  # (numpy types its names as bool)
+
+    def load(self, path: Path) -> Any:
+        torch = self.torch
+        model = self.model()
+        state = model.state_dict()
+        with np.load(path) as arrays:
+            if set(arrays.files) != set(state):
+                raise RuntimeError(f"{path.name} does not hold this recipe's weights")
+            for name in arrays.files:
+                value = torch.from_numpy(arrays[name])
+                state[name] = state[name] + value.float() if name.startswith("top.") else value
+        model.load_state_dict(state)
+        return model.eval()
 
     def export(self, model: Any, path: Path) -> None:
         """The whole graph (embeddings, frozen and tuned layers, head) as one ONNX model."""
@@ -517,11 +579,7 @@ def build(
         return manifest
     progress(f"  building ({why}) into {folder}")
     started = time.monotonic()
-    threads = int(os.environ.get("SEMANTIC_CACHE_VERIFIER_BUILD_THREADS", "0"))
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
+    _set_threads()
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
@@ -538,20 +596,41 @@ def build(
     return manifest
 
 
-def _build_into(out: Path, digest: str, recipe: Recipe, progress: Callable[[str], None]) -> dict[str, Any]:
-    import onnxruntime
+def _set_threads() -> None:
+    threads = int(os.environ.get("SEMANTIC_CACHE_VERIFIER_BUILD_THREADS", "0"))
+    if threads:
+        import torch
 
-    sources = available_sources()
-    if not sources:
-        raise RuntimeError("no tuning source found: the verifier cannot be trained")
-    pairs = {s.name: load_pairs(s, recipe.max_pairs_per_source) for s in sources}
-    progress("  tuning sources: " + ", ".join(f"{name} ({len(rows)} pairs)" for name, rows in pairs.items()))
+        torch.set_num_threads(threads)
+
+
+def train(recipe: Recipe = FULL, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train the calibration folds and the final model; write the weights and their record
+    where builds read them (``TRAINED``). Returns the record."""
+    started = time.monotonic()
+    _set_threads()
+    trainer, pairs, model, calibration = _train(recipe, progress)
+    trainer.save(model, TRAINED)
+    record = {
+        "training_digest": training_digest(recipe),
+        "builder_version": BUILDER_VERSION,
+        "weights_sha256": _sha256_file(TRAINED),
+        "recipe": asdict(recipe),
+        "sources": {name: len(rows) for name, rows in pairs.items()},
+        "calibration": calibration.as_json(),
+        "train_seconds": round(time.monotonic() - started, 1),
+    }
+    TRAINED_RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    progress(f"  trained in {record['train_seconds']:.0f} s: {TRAINED} ({TRAINED.stat().st_size / 1e6:.1f} MB)")
+    return record
+
+
+def _train(recipe: Recipe, progress: Callable[[str], None]) -> tuple[_Trainer, dict[str, list[Pair]], Any, Calibration]:
+    pairs = _tuning_pairs(recipe, progress)
     _seed_everything()
     trainer = _Trainer(recipe)
-    shutil.copyfile(trainer.base_dir / "tokenizer.json", out / paraphrase.TOKENIZER)
-
     folds: dict[str, list[Pair]] = {}
-    for source in sources:
+    for source in available_sources():
         folds.setdefault(source.fold_name, []).extend(pairs[source.name])
     calibration = Calibration()
     if recipe.calibrate and len(folds) > 1:
@@ -562,9 +641,36 @@ def _build_into(out: Path, digest: str, recipe: Recipe, progress: Callable[[str]
             calibration.add(left_out, held, paraphrase.combine(logits, [(p.cached, p.query) for p in held]))
         for line in calibration.lines():
             progress("  " + line)
+    every = [p for rows in pairs.values() for p in rows]
+    return trainer, pairs, trainer.train(every, progress, "all sources"), calibration
+
+
+def _tuning_pairs(recipe: Recipe, progress: Callable[[str], None]) -> dict[str, list[Pair]]:
+    sources = available_sources()
+    if not sources:
+        raise RuntimeError("no tuning source found: the verifier cannot be trained")
+    pairs = {s.name: load_pairs(s, recipe.max_pairs_per_source) for s in sources}
+    progress("  tuning sources: " + ", ".join(f"{name} ({len(rows)} pairs)" for name, rows in pairs.items()))
+    return pairs
+
+
+def _build_into(out: Path, digest: str, recipe: Recipe, progress: Callable[[str], None]) -> dict[str, Any]:
+    import onnxruntime
+
+    record, why = shipped_training(recipe)
+    if record is not None:
+        pairs = _tuning_pairs(recipe, progress)
+        trainer = _Trainer(recipe)
+        model = trainer.load(TRAINED)
+        calibration_json = record["calibration"]
+        progress(f"  the shipped weights ({TRAINED.name}, trained from these inputs)")
+    else:
+        progress(f"  training here, not the shipped weights: {why}")
+        trainer, pairs, model, calibration = _train(recipe, progress)
+        calibration_json = calibration.as_json()
+    shutil.copyfile(trainer.base_dir / "tokenizer.json", out / paraphrase.TOKENIZER)
 
     every = [p for rows in pairs.values() for p in rows]
-    model = trainer.train(every, progress, "all sources")
     float_path = out / "cross_encoder.float.onnx"
     trainer.export(model, float_path)
     _quantise(float_path, out / paraphrase.CROSS_ENCODER)
@@ -588,11 +694,12 @@ def _build_into(out: Path, digest: str, recipe: Recipe, progress: Callable[[str]
         "format": paraphrase.FORMAT,
         "builder_version": BUILDER_VERSION,
         "inputs_digest": digest,
+        "trained": "shipped" if record is not None else "at build",
         "files": files,
         "recipe": asdict(recipe),
         "sources": {name: len(rows) for name, rows in pairs.items()},
         "quantisation": quantisation,
-        "calibration": calibration.as_json(),
+        "calibration": calibration_json,
         "max_pair_tokens": paraphrase.MAX_PAIR_TOKENS,
         "max_text_tokens": paraphrase.MAX_TEXT_TOKENS,
     }

@@ -87,6 +87,34 @@ def test_the_build_is_skipped_when_current_and_redone_when_a_file_is_corrupt(tmp
     assert second["files"][paraphrase.EMBEDDER] == first["files"][paraphrase.EMBEDDER]  # deterministic
 
 
+def test_the_shipped_weights_were_trained_from_the_tuning_data_as_it_is():
+    """The tuned weights in the repository are what ``build_cache_verifier --train`` learned from
+    the tuning files and recipe of this checkout: edit either without training again and this
+    fails (a build would then train in place, minutes per installation)."""
+    record, why = verifier_build.shipped_training()
+    assert record is not None, why
+    assert record["training_digest"] == verifier_build.training_digest()
+    assert record["calibration"]["sources"], "a shipped training carries its calibration"
+    assert verifier_build.shipped_training(TINY) == (None, "a recipe of its own")
+
+
+def test_trained_weights_are_saved_and_loaded_as_they_were(tmp_path):
+    """float16 differences for the tuned layers, float32 for the head: the logits barely move."""
+    import torch
+
+    trainer = verifier_build._Trainer(TINY)
+    model = trainer.model()
+    with torch.no_grad():  # as if trained: every tuned weight moved, the head too
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.01)
+    keys = [("How do I reset my password?", "What are the steps to reset my password?"), ("Hi", "Bye")]
+    path = tmp_path / "weights.npz"
+    trainer.save(model.eval(), path)
+    loaded = trainer.load(path)
+    assert np.allclose(trainer.logits(loaded, keys), trainer.logits(model, keys), atol=1e-3)
+    assert not np.allclose(trainer.logits(trainer.model().eval(), keys), trainer.logits(model, keys), atol=1e-3)
+
+
 def test_without_an_artifact_the_tier_is_off_and_says_why(tmp_path, caplog):
     with override_settings(SEMANTIC_CACHE_VERIFIER_DIR=str(tmp_path / "absent")), caplog.at_level(logging.WARNING):
         paraphrase.forget()

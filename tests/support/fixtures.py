@@ -12,10 +12,7 @@ tests/conftest.py), so that each session fixture starts once whichever folders r
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,81 +51,11 @@ def _verifier_folder() -> Path:
     return Path(os.environ.get("SEMANTIC_CACHE_VERIFIER_DIR") or embedded.VAR_DIR / "semcache-verifier")
 
 
-class _BackgroundVerifierBuild:
-    """The cache's local models built by a process of their own, at the lowest priority, while
-    the tests before the first that needs them run: a fresh checkout's build takes minutes of
-    CPU the suite's waits on engines and browsers leave idle. Started only when a collected
-    test needs them and they are not current."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log: Path | None = None
-
-    def start(self) -> None:
-        from core import embedded
-        from serving.semcache import verifier_build
-
-        folder = _verifier_folder()
-        why = verifier_build.is_current(folder, verifier_build.inputs_digest())  # "" when current
-        if not why:
-            return
-        self.log = embedded.VAR_DIR / "logs" / f"build-cache-verifier-{os.environ.get('TEST_SESSION') or '0'}.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        # One thread: at the lowest priority on a busy machine, two threads of torch mostly
-        # wait for each other (an epoch took 241 s on the 2026-11-29 full run, 26 s alone).
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "TEST_SEMANTIC_CACHE_VERIFIER_DIR": str(folder)}  # fmt: skip
-        manage = Path(__file__).resolve().parents[2] / "manage.py"
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                ["nice", "-n", "19", sys.executable, str(manage), "build_cache_verifier"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
-
-    def wait(self) -> None:
-        """Until the build ends; a failed build is reported with its log (the fixture then builds
-        in this process, so its error is the test's)."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            # A test waits for it now: the build's threads back to normal priority (raising a
-            # priority needs root; without it the build finishes at its own pace).
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, self.process.pid, 0)
-        try:
-            code: int | str = self.process.wait(timeout=1800)
-        except subprocess.TimeoutExpired:
-            code = "still running after 30 min: stopped"
-        finally:
-            self.stop()
-        if code != 0 and self.log is not None:
-            tail = self.log.read_text(errors="replace")[-2000:]
-            print(f"the background build of the cache's local models failed ({code}):\n{tail}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-
-_verifier_build = _BackgroundVerifierBuild()
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("cache_verifier" in getattr(item, "fixturenames", ()) for item in session.items):
-        _verifier_build.start()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    _verifier_build.stop()
-
-
 @pytest.fixture(scope="session")
 def cache_verifier() -> Iterator[Path]:
     """The semantic cache's local models (serving.semcache.paraphrase), built once where
-    ``bootstrap`` builds them (a few minutes on a fresh checkout, in the background from the
-    session's start; nothing when current), and this process's settings pointed at them for
+    ``bootstrap`` builds them (assembled from the shipped tuned weights: under a minute on a
+    fresh checkout; nothing when current), and this process's settings pointed at them for
     the session. A gateway started by a test gets them with ``TEST_SEMANTIC_CACHE_VERIFIER_DIR``."""
     from django.conf import settings
     from django.test import override_settings
@@ -136,8 +63,7 @@ def cache_verifier() -> Iterator[Path]:
     from serving.semcache import paraphrase, verifier_build
 
     folder = _verifier_folder()
-    _verifier_build.wait()
-    verifier_build.build(folder, progress=lambda line: None)  # nothing to do once the background build is done
+    verifier_build.build(folder, progress=lambda line: None)
     with override_settings(SEMANTIC_CACHE_VERIFIER_DIR=str(folder)):
         paraphrase.forget()
         assert str(folder) == settings.SEMANTIC_CACHE_VERIFIER_DIR
