@@ -85,8 +85,8 @@ def _answers(gateway: str, key: str, model: str, timeout: float = 300) -> None:
 
 def _lora(on: bool, max_adapters: int) -> None:
     """Turn the base deployment's LoRA on (deploying the adapter) or off (draining it first)."""
-    from registry.models import Deployment, ModelVersion
-    from registry.services import SystemActor, deployment_adapters_set, deployment_create, deployment_transition
+    from registry.models import ModelVersion
+    from registry.services import SystemActor, deployment_adapters_set, deployment_create
 
     actor = SystemActor(BENCH)
     if on:
@@ -94,12 +94,34 @@ def _lora(on: bool, max_adapters: int) -> None:
         adapter = ModelVersion.objects.filter(model__name=ADAPTER).order_by("-created_at").first()
         if adapter is None:
             raise SystemExit(f"{ADAPTER} is not registered (manage.py bootstrap imports it)")
-        if not Deployment.objects.filter(version=adapter, status__in=["pending", "running"]).exists():
+        if not _adapter_deployed():
             deployment_create(version=adapter, actor=actor)
     else:
-        for deployment in Deployment.objects.filter(version__model__name=ADAPTER, status__in=["pending", "running"]):
-            deployment_transition(deployment=deployment, status="draining")
+        _drain_adapter()
         deployment_adapters_set(actor=actor, deployment=_base_deployment(), max_adapters=0)
+
+
+def _adapter_deployed() -> bool:
+    from registry.models import Deployment
+
+    return Deployment.objects.filter(version__model__name=ADAPTER, status__in=["pending", "running"]).exists()
+
+
+def _restore(max_adapters: int, adapter_deployed: bool) -> None:
+    """Put the base deployment's ``max_adapters`` and the adapter's deployment back as found."""
+    from registry.services import SystemActor, deployment_adapters_set
+
+    if not adapter_deployed:
+        _drain_adapter()
+    deployment_adapters_set(actor=SystemActor(BENCH), deployment=_base_deployment(), max_adapters=max_adapters)
+
+
+def _drain_adapter() -> None:
+    from registry.models import Deployment
+    from registry.services import deployment_transition
+
+    for deployment in Deployment.objects.filter(version__model__name=ADAPTER, status__in=["pending", "running"]):
+        deployment_transition(deployment=deployment, status="draining")
 
 
 def _adapter_loaded(pid: int, timeout: float = 300) -> None:
@@ -133,7 +155,7 @@ def main() -> None:
         print(f"starting the platform (log: {workdir / 'platform.log'}); loading the models takes minutes", flush=True)
         platform_proc, args.gateway = start_platform(workdir / "platform.log")
     django_setup()
-    was = _base_deployment().max_adapters
+    was, had_adapter = _base_deployment().max_adapters, _adapter_deployed()
     rows: list[dict[str, Any]] = []
     try:
         key = bench_key()
@@ -166,7 +188,7 @@ def main() -> None:
                 run("lora on", model, rnd)
     finally:
         try:
-            _lora(was > 0, was or args.max_adapters)
+            _restore(was, had_adapter)
         finally:
             if platform_proc is not None:
                 os.killpg(platform_proc.pid, signal.SIGTERM)

@@ -180,24 +180,35 @@ def training_digest(recipe: Recipe = FULL) -> str:
 def shipped_training(recipe: Recipe = FULL) -> tuple[dict[str, Any] | None, str]:
     """The shipped weights' record when they were trained from these inputs (and the file
     verifies), else None and why not. Only the full recipe's training is shipped."""
-    if recipe != FULL:
-        return None, "a recipe of its own"
-    if not TRAINED_RECORD.is_file() or not TRAINED.is_file():
-        return None, f"no trained weights in {TRAINED.parent}"
-    record = json.loads(TRAINED_RECORD.read_text())
-    if record.get("training_digest") != training_digest(recipe):
-        return None, "the shipped weights were trained from other inputs (run build_cache_verifier --train)"
-    if _sha256_file(TRAINED) != record.get("weights_sha256"):
-        return None, f"{TRAINED.name} does not match its checksum"
-    return record, ""
+    _, record, why = _shipped(recipe)
+    return record, why
 
 
 def inputs_digest(recipe: Recipe = FULL) -> str:
     """What the artifact folder is built from: the training's inputs and, where they are
     current, the shipped weights (else the build trains). A change to any of them rebuilds."""
-    record, _ = shipped_training(recipe)
+    training, record, _ = _shipped(recipe)
+    return _folder_digest(training, record)
+
+
+def _shipped(recipe: Recipe) -> tuple[str, dict[str, Any] | None, str]:
+    """The training digest, and the shipped record for it (else None and why not)."""
+    training = training_digest(recipe)
+    if recipe != FULL:
+        return training, None, "a recipe of its own"
+    if not TRAINED_RECORD.is_file() or not TRAINED.is_file():
+        return training, None, f"no trained weights in {TRAINED.parent}"
+    record = json.loads(TRAINED_RECORD.read_text())
+    if record.get("training_digest") != training:
+        return training, None, "the shipped weights were trained from other inputs (run build_cache_verifier --train)"
+    if _sha256_file(TRAINED) != record.get("weights_sha256"):
+        return training, None, f"{TRAINED.name} does not match its checksum"
+    return training, record, ""
+
+
+def _folder_digest(training: str, record: dict[str, Any] | None) -> str:
     weights = record["weights_sha256"] if record else "trained at build"
-    return hashlib.sha256(f"{training_digest(recipe)}\nweights={weights}\n".encode()).hexdigest()
+    return hashlib.sha256(f"{training}\nweights={weights}\n".encode()).hexdigest()
 
 
 # -- the cross-encoder --------------------------------------------------------------------------
@@ -570,7 +581,8 @@ def build(
 ) -> dict[str, Any]:
     """Build the artifact into ``folder`` unless it is current; returns its manifest. Written
     into a temporary folder beside it and moved in place, so a reader never sees half of one."""
-    digest = inputs_digest(recipe)
+    training, record, untrained = _shipped(recipe)  # once: it hashes the inputs and the weights
+    digest = _folder_digest(training, record)
     why = "forced" if force else is_current(folder, digest)
     if not why:
         progress(f"  up to date ({folder})")
@@ -583,7 +595,7 @@ def build(
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
-        manifest = _build_into(staging, digest, recipe, progress)
+        manifest = _build_into(staging, digest, recipe, record, untrained, progress)
         manifest["build_seconds"] = round(time.monotonic() - started, 1)
         (staging / paraphrase.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if folder.exists():
@@ -654,10 +666,17 @@ def _tuning_pairs(recipe: Recipe, progress: Callable[[str], None]) -> dict[str, 
     return pairs
 
 
-def _build_into(out: Path, digest: str, recipe: Recipe, progress: Callable[[str], None]) -> dict[str, Any]:
+def _build_into(
+    out: Path,
+    digest: str,
+    recipe: Recipe,
+    record: dict[str, Any] | None,
+    why: str,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """``record``: the shipped training to assemble from; None: train here (``why`` says why)."""
     import onnxruntime
 
-    record, why = shipped_training(recipe)
     if record is not None:
         pairs = _tuning_pairs(recipe, progress)
         trainer = _Trainer(recipe)
