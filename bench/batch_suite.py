@@ -14,7 +14,12 @@ SmolLM2 on this machine's CPU) and, on its one replica: interactive streamed cha
 while a ``--lines``-line batch of the same model runs, alternating ``--rounds`` times, and alone
 once more at the end; TTFT p50/p99 of each phase, each batch phase's ratio to the alone phases
 either side of it (and how far those two differ: the machine's noise), the batches' lines per
-second, and their counts.
+second, and their counts. And the pooled figure: p99 of every request of every batch phase
+against p99 of every request of every alone phase (the phases alternate, so the machine's drift
+falls on both), with a 95 % bootstrap interval of that ratio. Each phase's TTFTs are kept with
+each request's start, and every quarter second the CPU each part of the platform used (the
+engine, the gateway, each Celery queue, PostgreSQL, Redis): the report gives each part's cores
+in the second before the slowest first tokens, against the whole run.
 
     .venv/bin/python bench/batch_suite.py fake --lines 10000 --workers 2
     .venv/bin/python bench/batch_suite.py engine --lines 200 --clients 2 --requests 200 --rounds 3
@@ -40,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import mock_suite
 import orjson
+import psutil
 from mock_suite import ROOT, report_start, spawn, write_report
 
 DATABASE = "inference_bench_batch"
@@ -196,10 +202,11 @@ async def ttft_run(
 ) -> list[tuple[float, float]]:
     """``requests`` streamed chat completions, ``clients`` at a time: each one's start (s after
     the first) and TTFT (s). Each prompt is new (``phase`` is in it) and the semantic cache is
-    bypassed: every one is run."""
+    bypassed: every one is run. The first start's wall-clock time is ``PHASE_STARTED[phase]``."""
     headers = {"Authorization": f"Bearer {key}", "Cache-Control": "no-store"}
     times: list[tuple[float, float]] = []
     began = time.perf_counter()
+    PHASE_STARTED[phase] = time.time()
     queue = list(range(requests))
 
     async def client(http: httpx.AsyncClient) -> None:
@@ -222,6 +229,86 @@ async def ttft_run(
     return times
 
 
+PHASE_STARTED: dict[str, float] = {}
+
+
+def _group(process: psutil.Process) -> str:
+    """Which part of the platform a process of runplatform's tree is (its children inherit it)."""
+    try:
+        line = " ".join(process.cmdline())
+    except psutil.Error:
+        return "other"
+    for mark, name in (("vllm", "engine"), ("serving.predict.worker", "predict worker"), ("runworkers", "supervisor"),
+                       ("--queues batch", "celery batch"), ("--queues metering", "celery metering"),
+                       (" beat ", "celery beat"), ("celery", "celery, other queues"), ("uvicorn", "gateway"),
+                       ("console.gateway", "gateway"), ("rungrpc", "grpc")):  # fmt: skip
+        if mark in line:
+            return name
+    return process.name()
+
+
+class CpuSampler:
+    """Every ``every`` s, the CPU seconds each part of the platform used (runplatform's tree by
+    ``_group``, PostgreSQL, Redis): what else ran when an interactive request was slow."""
+
+    def __init__(self, root: int, every: float = 0.25) -> None:
+        import threading
+
+        self.root, self.every = root, every
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._seen: dict[int, tuple[psutil.Process, str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _processes(self) -> dict[int, tuple[psutil.Process, str]]:
+        found: dict[int, tuple[psutil.Process, str]] = {}
+        try:
+            for child in psutil.Process(self.root).children():
+                group = _group(child)
+                found[child.pid] = (child, group)
+                for below in child.children(recursive=True):
+                    found[below.pid] = (below, group)
+        except psutil.Error:
+            pass
+        for process in psutil.process_iter(["name"]):
+            if process.info["name"] in ("postgres", "redis-server"):
+                found[process.pid] = (process, str(process.info["name"]))
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            used: dict[str, float] = {}
+            for pid, (process, group) in self._processes().items():
+                try:
+                    times = process.cpu_times()
+                except psutil.Error:
+                    continue
+                total = times.user + times.system
+                earlier = self._seen.get(pid)
+                self._seen[pid] = (process, group, total)
+                if earlier is not None:
+                    used[group] = used.get(group, 0.0) + total - earlier[2]
+            self.samples.append((time.time(), {k: round(v, 3) for k, v in used.items()}))
+
+    def around(self, moments: list[float], before: float = 1.0) -> dict[str, float]:
+        """Each part's mean CPU (cores) over the ``before`` s ending at each of ``moments``."""
+        used: dict[str, float] = {}
+        for moment in moments:
+            for at, sample in self.samples:
+                if moment - before < at <= moment:
+                    for group, seconds in sample.items():
+                        used[group] = used.get(group, 0.0) + seconds
+        span = before * max(1, len(moments))
+        return {group: round(seconds / span, 2) for group, seconds in sorted(used.items(), key=lambda kv: -kv[1])}
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -236,6 +323,23 @@ def quantiles(times: list[tuple[float, float]]) -> dict[str, float]:
         "n": len(every), "p50_ms": round(statistics.median(every) * 1000, 1), "p99_ms": round(_p99(every) * 1000, 1),
         "p99_steady_ms": round(_p99(steady) * 1000, 1), "max_ms": round(max(every) * 1000, 1),
     }  # fmt: skip
+
+
+def pooled_ratio(alone: list[float], during: list[float], *, resamples: int = 2000) -> dict[str, Any]:
+    """p50 and p99 of the pooled TTFTs with a batch over those alone, each with a 95 % percentile
+    bootstrap interval (both pools resampled; a fixed seed, so a report can be recomputed)."""
+    import random
+
+    draw = random.Random(38)
+    out: dict[str, Any] = {"n_alone": len(alone), "n_with_batch": len(during)}
+    for name, pick in (("p50", statistics.median), ("p99", _p99)):
+        ratios = sorted(
+            pick(draw.choices(during, k=len(during))) / pick(draw.choices(alone, k=len(alone)))
+            for _ in range(resamples)
+        )
+        out[f"{name}_ratio"] = round(pick(during) / pick(alone), 3)
+        out[f"{name}_ratio_95"] = [round(ratios[int(0.025 * resamples)], 3), round(ratios[int(0.975 * resamples)], 3)]
+    return out
 
 
 def _batch_round(
@@ -272,17 +376,27 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     proc, base = start_platform(workdir / "runplatform.log")
     alone: list[dict[str, float]] = []
     rounds: list[dict[str, Any]] = []
+    ttfts: dict[str, list[float]] = {}  # phase: each request's TTFT (s)
+    starts: dict[str, list[float]] = {}  # phase: each request's start (wall-clock s)
+    sampler = CpuSampler(proc.pid)
+    sampler.start()
     try:
         key = mock_suite.bench_key()
         time.sleep(args.settle)  # the platform's other engines and workers done starting
         asyncio.run(ttft_run(base, key, args.model, args.clients, 10, "warm-up"))
-        for i in range(args.rounds):
-            alone.append(quantiles(asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests,
-                                                        f"alone-{i}"))))  # fmt: skip
+        for i in range(args.rounds + 1):  # and alone once more at the end
+            by_itself = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, f"alone-{i}"))
+            alone.append(quantiles(by_itself))
+            ttfts[f"alone-{i}"] = [round(ttft, 4) for _, ttft in by_itself]
+            starts[f"alone-{i}"] = [round(PHASE_STARTED[f"alone-{i}"] + at, 3) for at, _ in by_itself]
+            if i == args.rounds:
+                break
             during, outcome = _batch_round(base, key, args, f"during-{i}")
             rounds.append({"with_batch": quantiles(during), "batch": outcome})
-        alone.append(quantiles(asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, "alone-end"))))
+            ttfts[f"during-{i}"] = [round(ttft, 4) for _, ttft in during]
+            starts[f"during-{i}"] = [round(PHASE_STARTED[f"during-{i}"] + at, 3) for at, _ in during]
     finally:
+        sampler.stop()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(120)
     for i, one in enumerate(rounds):
@@ -301,6 +415,25 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         }
         for figure in ("p50_ms", "p99_ms", "p99_steady_ms")
     }  # fmt: skip
+    # What ran in the second before the slowest requests' first tokens (over 2x their phase's
+    # median), against the whole run: a part busier there is what the tail waited on.
+    slow = {
+        kind: [
+            start + ttft
+            for phase in ttfts if phase.startswith(kind)
+            for start, ttft in zip(starts[phase], ttfts[phase], strict=True)
+            if ttft > 2 * statistics.median(ttfts[phase])
+        ]
+        for kind in ("alone", "during")
+    }  # fmt: skip
+    summary["cpu_cores_before_slow_first_tokens"] = {kind: {"requests": len(m), "cores": sampler.around(m)}
+                                                     for kind, m in slow.items()}  # fmt: skip
+    summary["cpu_cores_whole_run"] = sampler.around([sampler.samples[-1][0]], before=sampler.samples[-1][0]
+                                                    - sampler.samples[0][0]) if sampler.samples else {}  # fmt: skip
+    summary["pooled"] = pooled_ratio(
+        [t for phase, times in ttfts.items() if phase.startswith("alone") for t in times],
+        [t for phase, times in ttfts.items() if phase.startswith("during") for t in times],
+    )
     return {
         "policy": args.policy,
         "min_slots": args.min_slots,
@@ -309,6 +442,9 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "ttft_alone": alone,
         "rounds": rounds,
         "summary": summary,
+        "ttfts": ttfts,
+        "starts": starts,
+        "cpu_samples": sampler.samples,
     }
 
 

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -55,7 +56,9 @@ WRK_SCRIPT = ROOT / "bench" / "wrk" / "post.lua"
 MODEL = "bench-mock"
 BENCH_HOST = "bench"
 ERROR_FIELDS = ("connect_errors", "read_errors", "write_errors", "timeouts", "status_errors")
-MESSAGES = [{"role": "user", "content": "Say hello to the benchmark, briefly please."}]
+# "{n}": each request of a wrk run is a new prompt (bench/wrk/post.lua), as a service's traffic is:
+# nothing a gateway keeps from one prompt to the next (its prompt pieces' token ids) is reused whole.
+MESSAGES = [{"role": "user", "content": "Say hello to the benchmark, briefly please. ({n})"}]
 
 
 def free_port() -> int:
@@ -347,8 +350,14 @@ def check(server: Server, workdir: Path, kind: str) -> None:
         raise SystemExit(f"{server.name} answered {r.status_code}: {r.text[:500]}")
 
 
+def wrk_env(server: Server, workdir: Path, kind: str) -> dict[str, str]:
+    """bench/wrk/post.lua's environment: the body, the key, and a run of its own (``WRK_RUN``)."""
+    return {**os.environ, "WRK_BODY_FILE": str(body_file(workdir, server, kind)), "WRK_KEY": server.key,
+            "WRK_RUN": uuid.uuid4().hex[:12]}  # fmt: skip
+
+
 def wrk(server: Server, workdir: Path, kind: str, concurrency: int, duration: float) -> dict[str, Any]:
-    env = {**os.environ, "WRK_BODY_FILE": str(body_file(workdir, server, kind)), "WRK_KEY": server.key}
+    env = wrk_env(server, workdir, kind)
     cmd = [
         "wrk", "-t1", f"-c{concurrency}", f"-d{int(duration)}s", "--timeout", "30s", "-s", str(WRK_SCRIPT),
         f"{server.base}/v1/chat/completions",
@@ -449,7 +458,7 @@ def scale_out(args: argparse.Namespace, one: Server, two: Server, workdir: Path)
         cpu0 = one.cpu_seconds() + two.cpu_seconds()
         procs = []
         for server in (one, two):
-            env = {**os.environ, "WRK_BODY_FILE": str(body_file(workdir, server, kind)), "WRK_KEY": server.key}
+            env = wrk_env(server, workdir, kind)
             procs.append(subprocess.Popen(
                 ["wrk", "-t1", f"-c{c // 2}", f"-d{int(args.duration)}s", "--timeout", "30s", "-s", str(WRK_SCRIPT),
                  f"{server.base}/v1/chat/completions"], env=env, stdout=subprocess.PIPE, text=True,

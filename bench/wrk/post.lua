@@ -11,6 +11,25 @@ if key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
 
+-- A body with "{n}" in it is sent with "{n}" made unique per request (WRK_RUN, unique to a run,
+-- the thread's number and a count): no server can answer or count a request from a copy of one
+-- it saw before, in this run or an earlier one.
+local template = wrk.body
+local run = os.getenv("WRK_RUN") or tostring(os.time())
+if string.find(template, "{n}", 1, true) then
+  local threads = 0
+  setup = function(thread)
+    threads = threads + 1
+    thread:set("id", threads)
+  end
+  local count = 0
+  request = function()
+    count = count + 1
+    local unique = string.gsub(template, "{n}", run .. "-" .. tostring(id) .. "-" .. tostring(count))
+    return wrk.format(nil, nil, nil, unique)
+  end
+end
+
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

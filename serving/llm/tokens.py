@@ -15,6 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 # Per message, what a chat template adds around the content, at most (role markers, separators).
 _TEMPLATE_OVERHEAD_PER_MESSAGE = 16
+# The rendered prompt's pieces between special tokens whose ids each counter keeps (a system
+# prompt, the earlier turns of a conversation: sent again with every turn), by their total
+# characters; a piece longer than the last bound is always tokenised afresh.
+SEGMENT_CACHE_CHARS = 1_000_000
+SEGMENT_CACHE_LONGEST = 32_000
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class PromptCounter:
         self.special: dict[str, str] = {}
         self.knows_developer_role = False
         self.max_token_chars: int | None = None  # the most bytes a token spans (byte-level BPE only)
+        self.segments: _SegmentIds | None = None  # rendered prompts tokenised piece by piece
         if directory is None:
             return
         root = Path(directory)
@@ -56,6 +66,7 @@ class PromptCounter:
             self.tokenizer.no_padding()
             self.tokenizer.no_truncation()
             self.max_token_chars = _longest_byte_level_token(self.tokenizer)
+            self.segments = _SegmentIds.of(self.tokenizer)
         template_text = None
         if (root / "chat_template.jinja").exists():
             template_text = (root / "chat_template.jinja").read_text()
@@ -106,6 +117,16 @@ class PromptCounter:
         ids: list[int] = self.tokenizer.encode_batch_fast([text], add_special_tokens=special_tokens)[0].ids
         return ids
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """A rendered chat prompt's ids (no special tokens added: the template wrote them), the
+        same as ``encode(text, special_tokens=False)``. Where the tokenizer allows
+        (``_SegmentIds.of``), the pieces between special tokens are looked up first: a
+        conversation's system prompt and earlier turns come back with every turn, and only
+        what is new is tokenised."""
+        if self.segments is None:
+            return self.encode(text, special_tokens=False)
+        return self.segments.encode(text)
+
     def count_chat(
         self,
         messages: Sequence[dict[str, Any]],
@@ -133,7 +154,7 @@ class PromptCounter:
                 logger.debug("chat template refused the conversation (%s); estimating", exc)
             else:
                 # The template already wrote the special tokens into the text.
-                ids = self.encode(rendered, special_tokens=False)
+                ids = self.encode_rendered(rendered)
                 return PromptCount(len(ids), exact=True, ids=ids)
         return PromptCount(self._upper_bound(messages, tools, documents), exact=False)
 
@@ -174,6 +195,75 @@ class PromptCounter:
             else:
                 total += 1  # a single token id
         return total
+
+
+class _SegmentIds:
+    """A tokenizer's ids for the pieces of a text between its added tokens, kept by recent use.
+
+    Exact by construction: the tokenizer itself splits a text at its added tokens first
+    (leftmost, longest) and tokenises each piece on its own, so the ids of a text are the
+    pieces' ids with each added token's id between them. That holds as written only where no
+    normaliser runs, every added token is matched in the raw text (not ``normalized``), and
+    none takes the whitespace beside it (``lstrip``, ``rstrip``) or needs word boundaries
+    (``single_word``): ``of`` gives None for any other tokenizer. Thread-safe: prompts are
+    also counted in worker threads.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, added: dict[str, int]) -> None:
+        self.tokenizer = tokenizer
+        self.added = added
+        # Longest first: at one position the longest added token wins, as in the tokenizer.
+        self.split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+        self._ids: OrderedDict[str, array[int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> _SegmentIds | None:
+        try:
+            spec = json.loads(tokenizer.to_str())
+        except ValueError:
+            return None
+        added = spec.get("added_tokens") or []
+        if spec.get("normalizer") or not added:
+            return None
+        # A "normalized" added token is looked for in a second pass, inside the pieces the others
+        # left: one pass over all of them could split differently.
+        if any(
+            t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized") or not t.get("content")
+            for t in added
+        ):
+            return None
+        return cls(tokenizer, {t["content"]: int(t["id"]) for t in added})
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        start = 0
+        for match in self.split.finditer(text):
+            if match.start() > start:
+                ids += self._piece(text[start : match.start()])
+            ids.append(self.added[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids += self._piece(text[start:])
+        return ids
+
+    def _piece(self, piece: str) -> array[int] | list[int]:
+        with self._lock:
+            known = self._ids.get(piece)
+            if known is not None:
+                self._ids.move_to_end(piece)
+                return known
+        ids: list[int] = self.tokenizer.encode_batch_fast([piece], add_special_tokens=False)[0].ids
+        if len(piece) > SEGMENT_CACHE_LONGEST:
+            return ids
+        with self._lock:
+            if piece not in self._ids:
+                self._ids[piece] = array("i", ids)
+                self._chars += len(piece)
+                while self._chars > SEGMENT_CACHE_CHARS:
+                    self._chars -= len(self._ids.popitem(last=False)[0])
+        return ids
 
 
 def _longest_byte_level_token(tokenizer: Tokenizer) -> int | None:
