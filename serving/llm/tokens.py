@@ -65,8 +65,13 @@ class PromptCounter:
             # Some tokenizer files pad or truncate to a fixed length; we want true counts.
             self.tokenizer.no_padding()
             self.tokenizer.no_truncation()
-            self.max_token_chars = _longest_byte_level_token(self.tokenizer)
-            self.segments = _SegmentIds.of(self.tokenizer)
+            try:
+                spec = json.loads(self.tokenizer.to_str())
+            except ValueError:
+                spec = None
+            if isinstance(spec, dict):
+                self.max_token_chars = _longest_byte_level_token(self.tokenizer, spec)
+                self.segments = _SegmentIds.of(self.tokenizer, spec)
         template_text = None
         if (root / "chat_template.jinja").exists():
             template_text = (root / "chat_template.jinja").read_text()
@@ -219,13 +224,11 @@ class _SegmentIds:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer) -> _SegmentIds | None:
-        try:
-            spec = json.loads(tokenizer.to_str())
-        except ValueError:
-            return None
+    def of(cls, tokenizer: Tokenizer, spec: dict[str, Any]) -> _SegmentIds | None:
+        """For ``tokenizer`` (``spec``: its JSON form), or None where pieces would not match."""
         added = spec.get("added_tokens") or []
-        if spec.get("normalizer") or not added:
+        # encode_special_tokens: special tokens in the text are tokenised as text, not split at.
+        if spec.get("normalizer") or not added or getattr(tokenizer, "encode_special_tokens", False):
             return None
         # A "normalized" added token is looked for in a second pass, inside the pieces the others
         # left: one pass over all of them could split differently.
@@ -266,14 +269,11 @@ class _SegmentIds:
         return ids
 
 
-def _longest_byte_level_token(tokenizer: Tokenizer) -> int | None:
+def _longest_byte_level_token(tokenizer: Tokenizer, spec: dict[str, Any]) -> int | None:
     """The most bytes one token covers, for a byte-level BPE tokenizer without a normaliser
     (each byte is one character of its vocabulary); None for any other kind, whose tokens
-    may swallow text (WordPiece's [UNK], a normaliser dropping whitespace)."""
-    try:
-        spec = json.loads(tokenizer.to_str())
-    except ValueError:
-        return None
+    may swallow text (WordPiece's [UNK], a normaliser dropping whitespace). ``spec``: the
+    tokenizer's JSON form."""
     pre = spec.get("pre_tokenizer") or {}
     kinds = {pre.get("type")} | {p.get("type") for p in pre.get("pretokenizers") or () if isinstance(p, dict)}
     if (spec.get("model") or {}).get("type") != "BPE" or "ByteLevel" not in kinds or spec.get("normalizer"):

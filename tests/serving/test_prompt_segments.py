@@ -40,6 +40,10 @@ def texts(count: int, seed: int) -> list[str]:
     return ["".join(draw.choice(WORDS + SPECIAL) for _ in range(draw.randint(0, 30))) for _ in range(count)]
 
 
+def segments_of(tokenizer: Tokenizer) -> _SegmentIds | None:
+    return _SegmentIds.of(tokenizer, json.loads(tokenizer.to_str()))
+
+
 def whole(tokenizer: Tokenizer, text: str) -> list[int]:
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
     return ids
@@ -47,7 +51,7 @@ def whole(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def test_pieces_give_the_whole_texts_ids_cold_and_warm():
     tokenizer = byte_level_bpe()
-    segments = _SegmentIds.of(tokenizer)
+    segments = segments_of(tokenizer)
     assert segments is not None
     sample = texts(400, seed=38)
     for text in sample:
@@ -61,7 +65,7 @@ def test_the_kept_pieces_stay_within_their_bound(monkeypatch):
     monkeypatch.setattr(tokens, "SEGMENT_CACHE_CHARS", 200)
     monkeypatch.setattr(tokens, "SEGMENT_CACHE_LONGEST", 50)
     tokenizer = byte_level_bpe()
-    segments = _SegmentIds.of(tokenizer)
+    segments = segments_of(tokenizer)
     assert segments is not None
     for text in [*texts(300, seed=7), "hello world " * 20]:
         assert segments.encode(text) == whole(tokenizer, text)
@@ -87,6 +91,12 @@ def test_a_chat_counted_through_the_pieces_is_the_rendered_texts_count(tmp_path)
         conversation.append({"role": "assistant", "content": f"answer {turn} <|im_end|> typed by a user"})
 
 
+def test_a_tokenizer_told_to_tokenise_special_tokens_as_text_is_tokenised_whole():
+    tokenizer = byte_level_bpe()
+    tokenizer.encode_special_tokens = True
+    assert segments_of(tokenizer) is None
+
+
 @pytest.mark.parametrize(
     "change",
     ["normaliser", "lstrip", "normalized"],
@@ -98,7 +108,7 @@ def test_tokenizers_the_pieces_would_not_match_are_tokenised_whole(tmp_path, cha
     else:
         spec["added_tokens"][1][change] = True
     tokenizer = Tokenizer.from_str(json.dumps(spec))
-    assert _SegmentIds.of(tokenizer) is None
+    assert segments_of(tokenizer) is None
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     counter = PromptCounter(str(tmp_path))
