@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -232,19 +233,20 @@ async def ttft_run(
 PHASE_STARTED: dict[str, float] = {}
 
 
-def _group(process: psutil.Process) -> str:
-    """Which part of the platform a process of runplatform's tree is (its children inherit it)."""
+def _group(process: psutil.Process) -> str | None:
+    """Which part of the platform a process is, by its command line (None: its parent's part)."""
     try:
         line = " ".join(process.cmdline())
     except psutil.Error:
-        return "other"
-    for mark, name in (("vllm", "engine"), ("serving.predict.worker", "predict worker"), ("runworkers", "supervisor"),
-                       ("--queues batch", "celery batch"), ("--queues metering", "celery metering"),
-                       (" beat ", "celery beat"), ("celery", "celery, other queues"), ("uvicorn", "gateway"),
-                       ("console.gateway", "gateway"), ("rungrpc", "grpc")):  # fmt: skip
+        return None
+    for mark, name in (("vllm", "engine"), ("VLLM", "engine"), ("serving.predict.worker", "predict worker"),
+                       ("runworkers", "supervisor"), ("--queues batch", "celery batch"),
+                       ("--queues metering", "celery metering"), (" beat ", "celery beat"),
+                       ("celery", "celery, other queues"), ("uvicorn", "gateway"), ("console.gateway", "gateway"),
+                       ("rungrpc", "grpc")):  # fmt: skip
         if mark in line:
             return name
-    return process.name()
+    return None
 
 
 class CpuSampler:
@@ -269,14 +271,19 @@ class CpuSampler:
 
     def _processes(self) -> dict[int, tuple[psutil.Process, str]]:
         found: dict[int, tuple[psutil.Process, str]] = {}
-        try:
-            for child in psutil.Process(self.root).children():
-                group = _group(child)
+
+        def walk(process: psutil.Process, inherited: str) -> None:
+            try:
+                children = process.children()
+            except psutil.Error:  # gone meanwhile
+                return
+            for child in children:
+                group = _group(child) or inherited  # an engine's own workers are the engine's
                 found[child.pid] = (child, group)
-                for below in child.children(recursive=True):
-                    found[below.pid] = (below, group)
-        except psutil.Error:
-            pass
+                walk(child, group)
+
+        with contextlib.suppress(psutil.Error):
+            walk(psutil.Process(self.root), "runplatform")
         for process in psutil.process_iter(["name"]):
             if process.info["name"] in ("postgres", "redis-server"):
                 found[process.pid] = (process, str(process.info["name"]))
