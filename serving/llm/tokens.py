@@ -35,8 +35,11 @@ logger = logging.getLogger(__name__)
 _TEMPLATE_OVERHEAD_PER_MESSAGE = 16
 # The rendered prompt's pieces between special tokens whose ids each counter keeps (a system
 # prompt, the earlier turns of a conversation: sent again with every turn), by their total
-# characters; a piece longer than the last bound is always tokenised afresh.
+# characters, each piece counted SEGMENT_CACHE_ENTRY_CHARS more for what keeping it costs (so
+# many tiny pieces cannot grow it past its bound); a piece longer than SEGMENT_CACHE_LONGEST is
+# always tokenised afresh.
 SEGMENT_CACHE_CHARS = 1_000_000
+SEGMENT_CACHE_ENTRY_CHARS = 64
 SEGMENT_CACHE_LONGEST = 32_000
 
 
@@ -263,9 +266,9 @@ class _SegmentIds:
         with self._lock:
             if piece not in self._ids:
                 self._ids[piece] = array("i", ids)
-                self._chars += len(piece)
+                self._chars += len(piece) + SEGMENT_CACHE_ENTRY_CHARS
                 while self._chars > SEGMENT_CACHE_CHARS:
-                    self._chars -= len(self._ids.popitem(last=False)[0])
+                    self._chars -= len(self._ids.popitem(last=False)[0]) + SEGMENT_CACHE_ENTRY_CHARS
         return ids
 
 

@@ -62,14 +62,16 @@ def test_pieces_give_the_whole_texts_ids_cold_and_warm():
 
 
 def test_the_kept_pieces_stay_within_their_bound(monkeypatch):
+    """Each piece counts its characters and a fixed cost: many tiny pieces are bounded too."""
     monkeypatch.setattr(tokens, "SEGMENT_CACHE_CHARS", 200)
+    monkeypatch.setattr(tokens, "SEGMENT_CACHE_ENTRY_CHARS", 10)
     monkeypatch.setattr(tokens, "SEGMENT_CACHE_LONGEST", 50)
     tokenizer = byte_level_bpe()
     segments = segments_of(tokenizer)
     assert segments is not None
     for text in [*texts(300, seed=7), "hello world " * 20]:
         assert segments.encode(text) == whole(tokenizer, text)
-        assert segments._chars == sum(len(piece) for piece in segments._ids) <= 200
+        assert segments._chars == sum(len(piece) + 10 for piece in segments._ids) <= 200
     assert all(len(piece) <= 50 for piece in segments._ids)
 
 
