@@ -18,8 +18,9 @@ second, and their counts. And the pooled figure: p99 of every request of every b
 against p99 of every request of every alone phase (the phases alternate, so the machine's drift
 falls on both), with a 95 % bootstrap interval of that ratio. Each phase's TTFTs are kept with
 each request's start, and every quarter second the CPU each part of the platform used (the
-engine, the gateway, each Celery queue, PostgreSQL, Redis): the report gives each part's cores
-in the second before the slowest first tokens, against the whole run.
+engine, the gateway, each Celery queue, PostgreSQL, Redis) and the requests the engines ran and
+held waiting (their /metrics): the report gives each part's cores and the engines' requests in
+the second before the slowest first tokens, against the whole run and each phase.
 
     .venv/bin/python bench/batch_suite.py fake --lines 10000 --workers 2
     .venv/bin/python bench/batch_suite.py engine --lines 200 --clients 2 --requests 200 --rounds 3
@@ -251,13 +252,16 @@ def _group(process: psutil.Process) -> str | None:
 
 class CpuSampler:
     """Every ``every`` s, the CPU seconds each part of the platform used (runplatform's tree by
-    ``_group``, PostgreSQL, Redis): what else ran when an interactive request was slow."""
+    ``_group``, PostgreSQL, Redis): what else ran when an interactive request was slow; and the
+    requests the vLLM engines were running and holding waiting (their own /metrics)."""
 
     def __init__(self, root: int, every: float = 0.25) -> None:
         import threading
 
         self.root, self.every = root, every
         self.samples: list[tuple[float, dict[str, float]]] = []
+        self.engine: list[tuple[float, float, float]] = []  # (time, running, waiting) over the engines
+        self._engine_ports: set[int] = set()
         self._seen: dict[int, tuple[psutil.Process, str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -280,6 +284,10 @@ class CpuSampler:
             for child in children:
                 group = _group(child) or inherited  # an engine's own workers are the engine's
                 found[child.pid] = (child, group)
+                with contextlib.suppress(psutil.Error, ValueError, IndexError):
+                    line = child.cmdline()
+                    if "vllm.entrypoints.openai.api_server" in line and "--port" in line:
+                        self._engine_ports.add(int(line[line.index("--port") + 1]))
                 walk(child, group)
 
         with contextlib.suppress(psutil.Error):
@@ -303,6 +311,35 @@ class CpuSampler:
                 if earlier is not None:
                     used[group] = used.get(group, 0.0) + total - earlier[2]
             self.samples.append((time.time(), {k: round(v, 3) for k, v in used.items()}))
+            counts = self._engine_counts()
+            if counts is not None:
+                self.engine.append((time.time(), *counts))
+
+    def _engine_counts(self) -> tuple[float, float] | None:
+        running = waiting = 0.0
+        for port in list(self._engine_ports):
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=0.5).text
+            except httpx.HTTPError:
+                return None
+            for line in text.splitlines():
+                name, _, value = line.rpartition(" ")
+                with contextlib.suppress(ValueError):
+                    if name.startswith("vllm:num_requests_running"):
+                        running += float(value)
+                    elif name.startswith("vllm:num_requests_waiting"):
+                        waiting += float(value)
+        return (running, waiting) if self._engine_ports else None
+
+    def engine_around(self, moments: list[float], before: float = 1.0) -> dict[str, float]:
+        """The engines' mean requests running and waiting over the ``before`` s ending at each of
+        ``moments`` (the bench's interactive requests included)."""
+        seen = [(running, waiting) for moment in moments for at, running, waiting in self.engine
+                if moment - before < at <= moment]  # fmt: skip
+        if not seen:
+            return {}
+        return {"running": round(statistics.fmean(r for r, _ in seen), 2),
+                "waiting": round(statistics.fmean(w for _, w in seen), 2), "samples": len(seen)}  # fmt: skip
 
     def around(self, moments: list[float], before: float = 1.0) -> dict[str, float]:
         """Each part's mean CPU (cores) over the ``before`` s ending at each of ``moments``."""
@@ -435,6 +472,11 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }  # fmt: skip
     summary["cpu_cores_before_slow_first_tokens"] = {kind: {"requests": len(m), "cores": sampler.around(m)}
                                                      for kind, m in slow.items()}  # fmt: skip
+    summary["engine_requests_before_slow_first_tokens"] = {kind: sampler.engine_around(m) for kind, m in slow.items()}
+    summary["engine_requests_by_phase"] = {
+        phase: sampler.engine_around([began[-1] + ttfts[phase][-1]], before=began[-1] - began[0])
+        for phase, began in starts.items()
+    }  # fmt: skip
     summary["cpu_cores_whole_run"] = sampler.around([sampler.samples[-1][0]], before=sampler.samples[-1][0]
                                                     - sampler.samples[0][0]) if sampler.samples else {}  # fmt: skip
     summary["pooled"] = pooled_ratio(
@@ -452,6 +494,7 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "ttfts": ttfts,
         "starts": starts,
         "cpu_samples": sampler.samples,
+        "engine_samples": sampler.engine,
     }
 
 
