@@ -34,10 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -202,13 +204,11 @@ def mock_requests(base: str) -> int | None:
 async def ttft_run(
     base: str, key: str, model: str, clients: int, requests: int, phase: str
 ) -> list[tuple[float, float]]:
-    """``requests`` streamed chat completions, ``clients`` at a time: each one's start (s after
-    the first) and TTFT (s). Each prompt is new (``phase`` is in it) and the semantic cache is
-    bypassed: every one is run. The first start's wall-clock time is ``PHASE_STARTED[phase]``."""
+    """``requests`` streamed chat completions, ``clients`` at a time: each one's start (wall
+    clock, s) and TTFT (s). Each prompt is new (``phase`` is in it) and the semantic cache is
+    bypassed: every one is run."""
     headers = {"Authorization": f"Bearer {key}", "Cache-Control": "no-store"}
     times: list[tuple[float, float]] = []
-    began = time.perf_counter()
-    PHASE_STARTED[phase] = time.time()
     queue = list(range(requests))
 
     async def client(http: httpx.AsyncClient) -> None:
@@ -217,13 +217,13 @@ async def ttft_run(
             prompt = f"Say something about the colour number {i} ({phase})."
             body = {"model": model, "stream": True, "max_tokens": 16, "temperature": 0,
                     "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
-            started = time.perf_counter()
+            began_at, started = time.time(), time.perf_counter()
             async with http.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as answer:
                 answer.raise_for_status()
                 first = True
                 async for line in answer.aiter_lines():  # read to the end: the request completes
                     if first and line.startswith("data: ") and '"content"' in line:
-                        times.append((started - began, time.perf_counter() - started))
+                        times.append((began_at, time.perf_counter() - started))
                         first = False
 
     async with httpx.AsyncClient(timeout=120) as http:
@@ -231,15 +231,8 @@ async def ttft_run(
     return times
 
 
-PHASE_STARTED: dict[str, float] = {}
-
-
-def _group(process: psutil.Process) -> str | None:
+def _group(line: str) -> str | None:
     """Which part of the platform a process is, by its command line (None: its parent's part)."""
-    try:
-        line = " ".join(process.cmdline())
-    except psutil.Error:
-        return None
     for mark, name in (("vllm", "engine"), ("VLLM", "engine"), ("serving.predict.worker", "predict worker"),
                        ("runworkers", "supervisor"), ("--queues batch", "celery batch"),
                        ("--queues metering", "celery metering"), (" beat ", "celery beat"),
@@ -256,8 +249,6 @@ class CpuSampler:
     requests the vLLM engines were running and holding waiting (their own /metrics)."""
 
     def __init__(self, root: int, every: float = 0.25) -> None:
-        import threading
-
         self.root, self.every = root, every
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.engine: list[tuple[float, float, float]] = []  # (time, running, waiting) over the engines
@@ -282,11 +273,14 @@ class CpuSampler:
             except psutil.Error:  # gone meanwhile
                 return
             for child in children:
-                group = _group(child) or inherited  # an engine's own workers are the engine's
-                found[child.pid] = (child, group)
-                with contextlib.suppress(psutil.Error, ValueError, IndexError):
+                try:
                     line = child.cmdline()
-                    if "vllm.entrypoints.openai.api_server" in line and "--port" in line:
+                except psutil.Error:
+                    continue
+                group = _group(" ".join(line)) or inherited  # an engine's own workers are the engine's
+                found[child.pid] = (child, group)
+                if "vllm.entrypoints.openai.api_server" in line and "--port" in line:
+                    with contextlib.suppress(ValueError, IndexError):
                         self._engine_ports.add(int(line[line.index("--port") + 1]))
                 walk(child, group)
 
@@ -341,6 +335,12 @@ class CpuSampler:
         return {"running": round(statistics.fmean(r for r, _ in seen), 2),
                 "waiting": round(statistics.fmean(w for _, w in seen), 2), "samples": len(seen)}  # fmt: skip
 
+    def whole_run(self) -> dict[str, float]:
+        """Each part's mean CPU (cores) from the first sample to the last."""
+        if len(self.samples) < 2:
+            return {}
+        return self.around([self.samples[-1][0]], before=self.samples[-1][0] - self.samples[0][0])
+
     def around(self, moments: list[float], before: float = 1.0) -> dict[str, float]:
         """Each part's mean CPU (cores) over the ``before`` s ending at each of ``moments``."""
         used: dict[str, float] = {}
@@ -362,7 +362,8 @@ def quantiles(times: list[tuple[float, float]]) -> dict[str, float]:
     """p50 and p99 of every request; and p99 of those that began after the phase's first
     second (``steady``: once a burst of interactive requests has made batch lines yield)."""
     every = [ttft for _, ttft in times]
-    steady = [ttft for start, ttft in times if start >= 1.0] or every
+    first = min(start for start, _ in times)
+    steady = [ttft for start, ttft in times if start - first >= 1.0] or every
     return {
         "n": len(every), "p50_ms": round(statistics.median(every) * 1000, 1), "p99_ms": round(_p99(every) * 1000, 1),
         "p99_steady_ms": round(_p99(steady) * 1000, 1), "max_ms": round(max(every) * 1000, 1),
@@ -372,8 +373,6 @@ def quantiles(times: list[tuple[float, float]]) -> dict[str, float]:
 def pooled_ratio(alone: list[float], during: list[float], *, resamples: int = 2000) -> dict[str, Any]:
     """p50 and p99 of the pooled TTFTs with a batch over those alone, each with a 95 % percentile
     bootstrap interval (both pools resampled; a fixed seed, so a report can be recomputed)."""
-    import random
-
     draw = random.Random(38)
     out: dict[str, Any] = {"n_alone": len(alone), "n_with_batch": len(during)}
     for name, pick in (("p50", statistics.median), ("p99", _p99)):
@@ -391,8 +390,6 @@ def _batch_round(
 ) -> tuple[list[tuple[float, float]], dict[str, Any]]:
     """A batch of ``args.lines`` created, ``args.settle`` s for it to run at its share, then the
     interactive requests while it runs; waits for the batch to end. (TTFTs, the batch's figures)"""
-    import threading
-
     content = chat_lines(args.model, args.lines, max_tokens=16)
     outcome: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: outcome.update(run_batch(base, key, content, poke=False,
@@ -432,13 +429,13 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             by_itself = asyncio.run(ttft_run(base, key, args.model, args.clients, args.requests, f"alone-{i}"))
             alone.append(quantiles(by_itself))
             ttfts[f"alone-{i}"] = [round(ttft, 4) for _, ttft in by_itself]
-            starts[f"alone-{i}"] = [round(PHASE_STARTED[f"alone-{i}"] + at, 3) for at, _ in by_itself]
+            starts[f"alone-{i}"] = [round(at, 3) for at, _ in by_itself]
             if i == args.rounds:
                 break
             during, outcome = _batch_round(base, key, args, f"during-{i}")
             rounds.append({"with_batch": quantiles(during), "batch": outcome})
             ttfts[f"during-{i}"] = [round(ttft, 4) for _, ttft in during]
-            starts[f"during-{i}"] = [round(PHASE_STARTED[f"during-{i}"] + at, 3) for at, _ in during]
+            starts[f"during-{i}"] = [round(at, 3) for at, _ in during]
     finally:
         sampler.stop()
         os.killpg(proc.pid, signal.SIGINT)
@@ -473,12 +470,11 @@ def engine(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     summary["cpu_cores_before_slow_first_tokens"] = {kind: {"requests": len(m), "cores": sampler.around(m)}
                                                      for kind, m in slow.items()}  # fmt: skip
     summary["engine_requests_before_slow_first_tokens"] = {kind: sampler.engine_around(m) for kind, m in slow.items()}
+    # (requests are kept in the order their first tokens came, not their starts)
     summary["engine_requests_by_phase"] = {
-        phase: sampler.engine_around([began[-1] + ttfts[phase][-1]], before=began[-1] - began[0])
-        for phase, began in starts.items()
-    }  # fmt: skip
-    summary["cpu_cores_whole_run"] = sampler.around([sampler.samples[-1][0]], before=sampler.samples[-1][0]
-                                                    - sampler.samples[0][0]) if sampler.samples else {}  # fmt: skip
+        phase: sampler.engine_around([max(began)], before=max(began) - min(began)) for phase, began in starts.items()
+    }
+    summary["cpu_cores_whole_run"] = sampler.whole_run()
     summary["pooled"] = pooled_ratio(
         [t for phase, times in ttfts.items() if phase.startswith("alone") for t in times],
         [t for phase, times in ttfts.items() if phase.startswith("during") for t in times],

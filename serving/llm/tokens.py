@@ -68,13 +68,9 @@ class PromptCounter:
             # Some tokenizer files pad or truncate to a fixed length; we want true counts.
             self.tokenizer.no_padding()
             self.tokenizer.no_truncation()
-            try:
-                spec = json.loads(self.tokenizer.to_str())
-            except ValueError:
-                spec = None
-            if isinstance(spec, dict):
-                self.max_token_chars = _longest_byte_level_token(self.tokenizer, spec)
-                self.segments = _SegmentIds.of(self.tokenizer, spec)
+            spec = json.loads(self.tokenizer.to_str())  # read by both: parsed once
+            self.max_token_chars = _longest_byte_level_token(self.tokenizer, spec)
+            self.segments = _SegmentIds.of(self.tokenizer, spec)
         template_text = None
         if (root / "chat_template.jinja").exists():
             template_text = (root / "chat_template.jinja").read_text()
